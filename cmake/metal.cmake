@@ -1,0 +1,1 @@
+# Apple: the Metal implementation beside the CPU runtime (filled in by the Metal work).

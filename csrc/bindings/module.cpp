@@ -1,0 +1,81 @@
+// metalqwen._core: thin pybind11 wrappers over the C++ core; no logic here.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "gpu/device.h"
+
+namespace py = pybind11;
+using namespace mq::gpu;
+
+namespace {
+
+Size3 size3(const std::tuple<uint32_t, uint32_t, uint32_t>& t) {
+  return {std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+}
+
+void bind_gpu(py::module_& m) {
+  m.def("available_device_kinds", &available_device_kinds);
+  m.def("open_device", &open_device, py::arg("kind"));
+
+  py::class_<Buffer, std::shared_ptr<Buffer>>(m, "Buffer", py::buffer_protocol())
+      .def_property_readonly("nbytes", &Buffer::size)
+      .def_buffer([](Buffer& b) {
+        return py::buffer_info(b.contents(), 1, py::format_descriptor<uint8_t>::format(), 1, {b.size()}, {1});
+      });
+
+  py::class_<Kernel, std::shared_ptr<Kernel>>(m, "Kernel")
+      .def_property_readonly("name", &Kernel::name)
+      .def_property_readonly("max_threads_per_threadgroup", &Kernel::max_threads_per_threadgroup)
+      .def_property_readonly("thread_execution_width", &Kernel::thread_execution_width);
+
+  py::class_<Library, std::shared_ptr<Library>>(m, "Library").def("kernel", &Library::kernel, py::arg("name"));
+
+  py::class_<CommandBuffer>(m, "CommandBuffer")
+      .def("set_kernel", &CommandBuffer::set_kernel)
+      .def("set_buffer", &CommandBuffer::set_buffer, py::arg("index"), py::arg("buffer"), py::arg("offset"))
+      .def("set_bytes",
+           [](CommandBuffer& cb, uint32_t index, py::buffer data) {
+             py::buffer_info info = data.request();
+             cb.set_bytes(index, info.ptr, size_t(info.size * info.itemsize));
+           })
+      .def("set_threadgroup_memory", &CommandBuffer::set_threadgroup_memory)
+      .def("dispatch_threadgroups",
+           [](CommandBuffer& cb, std::tuple<uint32_t, uint32_t, uint32_t> groups,
+              std::tuple<uint32_t, uint32_t, uint32_t> threads) { cb.dispatch_threadgroups(size3(groups), size3(threads)); })
+      .def("dispatch_threads",
+           [](CommandBuffer& cb, std::tuple<uint32_t, uint32_t, uint32_t> grid,
+              std::tuple<uint32_t, uint32_t, uint32_t> threads) { cb.dispatch_threads(size3(grid), size3(threads)); })
+      .def("barrier", &CommandBuffer::barrier)
+      .def("commit", &CommandBuffer::commit)
+      .def("wait", &CommandBuffer::wait, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Device, std::shared_ptr<Device>>(m, "Device")
+      .def_property_readonly("kind", &Device::kind)
+      .def_property_readonly("name", &Device::name)
+      .def("new_buffer", &Device::new_buffer, py::arg("nbytes"))
+      .def("compile", &Device::compile, py::arg("source"), py::arg("name"), py::call_guard<py::gil_scoped_release>())
+      .def("new_command_buffer", &Device::new_command_buffer);
+}
+
+// C++ errors become metalqwen.errors.GpuError / CompileError (with .diagnostics).
+void translate_errors() {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CompileError& e) {
+      py::object errors = py::module_::import("metalqwen.errors");
+      py::object exc = errors.attr("CompileError")(e.what(), e.diagnostics());
+      PyErr_SetObject(errors.attr("CompileError").ptr(), exc.ptr());
+    } catch (const GpuError& e) {
+      PyErr_SetString(py::module_::import("metalqwen.errors").attr("GpuError").ptr(), e.what());
+    }
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "metalqwen native core";
+  translate_errors();
+  bind_gpu(m);
+}

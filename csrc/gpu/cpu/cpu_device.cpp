@@ -1,0 +1,325 @@
+// The CPU implementation of device.h: buffers in host memory, MSL compiled by
+// the system C++ compiler, command buffers executed in order on a queue thread.
+#include "cpu_device.h"
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "kernel_compiler.h"
+#include "msl_translate.h"
+#include "threadgroup_runner.h"
+#include "worker_pool.h"
+
+namespace mq::gpu {
+namespace {
+
+using cpu::LoadedLibrary;
+
+class CpuBuffer final : public Buffer {
+ public:
+  // New memory, filled with 0xFF so reads of never-written data show up as NaN.
+  explicit CpuBuffer(size_t size) : size_(size), owned_(nullptr, &std::free) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 256, size ? size : 1) != 0) throw GpuError("[cpu] out of memory for a buffer of " + std::to_string(size) + " bytes");
+    std::memset(p, 0xFF, size);
+    owned_.reset(p);
+    data_ = p;
+  }
+  CpuBuffer(void* data, size_t size, std::shared_ptr<void> keep_alive)
+      : data_(data), size_(size), owned_(nullptr, &std::free), keep_alive_(std::move(keep_alive)) {}
+  void* contents() override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_;
+  std::unique_ptr<void, decltype(&std::free)> owned_;
+  std::shared_ptr<void> keep_alive_;
+};
+
+class CpuKernel final : public Kernel {
+ public:
+  CpuKernel(std::shared_ptr<LoadedLibrary> library, const mq_abi::KernelInfo& info)
+      : library_(std::move(library)), info_(info), name_(info.name) {}
+  const std::string& name() const override { return name_; }
+  uint32_t max_threads_per_threadgroup() const override {
+    return std::min(info_.max_total_threads_per_threadgroup, mq_abi::kMaxThreadsPerThreadgroup);
+  }
+  uint32_t thread_execution_width() const override { return mq_abi::kSimdWidth; }
+  const mq_abi::KernelInfo& info() const { return info_; }
+
+ private:
+  std::shared_ptr<LoadedLibrary> library_;  // keeps the code loaded
+  const mq_abi::KernelInfo& info_;
+  std::string name_;
+};
+
+class CpuLibrary final : public Library {
+ public:
+  explicit CpuLibrary(std::shared_ptr<LoadedLibrary> library) : library_(std::move(library)) {}
+  std::shared_ptr<Kernel> kernel(const std::string& name) override {
+    const auto& exports = library_->exports();
+    for (uint32_t i = 0; i < exports.kernel_count; ++i)
+      if (name == exports.kernels[i].name) return std::make_shared<CpuKernel>(library_, exports.kernels[i]);
+    throw GpuError("[cpu] library has no kernel function '" + name + "'");
+  }
+
+ private:
+  std::shared_ptr<LoadedLibrary> library_;
+};
+
+// One argument-table slot as bound at encode time.
+struct Binding {
+  std::shared_ptr<Buffer> buffer;
+  size_t offset = 0;
+  std::shared_ptr<std::vector<unsigned char>> bytes;  // set_bytes copy
+  bool bound() const { return buffer || bytes; }
+  void* address() const { return buffer ? static_cast<char*>(buffer->contents()) + offset : static_cast<void*>(bytes->data()); }
+  size_t available() const { return buffer ? buffer->size() - offset : bytes->size(); }
+};
+
+struct Dispatch {
+  std::shared_ptr<CpuKernel> kernel;
+  mq_abi::Launch launch{};
+  size_t threadgroup_arg_bytes[mq_abi::kMaxBufferIndex] = {};
+  std::vector<Binding> keep;  // buffers referenced by `launch`
+  bool barrier_before = false;
+};
+
+void run_dispatch(const Dispatch& d) {
+  const mq_abi::Dim3 groups = d.launch.threadgroups_per_grid, tpg = d.launch.dispatch_threads_per_threadgroup,
+                     grid = d.launch.threads_per_grid;
+  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes};
+  const size_t count = size_t(groups.x) * groups.y * groups.z;
+  cpu::WorkerPool::instance().run(count, [&](size_t g) {
+    mq_abi::Dim3 pos = {uint32_t(g % groups.x), uint32_t(g / groups.x % groups.y), uint32_t(g / groups.x / groups.y)};
+    // Edge groups of a dispatch_threads grid hold only the threads inside the grid.
+    mq_abi::Dim3 size = {std::min(tpg.x, grid.x - pos.x * tpg.x), std::min(tpg.y, grid.y - pos.y * tpg.y),
+                         std::min(tpg.z, grid.z - pos.z * tpg.z)};
+    cpu::ThreadgroupRunner::for_this_thread().run(work, pos, size);
+  });
+}
+
+// Runs committed command buffers one after another, like a Metal command queue.
+class CommandQueue {
+ public:
+  struct Completion {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+
+  CommandQueue() : thread_([this] { loop(); }) {}
+  ~CommandQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void submit(std::vector<Dispatch> work, std::shared_ptr<Completion> completion) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back({std::move(work), std::move(completion)});
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Item {
+    std::vector<Dispatch> work;
+    std::shared_ptr<Completion> completion;
+  };
+
+  // Dispatches between two barriers run last-first: a legal GPU order that
+  // exposes a missing barrier, which plain in-order execution would hide.
+  static void execute(const std::vector<Dispatch>& work) {
+    size_t end = work.size();
+    while (end > 0) {
+      size_t begin = end - 1;
+      while (begin > 0 && !work[begin].barrier_before) --begin;
+      for (size_t i = end; i-- > begin;) run_dispatch(work[i]);
+      end = begin;
+    }
+  }
+
+  void loop() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        execute(item.work);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      item.work.clear();
+      std::lock_guard<std::mutex> lock(item.completion->mutex);
+      item.completion->error = error;
+      item.completion->done = true;
+      item.completion->done_cv.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+mq_abi::Dim3 to_dim3(Size3 s) { return {s.x, s.y, s.z}; }
+
+class CpuCommandBuffer final : public CommandBuffer {
+ public:
+  explicit CpuCommandBuffer(std::shared_ptr<CommandQueue> queue) : queue_(std::move(queue)) {}
+
+  void set_kernel(const std::shared_ptr<Kernel>& kernel) override {
+    check_open();
+    kernel_ = std::dynamic_pointer_cast<CpuKernel>(kernel);
+    if (!kernel_) throw GpuError("[cpu] kernel belongs to another device");
+  }
+  void set_buffer(uint32_t index, const std::shared_ptr<Buffer>& buffer, size_t offset) override {
+    check_index(index);
+    if (!buffer) throw GpuError("[cpu] set_buffer: null buffer at index " + std::to_string(index));
+    if (offset > buffer->size())
+      throw GpuError("[cpu] set_buffer: offset " + std::to_string(offset) + " is past the end of a " +
+                     std::to_string(buffer->size()) + "-byte buffer (index " + std::to_string(index) + ")");
+    bindings_[index] = Binding{buffer, offset, nullptr};
+  }
+  void set_bytes(uint32_t index, const void* data, size_t size) override {
+    check_index(index);
+    if (size > mq_abi::kMaxSetBytes)
+      throw GpuError("[cpu] set_bytes: " + std::to_string(size) + " bytes at index " + std::to_string(index) +
+                     " exceed the limit of " + std::to_string(mq_abi::kMaxSetBytes) + "; use a buffer");
+    auto copy = std::make_shared<std::vector<unsigned char>>(size + 16);  // slack: never a zero-size vector
+    std::memcpy(copy->data(), data, size);
+    copy->resize(size);
+    bindings_[index] = Binding{nullptr, 0, std::move(copy)};
+  }
+  void set_threadgroup_memory(uint32_t index, size_t size) override {
+    check_index(index);
+    if (size % 16 != 0) throw GpuError("[cpu] threadgroup memory length must be a multiple of 16 bytes");
+    threadgroup_bytes_[index] = size;
+  }
+  void dispatch_threadgroups(Size3 groups, Size3 threads) override {
+    Size3 grid{groups.x * threads.x, groups.y * threads.y, groups.z * threads.z};
+    encode(groups, threads, grid);
+  }
+  void dispatch_threads(Size3 grid, Size3 threads) override {
+    Size3 groups{(grid.x + threads.x - 1) / std::max(threads.x, 1u), (grid.y + threads.y - 1) / std::max(threads.y, 1u),
+                 (grid.z + threads.z - 1) / std::max(threads.z, 1u)};
+    encode(groups, threads, grid);
+  }
+  void barrier() override {
+    check_open();
+    pending_barrier_ = true;
+  }
+  void commit() override {
+    check_open();
+    committed_ = true;
+    completion_ = std::make_shared<CommandQueue::Completion>();
+    queue_->submit(std::move(work_), completion_);
+  }
+  void wait() override {
+    if (!completion_) throw GpuError("[cpu] wait() on a command buffer that was not committed");
+    std::unique_lock<std::mutex> lock(completion_->mutex);
+    completion_->done_cv.wait(lock, [this] { return completion_->done; });
+    if (completion_->error) std::rethrow_exception(completion_->error);
+  }
+
+ private:
+  void check_open() const {
+    if (committed_) throw GpuError("[cpu] the command buffer was already committed");
+  }
+  void check_index(uint32_t index) const {
+    check_open();
+    if (index >= mq_abi::kMaxBufferIndex)
+      throw GpuError("[cpu] argument index " + std::to_string(index) + " is out of range (0..30)");
+  }
+
+  // Validates like Metal's validation layer would, then records the dispatch.
+  void encode(Size3 groups, Size3 threads, Size3 grid) {
+    check_open();
+    if (!kernel_) throw GpuError("[cpu] dispatch without a kernel (call set_kernel first)");
+    const mq_abi::KernelInfo& info = kernel_->info();
+    const std::string who = "[cpu] kernel '" + kernel_->name() + "': ";
+    if (threads.count() == 0 || grid.count() == 0) throw GpuError(who + "empty dispatch");
+    if (threads.count() > kernel_->max_threads_per_threadgroup())
+      throw GpuError(who + std::to_string(threads.count()) + " threads per threadgroup exceed its maximum of " +
+                     std::to_string(kernel_->max_threads_per_threadgroup()));
+    Dispatch d;
+    d.kernel = kernel_;
+    d.barrier_before = pending_barrier_;
+    pending_barrier_ = false;
+    for (uint32_t p = 0; p < info.param_count; ++p) {
+      const mq_abi::ParamInfo& param = info.params[p];
+      const std::string arg = "argument '" + std::string(param.name) + "' [[";
+      if (param.kind == mq_abi::ParamKind::threadgroup_pointer) {
+        if (!threadgroup_bytes_[param.index])
+          throw GpuError(who + arg + "threadgroup(" + std::to_string(param.index) + ")]] has no threadgroup memory set");
+        d.threadgroup_arg_bytes[param.index] = threadgroup_bytes_[param.index];
+        continue;
+      }
+      const Binding& b = bindings_[param.index];
+      const std::string slot = arg + "buffer(" + std::to_string(param.index) + ")]]";
+      if (!b.bound()) throw GpuError(who + slot + " is not bound");
+      if (b.available() < param.bytes)
+        throw GpuError(who + slot + " needs " + std::to_string(param.bytes) + " bytes, " +
+                       std::to_string(b.available()) + " are bound");
+      d.launch.buffers[param.index] = b.address();
+      d.keep.push_back(b);
+    }
+    d.launch.threadgroups_per_grid = to_dim3(groups);
+    d.launch.threads_per_grid = to_dim3(grid);
+    d.launch.dispatch_threads_per_threadgroup = to_dim3(threads);
+    work_.push_back(std::move(d));
+  }
+
+  std::shared_ptr<CommandQueue> queue_;
+  std::shared_ptr<CpuKernel> kernel_;
+  Binding bindings_[mq_abi::kMaxBufferIndex];
+  size_t threadgroup_bytes_[mq_abi::kMaxBufferIndex] = {};
+  std::vector<Dispatch> work_;
+  bool pending_barrier_ = false;
+  bool committed_ = false;
+  std::shared_ptr<CommandQueue::Completion> completion_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice() : queue_(std::make_shared<CommandQueue>()) {}
+  std::string kind() const override { return "cpu"; }
+  std::string name() const override { return "metalqwen CPU runtime"; }
+  std::shared_ptr<Buffer> new_buffer(size_t size) override { return std::make_shared<CpuBuffer>(size); }
+  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
+    return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
+  }
+  std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
+    cpu::TranslatedSource translated = cpu::translate_msl(source, name);
+    return std::make_shared<CpuLibrary>(cpu::build_library(translated.cpp));
+  }
+  std::unique_ptr<CommandBuffer> new_command_buffer() override { return std::make_unique<CpuCommandBuffer>(queue_); }
+
+ private:
+  std::shared_ptr<CommandQueue> queue_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> open_cpu_device() { return std::make_shared<CpuDevice>(); }
+
+}  // namespace mq::gpu

@@ -1,0 +1,32 @@
+// Glue between translated MSL and the CPU runtime: address spaces, argument
+// binding for the generated entry points, threadgroup memory.
+#pragma once
+#include "../abi.h"
+
+// Address spaces are all plain memory on the CPU; `constant` data is read-only.
+#define device
+#define thread
+#define threadgroup
+#define constant const
+
+template <class T> struct mq_glue_pointee { using type = T; };
+template <class T> struct mq_glue_pointee<T&> { using type = T; };
+template <class T> using mq_glue_pointee_t = typename mq_glue_pointee<T>::type;
+
+// Binds a `constant T& p [[buffer(n)]]` argument.
+template <class R> inline R mq_glue_ref(void* p) { return *static_cast<mq_glue_pointee_t<R>*>(p); }
+
+// Converts a position builtin to the parameter's declared type (uint, ushort2, uint3 ...).
+template <class T> inline T mq_glue_builtin(uint32_t v) { return T(v); }
+template <class T> inline T mq_glue_builtin(mq_abi::Dim3 d) {
+  if constexpr (requires { T(d.x, d.y, d.z); }) return T(d.x, d.y, d.z);
+  else if constexpr (requires { T(d.x, d.y); }) return T(d.x, d.y);
+  else return T(d.x);
+}
+
+// Shared memory of the running threadgroup for one declaration site.
+inline void* mq_tg_alloc(const void* site_key, size_t size, size_t align) {
+  return mq_runtime->threadgroup_alloc(site_key, size, align);
+}
+
+static void mq_glue_bind_runtime(const mq_abi::RuntimeApi* api) { mq_runtime = api; }

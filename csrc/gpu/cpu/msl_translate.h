@@ -1,0 +1,17 @@
+// MSL -> C++ for the CPU runtime: the source keeps its lines (#line points at the
+// .metal text) and gains one entry point per kernel plus the library's export table.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mq::cpu {
+
+struct TranslatedSource {
+  std::string cpp;
+  std::vector<std::string> kernel_names;
+};
+
+// Throws mq::gpu::CompileError for MSL the CPU runtime cannot run.
+TranslatedSource translate_msl(const std::string& source, const std::string& source_name);
+
+}  // namespace mq::cpu

@@ -1,0 +1,205 @@
+#include "threadgroup_runner.h"
+
+#include <cstring>
+
+#include "../device.h"
+
+namespace mq::cpu {
+namespace {
+
+constexpr size_t kFiberStackBytes = 256 << 10;
+constexpr unsigned char kPoison = 0xFF;  // every float width reads 0xFF.. as NaN
+
+thread_local ThreadgroupRunner* t_active = nullptr;
+
+bool same_site(const mq_abi::Site& a, const mq_abi::Site& b) {
+  return a.line == b.line && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
+}
+
+std::string dim3(const mq_abi::Dim3& d) {
+  return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
+}
+
+}  // namespace
+
+ThreadgroupRunner& ThreadgroupRunner::for_this_thread() {
+  thread_local std::unique_ptr<ThreadgroupRunner> runner(new ThreadgroupRunner());
+  return *runner;
+}
+
+const mq_abi::RuntimeApi& ThreadgroupRunner::runtime_api() {
+  static const mq_abi::RuntimeApi api = {
+      [](mq_abi::CollectiveFn fn, void* data, mq_abi::Site site) {
+        Thread& t = *t_active->threads_[t_active->current_];
+        t.collective = fn;
+        t.collective_data = data;
+        t.site = site;
+        t_active->yield_current(State::at_simd);
+      },
+      [](mq_abi::Site site) {
+        t_active->threads_[t_active->current_]->site = site;
+        t_active->yield_current(State::at_barrier);
+      },
+      [](const void* key, size_t size, size_t align) { return t_active->threadgroup_alloc(key, size, align); },
+      [](const char* message) { t_active->fail(message); },
+  };
+  return api;
+}
+
+std::string ThreadgroupRunner::describe(const mq_abi::Site& site) const {
+  return std::string(site.file) + ":" + std::to_string(site.line);
+}
+
+void ThreadgroupRunner::thread_main(void* arg) {
+  auto* t = static_cast<Thread*>(arg);
+  ThreadgroupRunner* r = t->runner;
+  r->work_->kernel->entry(&r->group_launch_, &t->ids);
+  r->yield_current(State::done);
+  __builtin_unreachable();
+}
+
+void ThreadgroupRunner::resume(uint32_t index) {
+  current_ = index;
+  Fiber::switch_to(scheduler_, threads_[index]->fiber);
+}
+
+void ThreadgroupRunner::yield_current(State state) {
+  Thread& t = *threads_[current_];
+  t.state = state;
+  Fiber::switch_to(t.fiber, scheduler_);
+}
+
+void ThreadgroupRunner::fail(const std::string& message) {
+  error_ = "[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " + dim3(group_position_) +
+           ", thread " + std::to_string(current_) + "): " + message;
+  yield_current(State::failed);
+  __builtin_unreachable();
+}
+
+void* ThreadgroupRunner::threadgroup_alloc(const void* key, size_t size, size_t align) {
+  for (const auto& [site, offset] : arena_sites_)
+    if (site == key) return arena_.data() + offset;
+  const auto base = reinterpret_cast<uintptr_t>(arena_.data());
+  size_t offset = ((base + arena_used_ + align - 1) & ~(uintptr_t(align) - 1)) - base;
+  if (offset + size > mq_abi::kMaxThreadgroupMemory)
+    fail("threadgroup memory of " + std::to_string(offset + size) + " bytes exceeds the limit of " +
+         std::to_string(mq_abi::kMaxThreadgroupMemory) + " bytes");
+  arena_used_ = offset + size;
+  arena_sites_.push_back({key, offset});
+  return arena_.data() + offset;
+}
+
+void ThreadgroupRunner::advance_simdgroup(uint32_t simdgroup) {
+  const uint32_t first = simdgroup * mq_abi::kSimdWidth;
+  const uint32_t end = std::min(thread_count_, first + mq_abi::kSimdWidth);
+  const std::string where = "kernel '" + std::string(work_->kernel->name) + "' (threadgroup " +
+                            dim3(group_position_) + ", SIMD-group " + std::to_string(simdgroup) + ")";
+  for (;;) {
+    for (uint32_t i = first; i < end; ++i) {
+      if (threads_[i]->state == State::runnable) resume(i);
+      if (threads_[i]->state == State::failed) throw gpu::GpuError(error_);
+    }
+    const Thread* collective = nullptr;
+    const Thread* at_barrier = nullptr;
+    for (uint32_t i = first; i < end; ++i) {
+      const Thread& t = *threads_[i];
+      if (t.state == State::at_barrier) at_barrier = &t;
+      if (t.state != State::at_simd) continue;
+      if (!collective) {
+        collective = &t;
+      } else if (!same_site(t.site, collective->site) || t.collective != collective->collective) {
+        throw gpu::GpuError("[cpu] " + where + ": lanes diverged at SIMD-group functions: lane " +
+                            std::to_string(collective->ids.thread_index_in_simdgroup) + " at " +
+                            describe(collective->site) + ", lane " + std::to_string(t.ids.thread_index_in_simdgroup) +
+                            " at " + describe(t.site));
+      }
+    }
+    if (!collective) return;
+    if (at_barrier)
+      throw gpu::GpuError("[cpu] " + where + ": the SIMD-group function at " + describe(collective->site) +
+                          " was reached by only part of the SIMD-group (lane " +
+                          std::to_string(at_barrier->ids.thread_index_in_simdgroup) +
+                          " waits at the threadgroup_barrier at " + describe(at_barrier->site) + ")");
+    void* lanes[mq_abi::kSimdWidth] = {};
+    for (uint32_t i = first; i < end; ++i)
+      if (threads_[i]->state == State::at_simd) lanes[i - first] = threads_[i]->collective_data;
+    collective->collective(lanes);
+    for (uint32_t i = first; i < end; ++i)
+      if (threads_[i]->state == State::at_simd) threads_[i]->state = State::runnable;
+  }
+}
+
+void ThreadgroupRunner::release_barrier() {
+  const Thread* first = nullptr;
+  for (uint32_t i = 0; i < thread_count_; ++i) {
+    Thread& t = *threads_[i];
+    if (t.state != State::at_barrier) continue;
+    if (first && !same_site(first->site, t.site))
+      throw gpu::GpuError("[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " +
+                          dim3(group_position_) + "): threads wait at different threadgroup_barriers: " +
+                          describe(first->site) + " (thread " + std::to_string(first->ids.thread_index_in_threadgroup) +
+                          ") and " + describe(t.site) + " (thread " + std::to_string(i) + ")");
+    first = first ? first : &t;
+    t.state = State::runnable;
+  }
+}
+
+void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position, mq_abi::Dim3 group_size) {
+  t_active = this;
+  work_ = &work;
+  group_position_ = group_position;
+  error_.clear();
+  if (arena_.empty()) arena_.assign(mq_abi::kMaxThreadgroupMemory, kPoison);
+  std::memset(arena_.data(), kPoison, arena_used_);  // keep the arena poisoned at every group start
+  arena_used_ = 0;
+  arena_sites_.clear();
+
+  group_launch_ = *work.launch;
+  for (uint32_t i = 0; i < mq_abi::kMaxBufferIndex; ++i) {
+    size_t bytes = work.threadgroup_arg_bytes[i];
+    group_launch_.threadgroup_buffers[i] = nullptr;
+    if (bytes == 0) continue;
+    if (arena_used_ + bytes > mq_abi::kMaxThreadgroupMemory)
+      throw gpu::GpuError("[cpu] kernel '" + std::string(work.kernel->name) +
+                          "': threadgroup arguments exceed the limit of " +
+                          std::to_string(mq_abi::kMaxThreadgroupMemory) + " bytes");
+    group_launch_.threadgroup_buffers[i] = arena_.data() + arena_used_;
+    arena_used_ += (bytes + 15) / 16 * 16;
+  }
+
+  thread_count_ = group_size.x * group_size.y * group_size.z;
+  while (threads_.size() < thread_count_) {
+    threads_.push_back(std::make_unique<Thread>());
+    stacks_.push_back(std::make_unique<FiberStack>(kFiberStackBytes));
+  }
+  const mq_abi::Dim3 tpg = work.launch->dispatch_threads_per_threadgroup;
+  const uint32_t simdgroups = (thread_count_ + mq_abi::kSimdWidth - 1) / mq_abi::kSimdWidth;
+  for (uint32_t i = 0; i < thread_count_; ++i) {
+    Thread& t = *threads_[i];
+    mq_abi::Dim3 local = {i % group_size.x, (i / group_size.x) % group_size.y, i / (group_size.x * group_size.y)};
+    t.ids.thread_position_in_threadgroup = local;
+    t.ids.threadgroup_position_in_grid = group_position;
+    t.ids.thread_position_in_grid = {group_position.x * tpg.x + local.x, group_position.y * tpg.y + local.y,
+                                     group_position.z * tpg.z + local.z};
+    t.ids.threads_per_threadgroup = group_size;
+    t.ids.thread_index_in_threadgroup = i;
+    t.ids.thread_index_in_simdgroup = i % mq_abi::kSimdWidth;
+    t.ids.simdgroup_index_in_threadgroup = i / mq_abi::kSimdWidth;
+    t.ids.simdgroups_per_threadgroup = simdgroups;
+    t.ids.threads_per_simdgroup = mq_abi::kSimdWidth;
+    t.runner = this;
+    t.state = State::runnable;
+    t.fiber.prepare(*stacks_[i], &ThreadgroupRunner::thread_main, &t);
+  }
+
+  for (;;) {
+    for (uint32_t s = 0; s < simdgroups; ++s) advance_simdgroup(s);
+    bool waiting = false;
+    for (uint32_t i = 0; i < thread_count_ && !waiting; ++i) waiting = threads_[i]->state == State::at_barrier;
+    if (!waiting) break;
+    // Threads that returned count as arrived, as on Apple GPUs.
+    release_barrier();
+  }
+}
+
+}  // namespace mq::cpu

@@ -1,0 +1,67 @@
+// Runs the threads of one threadgroup as fibers on the calling OS thread, with
+// GPU synchronisation semantics: threadgroup barriers, SIMD-group collectives,
+// shared threadgroup memory (NaN-filled before each group).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "abi.h"
+#include "fiber.h"
+
+namespace mq::cpu {
+
+struct GroupLaunch {
+  const mq_abi::KernelInfo* kernel;
+  const mq_abi::Launch* launch;
+  const size_t* threadgroup_arg_bytes;  // [kMaxBufferIndex]: [[threadgroup(n)]] sizes, 0 = unbound
+};
+
+class ThreadgroupRunner {
+ public:
+  // The runner of the calling OS thread (each worker keeps its fibers and stacks).
+  static ThreadgroupRunner& for_this_thread();
+  // The services compiled kernels call (bound into every loaded library).
+  static const mq_abi::RuntimeApi& runtime_api();
+
+  // Runs every thread of the group to completion; throws GpuError on a kernel fault.
+  void run(const GroupLaunch& work, mq_abi::Dim3 group_position, mq_abi::Dim3 group_size);
+
+ private:
+  enum class State { runnable, at_simd, at_barrier, done, failed };
+  struct Thread {
+    Fiber fiber;
+    State state = State::done;
+    mq_abi::ThreadIds ids{};
+    mq_abi::CollectiveFn collective = nullptr;
+    void* collective_data = nullptr;
+    mq_abi::Site site{};
+    ThreadgroupRunner* runner = nullptr;
+  };
+
+  static void thread_main(void* thread);
+  void resume(uint32_t index);
+  void yield_current(State state);
+  void advance_simdgroup(uint32_t simdgroup);
+  void release_barrier();
+  void* threadgroup_alloc(const void* key, size_t size, size_t align);
+  [[noreturn]] void fail(const std::string& message);
+  std::string describe(const mq_abi::Site& site) const;
+
+  Fiber scheduler_;
+  std::vector<std::unique_ptr<Thread>> threads_;
+  std::vector<std::unique_ptr<FiberStack>> stacks_;
+  uint32_t thread_count_ = 0;
+  uint32_t current_ = 0;
+  const GroupLaunch* work_ = nullptr;
+  mq_abi::Launch group_launch_{};  // the dispatch's launch plus this group's threadgroup arguments
+  mq_abi::Dim3 group_position_{};
+  std::string error_;
+
+  // Threadgroup memory: one arena per runner, offsets assigned per declaration site.
+  std::vector<unsigned char> arena_;
+  std::vector<std::pair<const void*, size_t>> arena_sites_;
+  size_t arena_used_ = 0;
+};
+
+}  // namespace mq::cpu

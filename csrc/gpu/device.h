@@ -1,0 +1,104 @@
+// The one GPU interface of metalqwen: Metal on Apple GPUs, the CPU runtime elsewhere.
+// Plain C++ only: no Objective-C type may appear here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mq::gpu {
+
+// Every GPU failure; messages start with a [component] prefix.
+class GpuError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// MSL that did not compile; `diagnostics` holds the compiler's own output.
+class CompileError : public GpuError {
+ public:
+  CompileError(const std::string& message, std::string diagnostics)
+      : GpuError(message), diagnostics_(std::move(diagnostics)) {}
+  const std::string& diagnostics() const { return diagnostics_; }
+
+ private:
+  std::string diagnostics_;
+};
+
+struct Size3 {
+  uint32_t x = 1, y = 1, z = 1;
+  uint64_t count() const { return uint64_t(x) * y * z; }
+};
+
+// Memory shared by host and GPU (Metal: MTLStorageModeShared).
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* contents() = 0;
+  virtual size_t size() const = 0;
+};
+
+// A compute pipeline for one kernel function.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual const std::string& name() const = 0;
+  virtual uint32_t max_threads_per_threadgroup() const = 0;
+  virtual uint32_t thread_execution_width() const = 0;
+};
+
+// Compiled MSL source.
+class Library {
+ public:
+  virtual ~Library() = default;
+  // Throws GpuError naming the function when the library has no such kernel.
+  virtual std::shared_ptr<Kernel> kernel(const std::string& name) = 0;
+};
+
+// Dispatches recorded in order and run after commit(). Encoding is stateful like
+// a Metal compute encoder: bindings and the kernel persist until changed.
+// Dispatches between two barrier() calls may run in any order or concurrently.
+class CommandBuffer {
+ public:
+  virtual ~CommandBuffer() = default;
+  virtual void set_kernel(const std::shared_ptr<Kernel>& kernel) = 0;
+  virtual void set_buffer(uint32_t index, const std::shared_ptr<Buffer>& buffer, size_t offset) = 0;
+  // Copies up to 4 KiB of argument bytes (Metal's setBytes limit).
+  virtual void set_bytes(uint32_t index, const void* data, size_t size) = 0;
+  // Threadgroup memory for a [[threadgroup(index)]] kernel argument.
+  virtual void set_threadgroup_memory(uint32_t index, size_t size) = 0;
+  virtual void dispatch_threadgroups(Size3 threadgroups, Size3 threads_per_threadgroup) = 0;
+  // Grid of threads; edge threadgroups may be partial.
+  virtual void dispatch_threads(Size3 threads, Size3 threads_per_threadgroup) = 0;
+  // Later dispatches see every write of earlier ones.
+  virtual void barrier() = 0;
+  virtual void commit() = 0;
+  // Blocks until the work is done; throws GpuError if it failed.
+  virtual void wait() = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string kind() const = 0;  // "metal" | "cpu"
+  virtual std::string name() const = 0;
+  virtual std::shared_ptr<Buffer> new_buffer(size_t size) = 0;  // contents uninitialised
+  // Wraps host memory without copying when the platform allows it for this
+  // pointer and size (Metal: page-aligned), else copies. `keep_alive` is released
+  // when the buffer no longer needs the memory.
+  virtual std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size,
+                                                   std::shared_ptr<void> keep_alive) = 0;
+  // Throws CompileError with the compiler's diagnostics; `name` labels the
+  // source in them (a #line inside the source takes over from there).
+  virtual std::shared_ptr<Library> compile(const std::string& source, const std::string& name) = 0;
+  virtual std::unique_ptr<CommandBuffer> new_command_buffer() = 0;
+};
+
+// "metal", "cpu", or "" for the best available. Throws GpuError if unavailable.
+std::shared_ptr<Device> open_device(const std::string& kind);
+std::vector<std::string> available_device_kinds();
+
+}  // namespace mq::gpu
