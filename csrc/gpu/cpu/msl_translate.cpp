@@ -191,7 +191,9 @@ struct KernelParam {
 };
 
 struct KernelDecl {
-  std::string name, max_threads = "(mq_abi::kMaxThreadsPerThreadgroup)", file;
+  std::string name;  // the pipeline's function name ([[host_name]] for template instantiations)
+  std::string call;  // what the entry point calls: f or f<args>
+  std::string max_threads = "(mq_abi::kMaxThreadsPerThreadgroup)", file;
   unsigned line = 0;
   std::vector<KernelParam> params;
 };
@@ -266,6 +268,19 @@ KernelParam parse_param(const std::string& text, const std::string& kernel, cons
   return p;
 }
 
+// True when the text ending at `end` is a `template <...>` header.
+bool follows_template_header(const std::string& m, size_t end) {
+  if (end == 0 || m[end - 1] != '>') return false;
+  int depth = 0;
+  size_t i = end;
+  while (i-- > 0) {
+    depth += m[i] == '>' ? 1 : m[i] == '<' ? -1 : 0;
+    if (depth == 0) break;
+  }
+  while (i > 0 && std::isspace(static_cast<unsigned char>(m[i - 1]))) --i;
+  return i >= 8 && m.compare(i - 8, 8, "template") == 0 && (i == 8 || !is_ident_char(m[i - 9]));
+}
+
 // Pass 1: kernel signatures become plain static functions (attributes blanked,
 // same line count); returns their declarations for the entry points.
 std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::vector<KernelDecl>& kernels) {
@@ -274,39 +289,66 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
   for (size_t at : find_word(m, "kernel")) {
     const std::string where = lines.where(at);
     size_t keyword_end = at + 6;
-    bool bracketed = at >= 2 && m.compare(at - 2, 2, "[[") == 0;
-    if (bracketed) {  // [[kernel]] void f(...)
-      if (m.compare(keyword_end, 2, "]]") != 0) continue;
-      edits.push_back({at - 2, 10, "    static"});
-      keyword_end += 2;
-    } else {
-      edits.push_back({at, 6, "static"});
-    }
+    const bool bracketed = at >= 2 && m.compare(at - 2, 2, "[[") == 0;  // [[kernel]] void f(...)
+    if (bracketed && m.compare(keyword_end, 2, "]]") != 0) continue;
+    const size_t keyword_begin = bracketed ? at - 2 : at;
+    keyword_end += bracketed ? 2 : 0;
     KernelDecl k;
     std::tie(k.file, k.line) = lines.file_line(at);
-    // An attribute in front: [[max_total_threads_per_threadgroup(N)]] kernel void ...
-    size_t before = bracketed ? at - 2 : at;
-    while (before > 0 && std::isspace(static_cast<unsigned char>(m[before - 1]))) --before;
-    if (before >= 2 && m.compare(before - 2, 2, "]]") == 0) {
+    // Attributes in front: [[max_total_threads_per_threadgroup(N)]], [[host_name("x")]].
+    std::string host_name;
+    size_t before = keyword_begin;
+    for (;;) {
+      while (before > 0 && std::isspace(static_cast<unsigned char>(m[before - 1]))) --before;
+      if (before < 2 || m.compare(before - 2, 2, "]]") != 0) break;
       size_t open = m.rfind("[[", before - 2);
-      std::string attr = trim(m.substr(open + 2, before - 2 - open - 2));
-      const std::string max_attr = "max_total_threads_per_threadgroup";
-      if (attr.compare(0, max_attr.size(), max_attr) == 0) {
-        size_t p0 = attr.find('('), p1 = attr.rfind(')');
-        k.max_threads = "(" + attr.substr(p0 + 1, p1 - p0 - 1) + ")";
-        edits.push_back({open, before - open, blanked(text.substr(open, before - open))});
+      std::string attr = trim(text.substr(open + 2, before - 2 - open - 2));
+      size_t p0 = attr.find('('), p1 = attr.rfind(')');
+      std::string attr_name = trim(attr.substr(0, p0)), arg = p0 == std::string::npos ? "" : trim(attr.substr(p0 + 1, p1 - p0 - 1));
+      if (attr_name == "max_total_threads_per_threadgroup") {
+        k.max_threads = "(" + arg + ")";
+      } else if (attr_name == "host_name") {
+        host_name = arg.size() >= 2 && arg.front() == '"' ? arg.substr(1, arg.size() - 2) : "";
+        if (host_name.empty() || !std::all_of(host_name.begin(), host_name.end(), is_ident_char))
+          refuse(where, "[[host_name]] must name a C identifier, got [[" + attr + "]]");
+      } else {
+        refuse(where, "attribute [[" + attr + "]] on a kernel is not supported by the CPU runtime");
       }
+      edits.push_back({open, before - open, blanked(text.substr(open, before - open))});
+      before = open;
     }
+    // `template <...> kernel void f(...) {` defines a template: entry points come from
+    // its explicit instantiations `template [[host_name("f_4")]] kernel void f<4>(...);`.
+    const bool template_definition = follows_template_header(m, before);
     size_t i = skip_space(m, keyword_end);
     if (m.compare(i, 4, "void") != 0) refuse(where, "a kernel must return void");
     i = skip_space(m, i + 4);
     size_t name_end = ident_end(m, i);
-    k.name = m.substr(i, name_end - i);
-    if (k.name.empty()) refuse(where, "kernel without a name");
+    std::string function = m.substr(i, name_end - i);
+    if (function.empty()) refuse(where, "kernel without a name");
     i = skip_space(m, name_end);
-    if (m[i] == '<') refuse(where, "kernel '" + k.name + "': templated kernels are not supported by the CPU runtime");
-    if (m[i] != '(') refuse(where, "kernel '" + k.name + "': expected '('");
+    std::string template_args;
+    if (m[i] == '<') {
+      int depth = 0;
+      size_t j = i;
+      for (; j < m.size(); ++j) {
+        depth += m[j] == '<' ? 1 : m[j] == '>' ? -1 : 0;
+        if (depth == 0) break;
+      }
+      template_args = text.substr(i, j + 1 - i);
+      i = skip_space(m, j + 1);
+    }
+    if (m[i] != '(') refuse(where, "kernel '" + function + "': expected '('");
     size_t close = match_bracket(m, i, where) - 1;
+    const bool instantiation = !template_args.empty();
+    if (instantiation && host_name.empty())
+      refuse(where, "explicit kernel instantiation '" + function + template_args + "' needs [[host_name(\"...\")]]");
+    // Explicit instantiations take no storage class: drop the keyword there.
+    edits.push_back({keyword_begin, keyword_end - keyword_begin,
+                     instantiation ? std::string(keyword_end - keyword_begin, ' ')
+                                   : std::string(keyword_end - keyword_begin - 6, ' ') + "static"});
+    k.name = instantiation ? host_name : function;
+    k.call = function + template_args;
     for (auto [a, b] : split_params(m, i + 1, close)) {
       k.params.push_back(parse_param(text.substr(a, b - a), k.name, lines.where(a)));
       for (size_t s = m.find("[[", a); s != std::string::npos && s < b; s = m.find("[[", s + 2)) {
@@ -314,7 +356,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
         edits.push_back({s, e - s, blanked(text.substr(s, e - s))});
       }
     }
-    kernels.push_back(std::move(k));
+    if (!template_definition) kernels.push_back(std::move(k));
   }
   return apply_edits(text, std::move(edits));
 }
@@ -422,7 +464,7 @@ std::string entry_points(const std::vector<KernelDecl>& kernels) {
   o << "\n#line 1 \"<metalqwen kernel entry points>\"\n";
   for (const KernelDecl& k : kernels) {
     o << "extern \"C\" void mq_entry_" << k.name << "(const mq_abi::Launch* L, const mq_abi::ThreadIds* T) {\n  "
-      << k.name << "(";
+      << k.call << "(";
     for (size_t i = 0; i < k.params.size(); ++i) o << (i ? ",\n    " : "") << k.params[i].call_arg;
     o << ");\n  (void)L; (void)T;\n}\n";
     size_t infos = 0;

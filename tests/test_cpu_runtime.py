@@ -1,0 +1,354 @@
+"""The CPU runtime: MSL translation, GPU execution semantics, and the limits it enforces like a GPU."""
+
+import numpy as np
+import pytest
+
+from metalqwen import gpu
+
+HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return gpu.Device("cpu")
+
+
+def build(dev, body, name="test.metal"):
+    return dev.compile(HEADER + body, name)
+
+
+def nan_buffer(dev, count, dtype=np.float32):
+    return dev.buffer(np.full(count, np.nan, dtype))
+
+
+# ---------------------------------------------------------------- dispatch and builtins
+
+
+def test_position_builtins_3d_with_partial_edge_groups(cpu):
+    lib = build(cpu, """
+kernel void ids(device uint* out [[buffer(0)]],
+                uint3 gid [[thread_position_in_grid]],
+                uint3 lid [[thread_position_in_threadgroup]],
+                uint3 tg [[threadgroup_position_in_grid]],
+                uint3 tpg [[threads_per_threadgroup]],
+                uint3 grid [[threads_per_grid]],
+                uint tidx [[thread_index_in_threadgroup]],
+                ushort lane [[thread_index_in_simdgroup]],
+                uint sg [[simdgroup_index_in_threadgroup]]) {
+    uint i = (gid.z * grid.y + gid.y) * grid.x + gid.x;
+    device uint* o = out + i * 12;
+    o[0] = lid.x; o[1] = lid.y; o[2] = lid.z;
+    o[3] = tg.x; o[4] = tg.y; o[5] = tg.z;
+    o[6] = tpg.x; o[7] = tpg.y; o[8] = tpg.z;
+    o[9] = tidx; o[10] = lane; o[11] = sg;
+}
+""")
+    grid, tpg = (10, 5, 3), (4, 4, 2)
+    out = cpu.empty(int(np.prod(grid)) * 12 * 4)
+    lib.kernel("ids").dispatch_threads({0: out}, grid=grid, threads=tpg)
+    got = out.numpy(np.uint32, (grid[2], grid[1], grid[0], 12))
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x in range(grid[0]):
+                g = (x // tpg[0], y // tpg[1], z // tpg[2])
+                size = tuple(min(t, n - gi * t) for t, n, gi in zip(tpg, grid, g))
+                local = (x % tpg[0], y % tpg[1], z % tpg[2])
+                tidx = local[0] + size[0] * (local[1] + size[1] * local[2])
+                want = [*local, *g, *size, tidx, tidx % 32, tidx // 32]
+                assert list(got[z, y, x]) == want, (x, y, z)
+
+
+def test_buffer_offsets_and_set_bytes_structs(cpu):
+    lib = build(cpu, """
+struct Params { uint n; float scale; float bias; };
+kernel void affine(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                   constant Params& p [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+    if (i < p.n) y[i] = x[i] * p.scale + p.bias;
+}
+""")
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    xb = cpu.buffer(np.concatenate([np.zeros(16, np.float32), x]))
+    y = nan_buffer(cpu, 64)
+    params = np.array([(50, 2.0, 0.5)], dtype=[("n", "<u4"), ("scale", "<f4"), ("bias", "<f4")])
+    lib.kernel("affine").dispatch_threads({0: (xb, 64), 1: y, 2: params}, grid=(64,), threads=(32,))
+    got = y.numpy(np.float32)
+    np.testing.assert_array_equal(got[:50], x[:50] * np.float32(2) + np.float32(0.5))
+    assert np.isnan(got[50:]).all()
+
+
+def test_new_buffers_read_as_nan(cpu):
+    assert np.isnan(cpu.empty(64).numpy(np.float32)).all()
+
+
+# ---------------------------------------------------------------- threadgroup memory and barriers
+
+
+def test_threadgroup_memory_is_shared_per_group_and_synchronised_by_barriers(cpu):
+    lib = build(cpu, """
+kernel void reverse_in_group(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                             uint i [[thread_position_in_grid]], uint t [[thread_index_in_threadgroup]],
+                             uint n [[threads_per_threadgroup]]) {
+    threadgroup float tile[256];
+    tile[t] = x[i];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[i] = tile[n - 1 - t];
+}
+""")
+    x = np.arange(1024, dtype=np.float32)
+    y = nan_buffer(cpu, 1024)
+    lib.kernel("reverse_in_group").dispatch({0: cpu.buffer(x), 1: y}, threadgroups=(4,), threads=(256,))
+    np.testing.assert_array_equal(y.numpy(np.float32), x.reshape(4, 256)[:, ::-1].reshape(-1))
+
+
+def test_threadgroup_memory_starts_as_nan_in_every_group(cpu):
+    lib = build(cpu, """
+kernel void leak(device float* y [[buffer(0)]], uint g [[threadgroup_position_in_grid]],
+                 uint t [[thread_index_in_threadgroup]]) {
+    threadgroup float scratch[64];
+    y[g * 64 + t] = scratch[t];          // unwritten: must not see zeros or an earlier group's data
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    scratch[t] = float(g);
+}
+""")
+    y = cpu.buffer(np.zeros(64 * 8, np.float32))
+    lib.kernel("leak").dispatch({0: y}, threadgroups=(8,), threads=(64,))
+    assert np.isnan(y.numpy(np.float32)).all()
+
+
+def test_threadgroup_argument_memory(cpu):
+    lib = build(cpu, """
+kernel void via_arg(device float* y [[buffer(0)]], threadgroup float* shared [[threadgroup(0)]],
+                    uint t [[thread_index_in_threadgroup]]) {
+    shared[t] = float(t) * 2.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[t] = shared[31 - t];
+}
+""")
+    y = nan_buffer(cpu, 32)
+    cb = cpu.command_buffer()
+    cb._native.set_threadgroup_memory(0, 32 * 4)
+    cb.dispatch(lib.kernel("via_arg"), {0: y}, threadgroups=(1,), threads=(32,))
+    cb.commit()
+    cb.wait()
+    np.testing.assert_array_equal(y.numpy(np.float32), (31 - np.arange(32)) * 2.0)
+
+
+def test_refuses_more_than_32k_of_threadgroup_memory(cpu):
+    lib = build(cpu, """
+kernel void big(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {
+    threadgroup float a[4096];
+    threadgroup float b[4096];
+    a[t] = 1.0f; b[t] = 2.0f;
+    y[t] = a[t] + b[t];
+}
+""")
+    with pytest.raises(gpu.GpuError, match=r"kernel 'big'.*threadgroup memory of \d+ bytes exceeds the limit of 32768"):
+        lib.kernel("big").dispatch({0: cpu.empty(128)}, threadgroups=(1,), threads=(32,))
+
+
+def test_refuses_barriers_reached_at_different_places(cpu):
+    lib = build(cpu, """
+kernel void split(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {
+    if (t < 32) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    } else {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    y[t] = 1.0f;
+}
+""", name="split.metal")
+    with pytest.raises(gpu.GpuError, match=r"different threadgroup_barriers: split\.metal:7 .* split\.metal:9"):
+        lib.kernel("split").dispatch({0: cpu.empty(256)}, threadgroups=(1,), threads=(64,))
+
+
+# ---------------------------------------------------------------- SIMD-group collectives
+
+
+def test_refuses_a_collective_reached_by_part_of_a_simdgroup(cpu):
+    lib = build(cpu, """
+kernel void partial(device float* y [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+    float v = 1.0f;
+    if (lane < 16) {
+        v = simd_sum(v);
+    }
+    y[lane] = simd_max(v);
+}
+""", name="partial.metal")
+    with pytest.raises(gpu.GpuError, match=r"lanes diverged.*partial\.metal:6.*partial\.metal:8"):
+        lib.kernel("partial").dispatch({0: cpu.empty(128)}, threadgroups=(1,), threads=(32,))
+
+
+def test_refuses_a_collective_while_other_lanes_wait_at_a_barrier(cpu):
+    lib = build(cpu, """
+kernel void mixed(device float* y [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+    float v = 1.0f;
+    if (lane == 0) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    } else {
+        v = simd_sum(v);
+    }
+    y[lane] = v;
+}
+""", name="mixed.metal")
+    with pytest.raises(gpu.GpuError, match=r"mixed\.metal:8 was reached by only part of the SIMD-group.*mixed\.metal:6"):
+        lib.kernel("mixed").dispatch({0: cpu.empty(128)}, threadgroups=(1,), threads=(32,))
+
+
+def test_collectives_skip_lanes_that_returned(cpu):
+    lib = build(cpu, """
+kernel void early_exit(device float* y [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+    if (lane >= 20) return;
+    y[lane] = simd_sum(float(lane));
+}
+""")
+    y = nan_buffer(cpu, 32)
+    lib.kernel("early_exit").dispatch({0: y}, threadgroups=(1,), threads=(32,))
+    got = y.numpy(np.float32)
+    np.testing.assert_array_equal(got[:20], np.full(20, sum(range(20)), np.float32))
+    assert np.isnan(got[20:]).all()
+
+
+# ---------------------------------------------------------------- command buffers
+
+
+def test_dispatches_without_a_barrier_may_run_in_any_order(cpu):
+    lib = build(cpu, """
+kernel void write_value(device float* x [[buffer(0)]], constant float& v [[buffer(1)]],
+                        uint i [[thread_position_in_grid]]) { x[i] = v; }
+kernel void copy_values(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                        uint i [[thread_position_in_grid]]) { y[i] = x[i]; }
+""")
+    write, copy = lib.kernel("write_value"), lib.kernel("copy_values")
+
+    def run(with_barrier):
+        x, y = cpu.buffer(np.zeros(32, np.float32)), nan_buffer(cpu, 32)
+        cb = cpu.command_buffer()
+        cb.dispatch(write, {0: x, 1: np.float32(7)}, threadgroups=(1,), threads=(32,))
+        if with_barrier:
+            cb.barrier()
+        cb.dispatch(copy, {0: x, 1: y}, threadgroups=(1,), threads=(32,))
+        cb.commit()
+        cb.wait()
+        return y.numpy(np.float32)
+
+    np.testing.assert_array_equal(run(True), np.full(32, 7, np.float32))
+    # The CPU runtime runs barrier-free neighbours last-first, so a forgotten barrier shows.
+    np.testing.assert_array_equal(run(False), np.zeros(32, np.float32))
+
+
+def test_committed_command_buffer_is_sealed(cpu):
+    cb = cpu.command_buffer()
+    cb.commit()
+    cb.wait()
+    with pytest.raises(gpu.GpuError, match="already committed"):
+        cb.barrier()
+
+
+# ---------------------------------------------------------------- limits and argument checks
+
+
+def test_refuses_too_many_threads_and_respects_the_kernel_maximum(cpu):
+    lib = build(cpu, """
+[[max_total_threads_per_threadgroup(64)]]
+kernel void small(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = 0.0f; }
+kernel void plain(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = 0.0f; }
+""")
+    small, plain = lib.kernel("small"), lib.kernel("plain")
+    assert small.max_threads_per_threadgroup == 64
+    assert plain.max_threads_per_threadgroup == 1024
+    y = cpu.empty(8192)
+    with pytest.raises(gpu.GpuError, match=r"kernel 'small': 128 threads per threadgroup exceed its maximum of 64"):
+        small.dispatch({0: y}, threadgroups=(1,), threads=(128,))
+    with pytest.raises(gpu.GpuError, match=r"kernel 'plain': 2048 threads per threadgroup exceed its maximum of 1024"):
+        plain.dispatch({0: y}, threadgroups=(1,), threads=(2048,))
+
+
+def test_refuses_set_bytes_over_4k_and_short_arguments(cpu):
+    lib = build(cpu, """
+struct Big { float v[8]; };
+kernel void take(device float* y [[buffer(0)]], constant Big& b [[buffer(1)]]) { y[0] = b.v[7]; }
+""")
+    k = lib.kernel("take")
+    y = cpu.empty(4)
+    with pytest.raises(gpu.GpuError, match="exceed the limit of 4096"):
+        k.dispatch({0: y, 1: np.zeros(1025, np.float32)}, threadgroups=(1,), threads=(1,))
+    with pytest.raises(gpu.GpuError, match=r"argument 'b' \[\[buffer\(1\)\]\] needs 32 bytes, 16 are bound"):
+        k.dispatch({0: y, 1: np.zeros(4, np.float32)}, threadgroups=(1,), threads=(1,))
+    with pytest.raises(gpu.GpuError, match=r"argument 'b' \[\[buffer\(1\)\]\] is not bound"):
+        k.dispatch({0: y}, threadgroups=(1,), threads=(1,))
+
+
+def test_python_argument_errors(cpu):
+    k = build(cpu, "kernel void nop(device float* y [[buffer(0)]]) { y[0] = 1.0f; }").kernel("nop")
+    y = cpu.empty(4)
+    with pytest.raises(ValueError, match="argument index"):
+        k.dispatch({31: y}, threadgroups=(1,), threads=(1,))
+    with pytest.raises(TypeError, match="expected Buffer"):
+        k.dispatch({0: [1, 2]}, threadgroups=(1,), threads=(1,))
+    with pytest.raises(TypeError, match=r"\(Buffer, byte offset\)"):
+        k.dispatch({0: (y, "x")}, threadgroups=(1,), threads=(1,))
+    with pytest.raises(ValueError, match="threads must be 1 to 3 positive integers"):
+        k.dispatch({0: y}, threadgroups=(1,), threads=(0,))
+    with pytest.raises(ValueError, match="threadgroups must be 1 to 3"):
+        k.dispatch({0: y}, threadgroups=(1, 1, 1, 1), threads=(1,))
+    with pytest.raises(gpu.GpuError, match="offset 8 is past the end of a 4-byte buffer"):
+        k.dispatch({0: (y, 8)}, threadgroups=(1,), threads=(1,))
+
+
+# ---------------------------------------------------------------- compilation
+
+
+def test_compile_errors_point_at_the_msl_line(cpu):
+    with pytest.raises(gpu.CompileError) as info:
+        build(cpu, "kernel void broken(device float* y [[buffer(0)]]) {\n    y[0] = undefined_name;\n}\n",
+              name="broken.metal")
+    assert "broken.metal:4" in info.value.diagnostics
+    assert "undefined_name" in info.value.diagnostics
+
+
+def test_missing_kernel_and_unsupported_attributes_are_named(cpu):
+    lib = build(cpu, "kernel void one(device float* y [[buffer(0)]]) { y[0] = 1.0f; }")
+    with pytest.raises(gpu.GpuError, match="no kernel function 'two'"):
+        lib.kernel("two")
+    with pytest.raises(gpu.CompileError, match=r"kernel 'k'.*\[\[stage_in\]\] of 'v' is not supported"):
+        build(cpu, "kernel void k(float4 v [[stage_in]]) {}")
+    with pytest.raises(gpu.CompileError, match="parameter 'device float\\* y' has no \\[\\[attribute\\]\\]"):
+        build(cpu, "kernel void k(device float* y) {}")
+
+
+def test_half_literals_and_swizzles_translate(cpu):
+    lib = build(cpu, """
+kernel void lit(device float* y [[buffer(0)]]) {
+    half a = 1.5h;
+    half b = .25H;
+    float4 v = float4(1.0f, 2.0f, 3.0f, 4.0f);
+    float2 w = v.wx;          // read swizzle
+    v.yz = float2(a, b);      // write swizzle
+    v.xw += w;
+    y[0] = v.x; y[1] = v.y; y[2] = v.z; y[3] = v.w;
+}
+""")
+    y = nan_buffer(cpu, 4)
+    lib.kernel("lit").dispatch({0: y}, threadgroups=(1,), threads=(1,))
+    np.testing.assert_array_equal(y.numpy(np.float32), [5.0, 1.5, 0.25, 5.0])
+
+
+def test_templated_kernels_instantiate_under_their_host_names(cpu):
+    lib = build(cpu, """
+template <typename T, int SCALE>
+[[kernel]] void scale_into(device const T* x [[buffer(0)]], device float* y [[buffer(1)]],
+                           uint i [[thread_position_in_grid]]) {
+    y[i] = float(x[i]) * SCALE;
+}
+template [[host_name("scale_float_2")]] [[kernel]] void scale_into<float, 2>(
+    device const float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_position_in_grid]]);
+template [[host_name("scale_half_3")]] kernel void scale_into<half, 3>(
+    device const half* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_position_in_grid]]);
+""")
+    x = np.arange(8, dtype=np.float32)
+    for name, data, factor in [("scale_float_2", x, 2), ("scale_half_3", x.astype(np.float16), 3)]:
+        y = nan_buffer(cpu, 8)
+        lib.kernel(name).dispatch({0: cpu.buffer(data), 1: y}, threadgroups=(1,), threads=(8,))
+        np.testing.assert_array_equal(y.numpy(np.float32), x * factor)
+    with pytest.raises(gpu.GpuError, match="no kernel function 'scale_into'"):
+        lib.kernel("scale_into")
