@@ -2,6 +2,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
+#include <optional>
+
+#include "engine/shader_source.h"
 #include "gpu/device.h"
 
 namespace py = pybind11;
@@ -57,6 +61,15 @@ void bind_gpu(py::module_& m) {
       .def("new_command_buffer", &Device::new_command_buffer);
 }
 
+void bind_shaders(py::module_& m) {
+  m.def("shader_library_source",
+        [](std::optional<std::map<std::string, std::string>> files) {
+          return files ? mq::engine::assemble_shader_library(*files) : mq::engine::embedded_shader_library();
+        },
+        py::arg("files") = py::none(),
+        "The shader library as one MSL text; `files` (path under shaders/ -> text) replaces the built-in copy.");
+}
+
 // C++ errors become metalqwen.errors.GpuError / CompileError (with .diagnostics).
 void translate_errors() {
   py::register_exception_translator([](std::exception_ptr p) {
@@ -78,4 +91,5 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "metalqwen native core";
   translate_errors();
   bind_gpu(m);
+  bind_shaders(m);
 }

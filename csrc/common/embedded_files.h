@@ -16,5 +16,6 @@ struct EmbeddedFiles {
 };
 
 extern const EmbeddedFiles kCpuRuntimeHeaders;  // csrc/gpu/cpu: abi.h and msl/*
+extern const EmbeddedFiles kShaderFiles;        // shaders/: *.metal and their headers
 
 }  // namespace mq

@@ -3,6 +3,11 @@
 #pragma once
 #include "../abi.h"
 
+// Code that checks for MSL (shared headers such as shaders/params.h) sees MSL 3.1.
+#ifndef __METAL_VERSION__
+#define __METAL_VERSION__ 310
+#endif
+
 // Address spaces are all plain memory on the CPU; `constant` data is read-only.
 #define device
 #define thread

@@ -1,0 +1,2 @@
+// Parameters of shaders/attention.metal.
+#pragma once

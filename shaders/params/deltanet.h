@@ -1,0 +1,2 @@
+// Parameters of shaders/deltanet.metal.
+#pragma once

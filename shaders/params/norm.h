@@ -1,0 +1,2 @@
+// Parameters of shaders/norm.metal.
+#pragma once

@@ -1,0 +1,2 @@
+// Parameters of shaders/quant.metal.
+#pragma once

@@ -1,0 +1,2 @@
+// Parameters of shaders/sampling.metal.
+#pragma once
