@@ -1,0 +1,347 @@
+// device.h over Metal. Each method forwards to one or two Metal calls; the checks
+// Metal would otherwise assert on, and other plain C++, live in metal_rules.h.
+// Objective-C++ with ARC: Objective-C pointers held in C++ members are strong.
+#include "gpu/metal/metal_device.h"
+
+#include <unistd.h>  // sysconf
+
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "gpu/metal/metal_rules.h"
+
+#include <Metal/Metal.h>
+
+namespace mq::gpu {
+namespace {
+
+// Runs `body` in an autorelease pool and rethrows its exception after the pool is
+// drained: a C++ exception leaving @autoreleasepool would skip the drain, and with
+// no outer pool (Python threads have none) autoreleased objects would pile up.
+template <class Body>
+void in_pool(Body&& body) {
+  std::exception_ptr failure;
+  @autoreleasepool {
+    try {
+      body();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::string to_string(NSString* text) {
+  const char* utf8 = text == nil ? nullptr : text.UTF8String;
+  return utf8 == nullptr ? std::string() : std::string(utf8);
+}
+
+std::string describe(NSError* error) {
+  return error == nil ? std::string("unknown error") : to_string(error.localizedDescription);
+}
+
+MTLSize to_mtl(Size3 s) { return MTLSizeMake(s.x, s.y, s.z); }
+
+// IEEE-safe arithmetic and precise math functions, so numerics track the CPU runtime.
+void disable_fast_math(MTLCompileOptions* options) {
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000  // macOS 15 SDK: mathMode replaces fastMathEnabled
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = MTLMathModeSafe;
+    // mathMode alone would keep the fast math functions, their default.
+    options.mathFloatingPointFunctions = MTLMathFloatingPointFunctionsPrecise;
+    return;
+  }
+#endif
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"  // deprecated in macOS 15, replaced above
+  options.fastMathEnabled = NO;  // = Safe + Precise, per Apple's mathMode documentation
+#pragma clang diagnostic pop
+}
+
+class MetalBuffer final : public Buffer {
+ public:
+  MetalBuffer(id<MTLBuffer> buffer, size_t size) : buffer_(buffer), size_(size) {}
+  void* contents() override { return [buffer_ contents]; }
+  size_t size() const override { return size_; }
+  id<MTLBuffer> handle() const { return buffer_; }
+
+ private:
+  id<MTLBuffer> buffer_;
+  size_t size_;  // as asked for; Metal allocates at least 1 byte
+};
+
+class MetalKernel final : public Kernel {
+ public:
+  MetalKernel(std::string name, id<MTLComputePipelineState> pipeline)
+      : name_(std::move(name)),
+        pipeline_(pipeline),
+        max_threads_(static_cast<uint32_t>(pipeline.maxTotalThreadsPerThreadgroup)),
+        execution_width_(static_cast<uint32_t>(pipeline.threadExecutionWidth)) {}
+  const std::string& name() const override { return name_; }
+  uint32_t max_threads_per_threadgroup() const override { return max_threads_; }
+  uint32_t thread_execution_width() const override { return execution_width_; }
+  id<MTLComputePipelineState> handle() const { return pipeline_; }
+
+ private:
+  std::string name_;
+  id<MTLComputePipelineState> pipeline_;
+  uint32_t max_threads_;
+  uint32_t execution_width_;
+};
+
+class MetalLibrary final : public Library {
+ public:
+  MetalLibrary(id<MTLDevice> device, id<MTLLibrary> library) : device_(device), library_(library) {}
+
+  std::shared_ptr<Kernel> kernel(const std::string& name) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = pipelines_.find(name);
+    if (found != pipelines_.end()) return found->second;
+    std::shared_ptr<MetalKernel> kernel;
+    in_pool([&] {
+      NSString* function_name = [[NSString alloc] initWithBytes:name.data()
+                                                         length:name.size()
+                                                       encoding:NSUTF8StringEncoding];
+      id<MTLFunction> function = function_name == nil ? nil : [library_ newFunctionWithName:function_name];
+      if (function == nil) throw GpuError("[metal] library has no kernel function '" + name + "'");
+      if (function.functionType != MTLFunctionTypeKernel) {
+        throw GpuError("[metal] function '" + name + "' is not a kernel");
+      }
+      NSError* error = nil;
+      id<MTLComputePipelineState> pipeline = [device_ newComputePipelineStateWithFunction:function
+                                                                                     error:&error];
+      if (pipeline == nil) {
+        throw GpuError("[metal] cannot create the pipeline of kernel '" + name + "': " + describe(error));
+      }
+      kernel = std::make_shared<MetalKernel>(name, pipeline);
+    });
+    pipelines_.emplace(name, kernel);
+    return kernel;
+  }
+
+ private:
+  id<MTLDevice> device_;
+  id<MTLLibrary> library_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<MetalKernel>> pipelines_;
+};
+
+class MetalCommandBuffer final : public CommandBuffer {
+ public:
+  MetalCommandBuffer(id<MTLCommandBuffer> commands, size_t max_threadgroup_memory)
+      : commands_(commands), rules_(max_threadgroup_memory) {}
+
+  ~MetalCommandBuffer() override {
+    // Metal asserts when an encoder is released without endEncoding.
+    if (encoder_ != nil && !rules_.committed()) {
+      @autoreleasepool {
+        [encoder_ endEncoding];
+      }
+    }
+  }
+
+  void set_kernel(const std::shared_ptr<Kernel>& kernel) override {
+    auto* metal = dynamic_cast<MetalKernel*>(kernel.get());
+    if (metal == nullptr) rules_.fail("set_kernel", "the kernel is null or not a Metal kernel");
+    rules_.set_kernel(metal->name(), metal->max_threads_per_threadgroup());
+    [encoder() setComputePipelineState:metal->handle()];
+  }
+
+  void set_buffer(uint32_t index, const std::shared_ptr<Buffer>& buffer, size_t offset) override {
+    auto* metal = dynamic_cast<MetalBuffer*>(buffer.get());
+    if (metal == nullptr) {
+      rules_.fail("set_buffer", "the buffer at index " + std::to_string(index) + " is null or not a Metal buffer");
+    }
+    rules_.check_buffer(index, offset, metal->size());
+    [encoder() setBuffer:metal->handle() offset:offset atIndex:index];
+  }
+
+  void set_bytes(uint32_t index, const void* data, size_t size) override {
+    rules_.check_bytes(index, data, size);
+    [encoder() setBytes:data length:size atIndex:index];
+  }
+
+  void set_threadgroup_memory(uint32_t index, size_t size) override {
+    rules_.check_threadgroup_memory(index, size);
+    [encoder() setThreadgroupMemoryLength:size atIndex:index];
+  }
+
+  void dispatch_threadgroups(Size3 threadgroups, Size3 threads_per_threadgroup) override {
+    rules_.check_dispatch("dispatch_threadgroups", threadgroups, threads_per_threadgroup);
+    [encoder() dispatchThreadgroups:to_mtl(threadgroups) threadsPerThreadgroup:to_mtl(threads_per_threadgroup)];
+  }
+
+  // Needs non-uniform threadgroup support: every Apple-silicon GPU (Apple4 family and up) has it.
+  void dispatch_threads(Size3 threads, Size3 threads_per_threadgroup) override {
+    rules_.check_dispatch("dispatch_threads", threads, threads_per_threadgroup);
+    [encoder() dispatchThreads:to_mtl(threads) threadsPerThreadgroup:to_mtl(threads_per_threadgroup)];
+  }
+
+  void barrier() override {
+    rules_.check_open("barrier");
+    if (encoder_ != nil) [encoder_ memoryBarrierWithScope:MTLBarrierScopeBuffers];
+  }
+
+  void commit() override {
+    rules_.mark_committed();
+    in_pool([&] {
+      if (encoder_ != nil) [encoder_ endEncoding];
+      encoder_ = nil;
+      [commands_ commit];
+    });
+  }
+
+  void wait() override {
+    if (!rules_.committed()) throw GpuError("[metal] wait: command buffer not committed");
+    in_pool([&] {
+      [commands_ waitUntilCompleted];
+      if (commands_.status == MTLCommandBufferStatusError) {
+        throw GpuError("[metal] command buffer failed: " + describe(commands_.error));
+      }
+    });
+  }
+
+ private:
+  // One compute encoder per command buffer, opened on first use; concurrent
+  // dispatch matches device.h: only barrier() orders dispatches.
+  id<MTLComputeCommandEncoder> encoder() {
+    if (encoder_ == nil) {
+      in_pool([&] {
+        encoder_ = [commands_ computeCommandEncoderWithDispatchType:MTLDispatchTypeConcurrent];
+      });
+      if (encoder_ == nil) throw GpuError("[metal] cannot create a compute command encoder");
+    }
+    return encoder_;
+  }
+
+  id<MTLCommandBuffer> commands_;
+  id<MTLComputeCommandEncoder> encoder_ = nil;
+  metal::EncoderRules rules_;
+};
+
+class MetalDevice final : public Device {
+ public:
+  explicit MetalDevice(id<MTLDevice> device)
+      : device_(device),
+        name_(to_string(device.name)),
+        max_threadgroup_memory_(device.maxThreadgroupMemoryLength),
+        max_buffer_length_(device.maxBufferLength) {
+    queue_ = [device_ newCommandQueue];
+    if (queue_ == nil) throw GpuError("[metal] cannot create a command queue on " + name_);
+  }
+
+  std::string kind() const override { return "metal"; }
+  std::string name() const override { return name_; }
+
+  std::shared_ptr<Buffer> new_buffer(size_t size) override {
+    check_length(size);
+    std::shared_ptr<Buffer> result;
+    in_pool([&] {
+      id<MTLBuffer> buffer = [device_ newBufferWithLength:(size == 0 ? 1 : size)
+                                                  options:MTLResourceStorageModeShared];
+      if (buffer == nil) throw GpuError("[metal] cannot allocate a " + std::to_string(size) + "-byte buffer");
+      result = std::make_shared<MetalBuffer>(buffer, size);
+    });
+    return result;
+  }
+
+  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
+    if (size == 0) return new_buffer(0);
+    if (data == nullptr) throw GpuError("[metal] wrap_host_memory: null pointer");
+    check_length(size);
+    std::shared_ptr<Buffer> result;
+    in_pool([&] {
+      id<MTLBuffer> buffer = nil;
+      if (metal::host_memory_wrappable(data, size, static_cast<size_t>(sysconf(_SC_PAGESIZE)))) {
+        // The block owns a reference until Metal frees the buffer. `keep_alive`
+        // itself stays held to the end of this call, so the copy below is safe
+        // even if Metal refused the memory and already ran the deallocator.
+        __block std::shared_ptr<void> owner = keep_alive;
+        buffer = [device_ newBufferWithBytesNoCopy:data
+                                            length:size
+                                           options:MTLResourceStorageModeShared
+                                       deallocator:^(void*, NSUInteger) {
+                                         owner.reset();
+                                       }];
+      }
+      if (buffer == nil) {  // not whole pages, or refused: copy (the copy needs no keep_alive)
+        buffer = [device_ newBufferWithBytes:data length:size options:MTLResourceStorageModeShared];
+      }
+      if (buffer == nil) throw GpuError("[metal] cannot allocate a " + std::to_string(size) + "-byte buffer");
+      result = std::make_shared<MetalBuffer>(buffer, size);
+    });
+    return result;
+  }
+
+  std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
+    // Metal calls every source "program_source"; a #line names it in diagnostics.
+    const std::string labelled = metal::line_directive(name) + source;
+    std::shared_ptr<Library> result;
+    in_pool([&] {
+      NSString* text = [[NSString alloc] initWithBytes:labelled.data()
+                                                length:labelled.size()
+                                              encoding:NSUTF8StringEncoding];
+      if (text == nil) throw CompileError("[metal] MSL source '" + name + "' is not valid UTF-8", "");
+      MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
+      disable_fast_math(options);
+      NSError* error = nil;
+      id<MTLLibrary> library = [device_ newLibraryWithSource:text options:options error:&error];
+      if (library == nil) {
+        const std::string diagnostics = describe(error);
+        throw CompileError("[metal] MSL '" + name + "' did not compile:\n" + diagnostics, diagnostics);
+      }
+      result = std::make_shared<MetalLibrary>(device_, library);
+    });
+    return result;
+  }
+
+  std::unique_ptr<CommandBuffer> new_command_buffer() override {
+    std::unique_ptr<CommandBuffer> result;
+    in_pool([&] {
+      // Retained references: buffers (and wrapped memory) live until the GPU is done.
+      id<MTLCommandBuffer> commands = [queue_ commandBuffer];
+      if (commands == nil) throw GpuError("[metal] cannot create a command buffer");
+      result = std::make_unique<MetalCommandBuffer>(commands, max_threadgroup_memory_);
+    });
+    return result;
+  }
+
+ private:
+  void check_length(size_t size) const {
+    if (size > max_buffer_length_) {
+      throw GpuError("[metal] a " + std::to_string(size) + "-byte buffer exceeds " + name_ + "'s limit of " +
+                     std::to_string(max_buffer_length_) + " bytes");
+    }
+  }
+
+  id<MTLDevice> device_;
+  id<MTLCommandQueue> queue_ = nil;
+  std::string name_;
+  size_t max_threadgroup_memory_;
+  size_t max_buffer_length_;
+};
+
+}  // namespace
+
+bool metal_available() {
+  bool found = false;
+  @autoreleasepool {
+    found = MTLCreateSystemDefaultDevice() != nil;
+  }
+  return found;
+}
+
+std::shared_ptr<Device> open_metal_device() {
+  std::shared_ptr<Device> result;
+  in_pool([&] {
+    id<MTLDevice> device = MTLCreateSystemDefaultDevice();
+    if (device == nil) throw GpuError("[metal] no Metal device");
+    result = std::make_shared<MetalDevice>(device);
+  });
+  return result;
+}
+
+}  // namespace mq::gpu

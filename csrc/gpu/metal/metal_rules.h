@@ -1,0 +1,125 @@
+// What the Metal backend checks before it calls Metal: the limits Metal would
+// otherwise assert on (or crash the process over), kept in plain C++ so they build
+// and are tested on Linux (tools/metal_check/metal_rules_test.cpp).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gpu/device.h"
+
+namespace mq::gpu::metal {
+
+constexpr uint32_t kArgumentTableSize = 31;      // buffer and threadgroup-memory tables
+constexpr size_t kMaxSetBytes = 4096;            // setBytes:length:atIndex: is for up to 4 KiB
+constexpr size_t kThreadgroupMemoryAlign = 16;   // setThreadgroupMemoryLength: wants 16 B multiples
+
+// newBufferWithBytesNoCopy: needs a page-aligned pointer and a length that ends on
+// a page boundary; rounding the length up could reach past the caller's mapping,
+// so only whole pages are wrapped.
+inline bool host_memory_wrappable(const void* data, size_t size, size_t page_size) {
+  return data != nullptr && size > 0 && page_size > 0 &&
+         reinterpret_cast<uintptr_t>(data) % page_size == 0 && size % page_size == 0;
+}
+
+// `#line 1 "name"` + newline: source line 1 is then reported as name:1.
+inline std::string line_directive(const std::string& name) {
+  std::string quoted;
+  for (char c : name) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    if (c != '\n' && c != '\r') quoted += c;
+  }
+  return "#line 1 \"" + quoted + "\"\n";
+}
+
+// The state of one command buffer's compute encoder as far as checking goes.
+// Every check throws GpuError("[metal] <op>: ...") naming the bound kernel.
+class EncoderRules {
+ public:
+  explicit EncoderRules(size_t max_threadgroup_memory)
+      : max_threadgroup_memory_(max_threadgroup_memory) {}
+
+  void set_kernel(const std::string& name, uint32_t max_threads_per_threadgroup) {
+    check_open("set_kernel");
+    kernel_ = name;
+    max_threads_ = max_threads_per_threadgroup;
+  }
+
+  void check_buffer(uint32_t index, size_t offset, size_t buffer_size) const {
+    check_index("set_buffer", index);
+    if (offset > 0 && offset >= buffer_size) {
+      fail("set_buffer", "offset " + std::to_string(offset) + " at index " + std::to_string(index) +
+                             " is past the end of a " + std::to_string(buffer_size) + "-byte buffer");
+    }
+  }
+
+  void check_bytes(uint32_t index, const void* data, size_t size) const {
+    check_index("set_bytes", index);
+    if (data == nullptr || size == 0) fail("set_bytes", "no bytes given for index " + std::to_string(index));
+    if (size > kMaxSetBytes) {
+      fail("set_bytes", std::to_string(size) + " bytes at index " + std::to_string(index) +
+                            " exceed the 4096-byte limit: use a buffer");
+    }
+  }
+
+  void check_threadgroup_memory(uint32_t index, size_t size) const {
+    check_index("set_threadgroup_memory", index);
+    if (size % kThreadgroupMemoryAlign != 0) {
+      fail("set_threadgroup_memory", std::to_string(size) + " bytes at index " + std::to_string(index) +
+                                         " are not a multiple of 16");
+    }
+    if (size > max_threadgroup_memory_) {
+      fail("set_threadgroup_memory", std::to_string(size) + " bytes at index " + std::to_string(index) +
+                                         " exceed the device's " + std::to_string(max_threadgroup_memory_) +
+                                         "-byte threadgroup memory");
+    }
+  }
+
+  void check_dispatch(const char* op, Size3 grid, Size3 threads_per_threadgroup) const {
+    check_open(op);
+    if (kernel_.empty()) fail(op, "no kernel set");
+    const Size3& t = threads_per_threadgroup;
+    if (t.count() == 0 || grid.count() == 0) {
+      fail(op, "empty dispatch: grid " + format(grid) + ", threads per threadgroup " + format(t));
+    }
+    if (t.count() > max_threads_) {
+      fail(op, "threads per threadgroup " + format(t) + " = " + std::to_string(t.count()) +
+                   " exceed the kernel's limit of " + std::to_string(max_threads_));
+    }
+  }
+
+  void check_open(const char* op) const {
+    if (committed_) fail(op, "command buffer already committed");
+  }
+
+  void check_index(const char* op, uint32_t index) const {
+    check_open(op);
+    if (index >= kArgumentTableSize) {
+      fail(op, "index " + std::to_string(index) + " is out of range (0.." +
+                   std::to_string(kArgumentTableSize - 1) + ")");
+    }
+  }
+
+  void mark_committed() {
+    check_open("commit");
+    committed_ = true;
+  }
+  bool committed() const { return committed_; }
+
+  [[noreturn]] void fail(const char* op, const std::string& what) const {
+    const std::string kernel = kernel_.empty() ? "no kernel set" : "kernel '" + kernel_ + "'";
+    throw GpuError(std::string("[metal] ") + op + ": " + what + " (" + kernel + ")");
+  }
+
+ private:
+  static std::string format(Size3 s) {
+    return "(" + std::to_string(s.x) + ", " + std::to_string(s.y) + ", " + std::to_string(s.z) + ")";
+  }
+
+  size_t max_threadgroup_memory_;
+  std::string kernel_;
+  uint32_t max_threads_ = 0;
+  bool committed_ = false;
+};
+
+}  // namespace mq::gpu::metal

@@ -1,0 +1,91 @@
+// Runs on Linux: the checks the Metal backend makes before calling Metal
+// (csrc/gpu/metal/metal_rules.h).
+#include "gpu/metal/metal_rules.h"
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+using mq::gpu::GpuError;
+using mq::gpu::Size3;
+using mq::gpu::metal::EncoderRules;
+
+namespace {
+
+int passed = 0, failed = 0;
+
+void expect(bool ok, const char* what) {
+  if (ok) {
+    ++passed;
+  } else {
+    ++failed;
+    std::printf("FAILED: %s\n", what);
+  }
+}
+
+// Expects a GpuError whose message contains every fragment.
+void expect_error(const std::function<void()>& body, std::initializer_list<const char*> fragments,
+                  const char* what) {
+  try {
+    body();
+  } catch (const GpuError& e) {
+    const std::string message = e.what();
+    bool ok = message.rfind("[metal] ", 0) == 0;
+    for (const char* f : fragments) ok = ok && message.find(f) != std::string::npos;
+    if (!ok) std::printf("  message was: %s\n", message.c_str());
+    expect(ok, what);
+    return;
+  }
+  expect(false, what);
+}
+
+}  // namespace
+
+int main() {
+  using mq::gpu::metal::host_memory_wrappable;
+  const size_t page = 16384;  // Apple-silicon page size
+  alignas(16384) static char pages[3 * 16384];
+  expect(host_memory_wrappable(pages, 2 * page, page), "whole pages wrap");
+  expect(!host_memory_wrappable(pages + 64, 2 * page, page), "unaligned pointer copies");
+  expect(!host_memory_wrappable(pages, 2 * page - 1, page), "partial last page copies");
+  expect(!host_memory_wrappable(pages, 0, page), "empty copies");
+  expect(!host_memory_wrappable(nullptr, page, page), "null copies");
+
+  using mq::gpu::metal::line_directive;
+  expect(line_directive("shaders/norm.metal") == "#line 1 \"shaders/norm.metal\"\n", "line directive");
+  expect(line_directive("a\"b\\c\nd") == "#line 1 \"a\\\"b\\\\cd\"\n", "line directive escapes");
+
+  EncoderRules rules(32768);
+  expect_error([&] { rules.check_dispatch("dispatch_threads", {64, 1, 1}, {32, 1, 1}); },
+               {"dispatch_threads", "no kernel set"}, "dispatch without kernel");
+  rules.set_kernel("rms_norm_f32", 1024);
+  rules.check_dispatch("dispatch_threads", {64, 1, 1}, {32, 1, 1});
+  expect_error([&] { rules.check_dispatch("dispatch_threads", {0, 1, 1}, {32, 1, 1}); }, {"empty dispatch"},
+               "empty grid");
+  expect_error([&] { rules.check_dispatch("dispatch_threadgroups", {1, 1, 1}, {64, 32, 1}); },
+               {"2048", "1024", "'rms_norm_f32'"}, "too many threads per group");
+  expect_error([&] { rules.check_dispatch("dispatch_threadgroups", {1, 1, 1}, {0, 1, 1}); },
+               {"empty dispatch"}, "zero threads per group");
+  expect_error([&] { rules.check_index("set_buffer", 31); }, {"index 31", "'rms_norm_f32'"}, "index 31");
+  rules.check_index("set_buffer", 30);
+  expect_error([&] { rules.check_buffer(0, 256, 256); }, {"offset 256"}, "offset at end");
+  rules.check_buffer(0, 0, 0);
+  rules.check_buffer(0, 255, 256);
+  expect_error([&] { rules.check_bytes(0, pages, 4097); }, {"4097"}, "set_bytes > 4 KiB");
+  expect_error([&] { rules.check_bytes(0, nullptr, 4); }, {"no bytes"}, "set_bytes null");
+  rules.check_bytes(0, pages, 4096);
+  rules.check_threadgroup_memory(0, 32768);
+  expect_error([&] { rules.check_threadgroup_memory(0, 100); }, {"multiple of 16"}, "tg not 16-aligned");
+  expect_error([&] { rules.check_threadgroup_memory(0, 32784); }, {"32768"}, "tg over limit");
+
+  rules.mark_committed();
+  expect(rules.committed(), "committed");
+  expect_error([&] { rules.check_dispatch("dispatch_threads", {64, 1, 1}, {32, 1, 1}); },
+               {"already committed"}, "dispatch after commit");
+  expect_error([&] { rules.check_bytes(0, pages, 4); }, {"already committed"}, "set_bytes after commit");
+  expect_error([&] { rules.set_kernel("x", 1); }, {"already committed"}, "set_kernel after commit");
+  expect_error([&] { rules.mark_committed(); }, {"commit", "already committed"}, "commit twice");
+
+  std::printf("metal_rules_test: %d checks passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Linux check of the Metal backend, which can only run on a Mac:
+#  1. type-checks every csrc/gpu/metal/*.mm as Objective-C++ with ARC against the
+#     hand-written API stubs in tools/metal_check/include: an unknown selector, a
+#     method sent to the wrong protocol or a wrong argument type fails
+#     (-Werror -Wobjc-method-access; the sources use no `id`-typed receivers);
+#     Each file is checked as built with the macOS 15 SDK and with the macOS 14 SDK;
+#  2. proves (1) bites: each mutation below breaks metal_device.mm the way a
+#     mistyped API call would, and must make the check fail;
+#  3. builds and runs the plain-C++ checks of metal_rules.h.
+# check_api_names.py separately proves the stubs declare only real SDK API.
+# Needs clang++ (Debian: apt-get install -y clang); CLANGXX overrides it.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+CLANGXX="${CLANGXX:-clang++}"
+if ! command -v "$CLANGXX" >/dev/null; then
+  echo "metal_check: $CLANGXX not found (Debian: apt-get install -y clang)" >&2
+  exit 2
+fi
+
+# -fobjc-runtime only picks ARC and blocks semantics for the parse; nothing is linked.
+flags=(-fsyntax-only -x objective-c++ -std=c++20 -fobjc-arc -fblocks -fobjc-runtime=macosx-11.0
+       -Werror -Wall -Wextra -Wshadow -Wobjc-method-access
+       -I "$root/tools/metal_check/include" -I "$root/csrc")
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+
+shopt -s nullglob
+sources=(csrc/gpu/metal/*.mm)
+if [ ${#sources[@]} -eq 0 ]; then
+  echo "metal_check: no csrc/gpu/metal/*.mm" >&2
+  exit 1
+fi
+# Both sides of the SDK guards: the macOS 15 SDK (mathMode) and the macOS 14 SDK.
+sdks=(150000 140000)
+for source in "${sources[@]}"; do
+  for sdk in "${sdks[@]}"; do
+    if "$CLANGXX" "${flags[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk "$source"; then
+      echo "metal_check: ok $source (SDK $sdk)"
+    else
+      echo "metal_check: FAILED $source (SDK $sdk)" >&2
+      failed=1
+    fi
+  done
+done
+
+# sed expression | the mistake it stands for | SDK
+mutations=(
+  's/offset:offset atIndex:index\]/offset:offset atIndx:index]/|misspelt selector|150000'
+  's/\[encoder_ endEncoding\];/[commands_ endEncoding];/|method of another protocol|150000'
+  's/commands_\.status ==/commands_.state ==/|unknown property|150000'
+  's/dispatchThreads:to_mtl(threads)/dispatchThreads:threads/|Size3 for MTLSize|150000'
+  's/computeCommandEncoderWithDispatchType:MTLDispatchTypeConcurrent/computeCommandEncoderWithDispatchType:1/|int for an NS_ENUM|150000'
+  's/setBytes:data length:size/setBytes:size length:data/|swapped arguments|150000'
+  's/options\.mathMode = MTLMathModeSafe/options.mathMode = MTLMathFloatingPointFunctionsPrecise/|constant of another enum|150000'
+  's/deallocator:\^(void\*, NSUInteger)/deallocator:^(void*)/|wrong block signature|150000'
+  's/error:&error\]/error:error]/|NSError* for NSError**|150000'
+  's/\[\[MTLCompileOptions alloc\] init\]/[MTLCompileOptions new]/|undeclared class method|150000'
+  's/newBufferWithBytes:data length:size/newBufferWithBytes:data size:size/|wrong selector part|150000'
+  's/^#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000/#if 1/|macOS 15 API outside the SDK guard|140000'
+)
+target=csrc/gpu/metal/metal_device.mm
+for entry in "${mutations[@]}"; do
+  IFS='|' read -r expression mistake sdk <<<"$entry"
+  mutant="$tmp/$(basename "$target")"
+  sed "$expression" "$target" >"$mutant"
+  if cmp -s "$target" "$mutant"; then
+    echo "metal_check: FAILED mutation '$mistake' no longer applies to $target: update run.sh" >&2
+    failed=1
+  elif "$CLANGXX" "${flags[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk "$mutant" 2>"$tmp/log"; then
+    echo "metal_check: FAILED the check missed a $mistake ($expression)" >&2
+    failed=1
+  else
+    echo "metal_check: ok catches $mistake: $(grep -m1 'error:' "$tmp/log" | sed 's/^[^ ]* //')"
+  fi
+done
+
+if "$CLANGXX" -std=c++20 -Werror -Wall -Wextra -I csrc tools/metal_check/metal_rules_test.cpp \
+    -o "$tmp/metal_rules_test" && "$tmp/metal_rules_test"; then
+  echo "metal_check: ok metal_rules_test"
+else
+  echo "metal_check: FAILED metal_rules_test" >&2
+  failed=1
+fi
+exit $failed
