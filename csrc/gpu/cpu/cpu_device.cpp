@@ -141,12 +141,11 @@ class CommandQueue {
   // Dispatches between two barriers run last-first: a legal GPU order that
   // exposes a missing barrier, which plain in-order execution would hide.
   static void execute(const std::vector<Dispatch>& work) {
-    size_t end = work.size();
-    while (end > 0) {
-      size_t begin = end - 1;
-      while (begin > 0 && !work[begin].barrier_before) --begin;
+    for (size_t begin = 0; begin < work.size();) {
+      size_t end = begin + 1;
+      while (end < work.size() && !work[end].barrier_before) ++end;
       for (size_t i = end; i-- > begin;) run_dispatch(work[i]);
-      end = begin;
+      begin = end;
     }
   }
 
