@@ -352,3 +352,25 @@ template [[host_name("scale_half_3")]] kernel void scale_into<half, 3>(
         np.testing.assert_array_equal(y.numpy(np.float32), x * factor)
     with pytest.raises(gpu.GpuError, match="no kernel function 'scale_into'"):
         lib.kernel("scale_into")
+
+
+def test_threadgroup_array_sizes_may_be_expressions(cpu):
+    lib = build(cpu, """
+constant constexpr uint N = 32;
+kernel void sizes(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {
+    threadgroup float a[2 * N];
+    threadgroup float b[(N + N) / 2][2];
+    a[t] = float(t);
+    b[t % N][t / N] = float(t) * 10.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[t] = a[63 - t] + b[(63 - t) % N][(63 - t) / N];
+}
+""")
+    y = nan_buffer(cpu, 64)
+    lib.kernel("sizes").dispatch({0: y}, threadgroups=(1,), threads=(64,))
+    np.testing.assert_array_equal(y.numpy(np.float32), (63 - np.arange(64)) * 11.0)
+
+
+def test_refuses_several_threadgroup_variables_in_one_statement(cpu):
+    with pytest.raises(gpu.CompileError, match="one threadgroup variable per statement"):
+        build(cpu, "kernel void two(device float* y [[buffer(0)]]) { threadgroup float a[4], b[4]; y[0] = a[0] + b[0]; }")

@@ -1,2 +1,86 @@
-// Parameters of shaders/attention.metal.
+// Parameters of shaders/attention.metal: gated full attention (Qwen3.5 style).
+//
+// The kernels are specialised for the head size and the rotary size below. The engine
+// must check the model against them at load time (head_dim == MQ_ATTN_HEAD_DIM and
+// head_dim * partial_rotary_factor == MQ_ATTN_ROT_DIM) and refuse other models.
 #pragma once
+
+#define MQ_ATTN_HEAD_DIM 256
+#define MQ_ATTN_ROT_DIM 64
+// q8 KV cache: one f16 scale per MQ_ATTN_Q8_BLOCK consecutive elements of a position row.
+#define MQ_ATTN_Q8_BLOCK 32
+
+// Buffers shared by the kernels (f32 unless stated; "elements" means floats):
+//   q     [rows][q_stride]: head h at h * 2 * HEAD_DIM: [query(HEAD_DIM) | gate(HEAD_DIM)]
+//   k     [rows][k_stride]: head h at h * HEAD_DIM
+//   v     [rows][v_stride]: head h at h * HEAD_DIM
+//   out   [rows][out_stride]: head h at h * HEAD_DIM (attention output, gated)
+//   KV caches, one K and one V buffer per layer (bind at the layer's byte offset), with
+//   kv_dim = nkv * HEAD_DIM elements per position:
+//     q8:  int8 plane [max_ctx][kv_dim], then at byte offset max_ctx * kv_dim an f16
+//          scale plane [max_ctx][kv_dim / Q8_BLOCK]; element = code * scale. Appending
+//          stores d = f16(amax / 127) per block and code = clamp(rint(x / d), +-127) with
+//          that stored d (d = 0 stores zero codes).
+//     f16: half [max_ctx][kv_dim].
+//   rope_turns [ROT_DIM / 2] uint64: rope_turns[i] = round(2^64 * theta^(-2i/ROT_DIM) / (2 pi))
+//     (mod 2^64), computed once by the engine in double precision: the rotation of pair
+//     i at position pos is (pos * rope_turns[i] mod 2^64) / 2^64 turns, exact in integer
+//     arithmetic, so large positions lose no accuracy to float32 angle rounding.
+// Row r of a step is at position pos_base + r; the cache holds positions < pos_base + rows
+// once the step's K/V are appended, and row r attends to positions <= pos_base + r.
+
+// attn_qk_norm_rope_append_{q8,f16}: per-head RMSNorm of query and key (weights bf16
+// [HEAD_DIM], multiplied as stored), RoPE on the first ROT_DIM dims, in place in q and k;
+// then K (normed, rotated) and V are appended to the cache at positions pos_base + r.
+// One SIMD-group per (row, slot), slots = nq query heads, nkv key heads, nkv value heads:
+// dispatch ceil(rows * (nq + 2 nkv) / MQ_ATTN_PREP_SIMDGROUPS) threadgroups of
+// MQ_ATTN_PREP_SIMDGROUPS * 32 threads.
+#define MQ_ATTN_PREP_SIMDGROUPS 4
+struct AttnPrepParams {
+  uint rows;
+  uint nq;        // query heads
+  uint nkv;       // key/value heads; nq % nkv == 0
+  uint q_stride;  // elements between rows of q (>= nq * 2 * HEAD_DIM)
+  uint k_stride;  // elements between rows of k (>= nkv * HEAD_DIM)
+  uint v_stride;  // elements between rows of v
+  uint pos_base;  // position (= cache row) of row 0
+  uint max_ctx;   // cache rows (places the q8 scale plane)
+  float eps;      // RMSNorm epsilon
+};
+
+// Attention over the cache (decode, verify and prefill). Scale 1 / sqrt(HEAD_DIM); the
+// kernels work in log2 units (scores times log2(e) / sqrt(HEAD_DIM), exp2), so partial
+// maxima are log2-scaled too. out = softmax(q k^T / sqrt(HEAD_DIM)) v * sigmoid(gate).
+//
+// attn_decode_{q8,f16}_r{1,4} (flash-decode for decode and verify steps, 1..8 rows in
+// practice, any number works): the context [0, pos_base + rows) is cut into n_splits
+// splits of split_len positions. Dispatch threadgroups (n_splits, nkv, ceil(rows / R)) of
+// (nq / nkv) * 32 threads, R = 1 or 4 from the kernel name (r1 for one row; r4 reads each
+// K/V row once for up to 4 rows); each SIMD-group owns one query head. With n_splits == 1
+// the kernel writes the gated output itself (no combine); otherwise it writes
+//   part_o  [rows][nq][n_splits][HEAD_DIM] f32: unnormalised sum of p * v
+//   part_ms [rows][nq][n_splits] float2: (max score in log2 units, sum of p)
+// and attn_decode_combine (threadgroups (nq, rows) of MQ_ATTN_COMBINE_THREADS threads,
+// after a barrier) merges them and applies the gate. Bind all six buffers either way
+// (part_* or out go unused). q_stride and out_stride must be multiples of 4 and q, out,
+// part_o bound 16-byte aligned (float4 access).
+#define MQ_ATTN_COMBINE_THREADS (MQ_ATTN_HEAD_DIM / 4)
+//
+// attn_prefill_{q8,f16} (a chunk of rows, flash attention with 8x8 SIMD-group matrices):
+// each SIMD-group owns 8 rows of one query head; a threadgroup owns one kv head and
+// 8 * RB consecutive rows for all nq / nkv query heads of it. Dispatch threadgroups
+// (ceil(rows / (8 RB)), nkv) of (nq / nkv) * RB * 32 threads, with RB >= 1 chosen by the
+// engine and (nq / nkv) * RB <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS. q must be readable for
+// ceil(rows / 8) * 8 rows (the rows past `rows` are read, never used).
+#define MQ_ATTN_PREFILL_MAX_SIMDGROUPS 16
+struct AttnParams {
+  uint rows;        // query rows in this step
+  uint nq;          // query heads
+  uint nkv;         // key/value heads; nq % nkv == 0
+  uint q_stride;    // elements between rows of q
+  uint out_stride;  // elements between rows of out
+  uint pos_base;    // position of row 0
+  uint max_ctx;     // cache rows (places the q8 scale plane)
+  uint split_len;   // decode: positions per split (>= 1)
+  uint n_splits;    // decode: ceil((pos_base + rows) / split_len)
+};

@@ -369,9 +369,15 @@ std::string rewrite_threadgroup_arrays(const std::string& text, const LineMap& l
   for (size_t at : find_word(m, "threadgroup")) {
     size_t start = skip_space(m, at + 11);
     if (start == at + 11 || start >= m.size() || !is_ident_start(m[start])) continue;
-    size_t end = m.find_first_of(";{}()*&,", start);
-    if (end == std::string::npos || m[end] != ';') {
-      if (end != std::string::npos && m[end] == ',' && m.find_first_of("(*&", start) > end)
+    // An array when '[' comes before any pointer/reference/call syntax; its sizes may
+    // hold any expression, so the statement ends at the next ';' outside brackets.
+    size_t end = m.find_first_of(";{}()*&,[", start);
+    if (end != std::string::npos && m[end] == '[') {
+      for (int depth = 0; end < m.size() && !(depth == 0 && (m[end] == ';' || m[end] == ',')); ++end)
+        depth += m[end] == '[' || m[end] == '(' ? 1 : m[end] == ']' || m[end] == ')' ? -1 : 0;
+    }
+    if (end == std::string::npos || end >= m.size() || m[end] != ';') {
+      if (end < m.size() && m[end] == ',')
         refuse(lines.where(at), "declare one threadgroup variable per statement");
       continue;  // a pointer, reference or parameter: plain memory on the CPU
     }

@@ -1,0 +1,459 @@
+// Gated full attention: per-head q/k RMSNorm + partial RoPE fused with the KV-cache
+// append, flash-decode partials + log-sum-exp combine (decode and verify rows), and
+// flash prefill on 8x8 SIMD-group matrices. Buffer layouts: params/attention.h.
+// Everything after the cache read is f32; q8 cache values (int8 code * f16 scale) and
+// f16 cache values are exact in f32, so the only roundings are f32 arithmetic.
+#include <metal_stdlib>
+using namespace metal;
+#include "params.h"
+
+namespace mq_attn {
+
+constant constexpr uint HD = MQ_ATTN_HEAD_DIM;
+constant constexpr uint ROT = MQ_ATTN_ROT_DIM;
+constant constexpr uint QB = MQ_ATTN_Q8_BLOCK;
+static_assert(HD % 128 == 0, "decode lanes hold float4 chunks 128 apart");
+static_assert(ROT % 64 == 0 && ROT <= HD, "a lane holds both elements of its RoPE pairs");
+static_assert(QB == 32, "a q8 block is one element per lane of a SIMD-group");
+
+constexpr uint isqrt(uint n) {  // a loop, not recursion: MSL has no recursive functions
+  uint r = 0;
+  while ((r + 1) * (r + 1) <= n) r++;
+  return r;
+}
+static_assert(isqrt(HD) * isqrt(HD) == HD, "the score scale 1/sqrt(HD) is taken as exact");
+
+// Scores are kept in log2 units so the softmax uses exp2: s = q.k * log2(e) / sqrt(HD).
+constant constexpr float SCORE_SCALE = 1.44269504088896341f / (float)isqrt(HD);
+// Initial running maximum: finite, so exp2(m_old - m_new) never meets inf - inf.
+constant constexpr float NO_SCORE = -3.402823466e38f;
+// One turn of a RoPE phase, per unit of its top 32 bits (a signed fraction of 2^32).
+constant constexpr float TURN_RADIANS = 6.28318530717958648f / 4294967296.0f;
+
+// sigmoid with the exponent clamped so fast math never sees an infinity.
+inline float sigmoid(float g) { return 1.0f / (1.0f + exp(min(-g, 88.0f))); }
+inline float4 sigmoid(float4 g) { return 1.0f / (1.0f + exp(min(-g, float4(88.0f)))); }
+
+// Four consecutive cache elements e..e+3 of position t as f32 (exact for both formats).
+// q8: scale_off = byte offset of the f16 scale plane; e must not cross a q8 block.
+template <bool Q8>
+inline float4 kv_load4(device const char* cache, ulong scale_off, uint t, uint kv_dim, uint e) {
+  const ulong idx = (ulong)t * kv_dim + e;
+  if (Q8) {
+    device const half* scales = (device const half*)(cache + scale_off);
+    const float d = (float)scales[(ulong)t * (kv_dim / QB) + e / QB];
+    return float4(*(device const char4*)(cache + idx)) * d;
+  }
+  return float4(*(device const half4*)((device const half*)cache + idx));
+}
+
+// Appends one head (HD values, lane holds elements lane + 32 j in x[j]) at cache row
+// `pos`, head `kvh`. q8: block j of the head is x[j] across the SIMD-group; its scale is
+// d = f16(amax / 127) and codes are quantised against that stored d, so dequantisation
+// reproduces x to within d / 2.
+template <bool Q8>
+inline void kv_append_head(device char* cache, uint max_ctx, uint kv_dim, uint pos, uint kvh,
+                           thread const float* x, uint lane) {
+  const ulong row = (ulong)pos * kv_dim + kvh * HD;
+  if (Q8) {
+    half mine = 0.0h;
+    // Precise divisions: d and the codes are the exact roundings under any GPU math mode.
+    for (uint j = 0; j < HD / 32; j++) {
+      const float amax = simd_max(fabs(x[j]));
+      const half d = (half)precise::divide(amax, 127.0f);
+      const float df = (float)d;
+      const float code = df > 0.0f ? clamp(rint(precise::divide(x[j], df)), -127.0f, 127.0f) : 0.0f;
+      cache[row + 32 * j + lane] = (char)code;
+      mine = lane == j ? d : mine;
+    }
+    device half* scales = (device half*)(cache + (ulong)max_ctx * kv_dim);
+    if (lane < HD / QB) scales[row / QB + lane] = mine;
+  } else {
+    device half* c = (device half*)cache;
+    for (uint j = 0; j < HD / 32; j++) c[row + 32 * j + lane] = (half)x[j];
+  }
+}
+
+}  // namespace mq_attn
+
+// ---------------------------------------------------------------------------------------
+// q/k RMSNorm + RoPE + KV append, one dispatch for a step's rows.
+//   q:          [rows][q_stride] f32, query halves normed + rotated in place (gates untouched)
+//   k:          [rows][k_stride] f32, normed + rotated in place
+//   v:          [rows][v_stride] f32
+//   q_norm, k_norm: [HEAD_DIM] bf16, multiplied as stored
+//   rope_turns: [ROT_DIM / 2] uint64 phase steps (params/attention.h)
+//   kc, vc:     this layer's K and V caches (q8 or f16 layout), rows pos_base.. written
+// Grid: one SIMD-group per (row, slot), slot = q head | k head | v head; lane holds
+// elements lane + 32 j, so RoPE pair (i, i + ROT/2) and each q8 block live in registers.
+template <bool Q8>
+[[kernel]] void attn_qk_norm_rope_append(device float* q [[buffer(0)]],
+                                         device float* k [[buffer(1)]],
+                                         device const float* v [[buffer(2)]],
+                                         device const bfloat* q_norm [[buffer(3)]],
+                                         device const bfloat* k_norm [[buffer(4)]],
+                                         device const ulong* rope_turns [[buffer(5)]],
+                                         device char* kc [[buffer(6)]],
+                                         device char* vc [[buffer(7)]],
+                                         constant AttnPrepParams& p [[buffer(8)]],
+                                         uint tg [[threadgroup_position_in_grid]],
+                                         uint sg [[simdgroup_index_in_threadgroup]],
+                                         uint n_sg [[simdgroups_per_threadgroup]],
+                                         uint lane [[thread_index_in_simdgroup]]) {
+  using namespace mq_attn;
+  constexpr uint PER_LANE = HD / 32;
+  const uint slots = p.nq + 2 * p.nkv;
+  const uint g = tg * n_sg + sg;
+  if (g >= p.rows * slots) return;  // whole SIMD-groups only
+  const uint row = g / slots;
+  const uint slot = g % slots;
+  const uint pos = p.pos_base + row;
+  const uint kv_dim = p.nkv * HD;
+
+  float x[PER_LANE];
+  if (slot >= p.nq + p.nkv) {  // value head: appended as is
+    const uint kvh = slot - p.nq - p.nkv;
+    device const float* src = v + (ulong)row * p.v_stride + kvh * HD;
+    for (uint j = 0; j < PER_LANE; j++) x[j] = src[lane + 32 * j];
+    kv_append_head<Q8>(vc, p.max_ctx, kv_dim, pos, kvh, x, lane);
+    return;
+  }
+
+  const bool is_q = slot < p.nq;
+  device float* h = is_q ? q + (ulong)row * p.q_stride + slot * 2 * HD
+                         : k + (ulong)row * p.k_stride + (slot - p.nq) * HD;
+  device const bfloat* w = is_q ? q_norm : k_norm;
+  float ss = 0.0f;
+  for (uint j = 0; j < PER_LANE; j++) {
+    x[j] = h[lane + 32 * j];
+    ss += x[j] * x[j];
+  }
+  const float inv = rsqrt(simd_sum(ss) / (float)HD + p.eps);
+  for (uint j = 0; j < PER_LANE; j++) x[j] = x[j] * inv * (float)w[lane + 32 * j];
+
+  // Pair i = lane + 32 j rotates by pos * rope_turns[i] / 2^64 turns (integer phase: exact
+  // at any position); the signed top word is the phase in [-1/2, 1/2) turn.
+  for (uint j = 0; j < ROT / 64; j++) {
+    const ulong phase = (ulong)pos * rope_turns[lane + 32 * j];
+    const float angle = (float)as_type<int>((uint)(phase >> 32)) * TURN_RADIANS;
+    const float c = precise::cos(angle);
+    const float s = precise::sin(angle);
+    const float a = x[j];
+    const float b = x[j + ROT / 64];
+    x[j] = a * c - b * s;
+    x[j + ROT / 64] = b * c + a * s;
+  }
+  for (uint j = 0; j < PER_LANE; j++) h[lane + 32 * j] = x[j];
+  if (!is_q) kv_append_head<Q8>(kc, p.max_ctx, kv_dim, pos, slot - p.nq, x, lane);
+}
+
+template [[host_name("attn_qk_norm_rope_append_q8")]] [[kernel]] void attn_qk_norm_rope_append<true>(
+    device float* q [[buffer(0)]], device float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    constant AttnPrepParams& p [[buffer(8)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_qk_norm_rope_append_f16")]] [[kernel]] void attn_qk_norm_rope_append<false>(
+    device float* q [[buffer(0)]], device float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    constant AttnPrepParams& p [[buffer(8)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+
+// ---------------------------------------------------------------------------------------
+// Flash-decode partials for R rows of one kv head over one split of the context.
+//   q:       [rows][q_stride] f32 (normed, rotated query | gate per head)
+//   kc, vc:  this layer's caches; positions < pos_base + rows must be appended
+//   part_o:  [rows][nq][n_splits][HEAD_DIM] f32, part_ms: [rows][nq][n_splits] float2
+//   out:     [rows][out_stride] f32, written instead of the partials when n_splits == 1
+// Threadgroup (split, kv head, row group); SIMD-group = one query head of the kv head
+// (all of them read the same K/V rows). Lane holds dims 4 lane + 128 c (float4 chunks).
+// Per position and row: one simd_sum for the score, then the online softmax update
+// m' = max(m, s), l' = l 2^(m - m') + 2^(s - m'), o' = o 2^(m - m') + 2^(s - m') v, in
+// position order. A row with no visible position in its split writes m = NO_SCORE, l = 0.
+template <bool Q8, uint R>
+[[kernel]] void attn_decode(device const float* q [[buffer(0)]],
+                            device const char* kc [[buffer(1)]],
+                            device const char* vc [[buffer(2)]],
+                            device float* part_o [[buffer(3)]],
+                            device float2* part_ms [[buffer(4)]],
+                            device float* out [[buffer(5)]],
+                            constant AttnParams& p [[buffer(6)]],
+                            uint3 tg [[threadgroup_position_in_grid]],
+                            uint sg [[simdgroup_index_in_threadgroup]],
+                            uint lane [[thread_index_in_simdgroup]]) {
+  using namespace mq_attn;
+  constexpr uint NC = HD / 128;
+  const uint n_rep = p.nq / p.nkv;
+  const uint kvh = tg.y;
+  const uint head = kvh * n_rep + sg;
+  const uint split = tg.x;
+  const uint r0 = tg.z * R;
+  const uint nr = min(R, p.rows - r0);
+  const uint kv_dim = p.nkv * HD;
+  const ulong scale_off = (ulong)p.max_ctx * kv_dim;
+  // Positions this split serves to these rows: [t0, t1).
+  const uint t0 = split * p.split_len;
+  const uint t1 = min(t0 + p.split_len, p.pos_base + r0 + nr);
+  const uint e = kvh * HD + 4 * lane;
+
+  float4 qv[R][NC];
+  float4 o[R][NC];
+  float m[R];
+  float l[R];
+  for (uint r = 0; r < R; r++) {
+    device const float* qr = q + (ulong)(r0 + r) * p.q_stride + head * 2 * HD + 4 * lane;
+    for (uint c = 0; c < NC; c++) {
+      qv[r][c] = r < nr ? *(device const float4*)(qr + 128 * c) * SCORE_SCALE : float4(0.0f);
+      o[r][c] = float4(0.0f);
+    }
+    m[r] = NO_SCORE;
+    l[r] = 0.0f;
+  }
+
+  for (uint t = t0; t < t1; t++) {
+    float4 kk[NC];
+    float4 vv[NC];
+    for (uint c = 0; c < NC; c++) {
+      kk[c] = kv_load4<Q8>(kc, scale_off, t, kv_dim, e + 128 * c);
+      vv[c] = kv_load4<Q8>(vc, scale_off, t, kv_dim, e + 128 * c);
+    }
+    for (uint r = 0; r < R; r++) {
+      if (r < nr && t <= p.pos_base + r0 + r) {  // uniform across the SIMD-group
+        float d = 0.0f;
+        for (uint c = 0; c < NC; c++) d += dot(qv[r][c], kk[c]);
+        const float s = simd_sum(d);
+        const float mn = max(m[r], s);
+        const float f = exp2(m[r] - mn);
+        const float w = exp2(s - mn);
+        l[r] = l[r] * f + w;
+        for (uint c = 0; c < NC; c++) o[r][c] = o[r][c] * f + w * vv[c];
+        m[r] = mn;
+      }
+    }
+  }
+
+  for (uint r = 0; r < R; r++) {
+    if (r >= nr) break;
+    const uint row = r0 + r;
+    if (p.n_splits == 1) {
+      const float inv = 1.0f / l[r];
+      device const float* gate = q + (ulong)row * p.q_stride + head * 2 * HD + HD + 4 * lane;
+      device float* dst = out + (ulong)row * p.out_stride + head * HD + 4 * lane;
+      for (uint c = 0; c < NC; c++) {
+        *(device float4*)(dst + 128 * c) = o[r][c] * inv * sigmoid(*(device const float4*)(gate + 128 * c));
+      }
+    } else {
+      const ulong idx = ((ulong)row * p.nq + head) * p.n_splits + split;
+      for (uint c = 0; c < NC; c++) *(device float4*)(part_o + idx * HD + 4 * lane + 128 * c) = o[r][c];
+      if (lane == 0) part_ms[idx] = float2(m[r], l[r]);
+    }
+  }
+}
+
+template [[host_name("attn_decode_q8_r1")]] [[kernel]] void attn_decode<true, 1>(
+    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
+    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
+    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_q8_r4")]] [[kernel]] void attn_decode<true, 4>(
+    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
+    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
+    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_f16_r1")]] [[kernel]] void attn_decode<false, 1>(
+    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
+    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
+    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_f16_r4")]] [[kernel]] void attn_decode<false, 4>(
+    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
+    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
+    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+
+// Merges the n_splits partials of one (head, row) by log-sum-exp and applies the gate:
+// out = (sum_s 2^(m_s - M) o_s) / (sum_s 2^(m_s - M) l_s) * sigmoid(gate), M = max_s m_s,
+// summed in split order.
+//   q: [rows][q_stride] f32 (gate halves read), part_o / part_ms: as attn_decode wrote
+//   them, out: [rows][out_stride] f32.
+// Threadgroups (nq, rows) of MQ_ATTN_COMBINE_THREADS threads; thread = 4 dims.
+[[kernel]] void attn_decode_combine(device const float* q [[buffer(0)]],
+                                    device const float* part_o [[buffer(1)]],
+                                    device const float2* part_ms [[buffer(2)]],
+                                    device float* out [[buffer(3)]],
+                                    constant AttnParams& p [[buffer(4)]],
+                                    uint2 tg [[threadgroup_position_in_grid]],
+                                    uint tid [[thread_index_in_threadgroup]]) {
+  using namespace mq_attn;
+  if (tid >= HD / 4) return;
+  const uint head = tg.x;
+  const uint row = tg.y;
+  const ulong base = ((ulong)row * p.nq + head) * p.n_splits;
+  float mx = NO_SCORE;
+  for (uint s = 0; s < p.n_splits; s++) mx = max(mx, part_ms[base + s].x);
+  float l = 0.0f;
+  float4 acc = float4(0.0f);
+  for (uint s = 0; s < p.n_splits; s++) {
+    const float2 ms = part_ms[base + s];
+    const float w = exp2(ms.x - mx);
+    l += w * ms.y;
+    acc += w * *(device const float4*)(part_o + (base + s) * HD + 4 * tid);
+  }
+  const float4 gate = *(device const float4*)(q + (ulong)row * p.q_stride + head * 2 * HD + HD + 4 * tid);
+  *(device float4*)(out + (ulong)row * p.out_stride + head * HD + 4 * tid) = acc / l * sigmoid(gate);
+}
+
+// ---------------------------------------------------------------------------------------
+// Flash prefill: a chunk of rows against the cache (the chunk's own K/V appended), causal.
+//   q:      [rows][q_stride] f32, readable for ceil(rows / 8) * 8 rows
+//   kc, vc: this layer's caches, positions < pos_base + rows appended
+//   out:    [rows][out_stride] f32, gated attention output
+// Threadgroup (row block, kv head); SIMD-group sg = one query head (sg % n_rep) of the kv
+// head and 8 rows (block 8 * (sg / n_rep)). Per tile of 8 positions the threadgroup
+// stages K and V in f32; each SIMD-group computes S = Q K^T (8x8, Q read from device),
+// the online softmax row by row (4 lanes per row), and O = diag(2^(m - m')) O + P V with
+// the rescale skipped when no row's maximum moved.
+template <bool Q8>
+[[kernel]] void attn_prefill(device const float* q [[buffer(0)]],
+                             device const char* kc [[buffer(1)]],
+                             device const char* vc [[buffer(2)]],
+                             device float* out [[buffer(3)]],
+                             constant AttnParams& p [[buffer(4)]],
+                             uint2 tg [[threadgroup_position_in_grid]],
+                             uint tid [[thread_index_in_threadgroup]],
+                             uint tpg [[threads_per_threadgroup]],
+                             uint sg [[simdgroup_index_in_threadgroup]],
+                             uint n_sg [[simdgroups_per_threadgroup]],
+                             uint lane [[thread_index_in_simdgroup]]) {
+  using namespace mq_attn;
+  constexpr uint BK = 8;                // positions per tile
+  constexpr uint TILE4 = BK * HD / 4;   // float4s in a staged K or V tile
+  constexpr uint SCRATCH = MQ_ATTN_PREFILL_MAX_SIMDGROUPS * 64;  // one 8x8 f32 matrix per SIMD-group
+  threadgroup float4 ks4[TILE4];
+  threadgroup float4 vs4[TILE4];
+  threadgroup float scratch[SCRATCH];
+  threadgroup const float* ks = (threadgroup const float*)ks4;
+  threadgroup const float* vs = (threadgroup const float*)vs4;
+  threadgroup float* scr = scratch + sg * 64;
+
+  const uint n_rep = p.nq / p.nkv;
+  const uint kvh = tg.y;
+  const uint head = kvh * n_rep + sg % n_rep;
+  const uint tg_row0 = tg.x * 8 * (n_sg / n_rep);
+  const uint tg_rows_end = min(tg_row0 + 8 * (n_sg / n_rep), p.rows);
+  const uint row0 = tg_row0 + 8 * (sg / n_rep);
+  const bool active = row0 < p.rows;
+  const uint kv_len = p.pos_base + tg_rows_end;                         // positions staged
+  const uint kv_len_sg = active ? p.pos_base + min(row0 + 8, p.rows) : 0;  // positions this SIMD-group sees
+  const uint kv_dim = p.nkv * HD;
+  const ulong scale_off = (ulong)p.max_ctx * kv_dim;
+
+  // Softmax state of row i = lane / 4; its 4 lanes hold copies and own columns 2 cp, 2 cp + 1.
+  const uint i = lane / 4;
+  const uint cp = lane % 4;
+  const uint my_pos = p.pos_base + row0 + i;
+  const bool row_ok = row0 + i < p.rows;
+  float m = NO_SCORE;
+  float l = 0.0f;
+  simdgroup_float8x8 acc[HD / 8];
+  for (uint c = 0; c < HD / 8; c++) acc[c] = make_filled_simdgroup_matrix<float, 8>(0.0f);
+  device const float* qb = q + (ulong)row0 * p.q_stride + head * 2 * HD;
+
+  for (uint t0 = 0; t0 < kv_len; t0 += BK) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint u = tid; u < 2 * TILE4; u += tpg) {
+      const bool is_v = u >= TILE4;
+      const uint w = is_v ? u - TILE4 : u;
+      const uint t = t0 + w / (HD / 4);
+      // Positions past the chunk are zero: their p is 0, and 0 * (stale cache) must stay 0.
+      const float4 val = t < kv_len ? kv_load4<Q8>(is_v ? vc : kc, scale_off, t, kv_dim, kvh * HD + 4 * (w % (HD / 4)))
+                                    : float4(0.0f);
+      if (is_v) vs4[w] = val; else ks4[w] = val;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (!active || t0 >= kv_len_sg) continue;  // uniform per SIMD-group
+
+    simdgroup_float8x8 s = make_filled_simdgroup_matrix<float, 8>(0.0f);
+    for (uint kk = 0; kk < HD / 8; kk++) {
+      simdgroup_float8x8 qa;
+      simdgroup_float8x8 kt;
+      simdgroup_load(qa, qb + kk * 8, p.q_stride);
+      simdgroup_load(kt, ks + kk * 8, HD, ulong2(0, 0), true);
+      simdgroup_multiply_accumulate(s, qa, kt, s);
+    }
+    simdgroup_store(s, scr, 8);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+
+    // Rows past the chunk (q padding, maybe NaN) see no position: p = 0, factor 1, so
+    // the diag(factor) product cannot carry their garbage into other rows (0 * NaN).
+    const uint ta = t0 + 2 * cp;
+    const bool va = row_ok && ta <= my_pos;
+    const bool vb = row_ok && ta + 1 <= my_pos;
+    const float sa = scr[i * 8 + 2 * cp] * SCORE_SCALE;
+    const float sb = scr[i * 8 + 2 * cp + 1] * SCORE_SCALE;
+    float mt = max(va ? sa : NO_SCORE, vb ? sb : NO_SCORE);
+    mt = max(mt, simd_shuffle_xor(mt, 1));
+    mt = max(mt, simd_shuffle_xor(mt, 2));
+    const float mn = max(m, mt);
+    const float f = exp2(m - mn);
+    const float pa = va ? exp2(sa - mn) : 0.0f;
+    const float pb = vb ? exp2(sb - mn) : 0.0f;
+    float ps = pa + pb;
+    ps += simd_shuffle_xor(ps, 1);
+    ps += simd_shuffle_xor(ps, 2);
+    l = l * f + ps;
+    m = mn;
+    scr[i * 8 + 2 * cp] = pa;
+    scr[i * 8 + 2 * cp + 1] = pb;
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_float8x8 pm;
+    simdgroup_load(pm, scr, 8);
+    if (!simd_all(f == 1.0f)) {
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+      scr[i * 8 + 2 * cp] = 2 * cp == i ? f : 0.0f;
+      scr[i * 8 + 2 * cp + 1] = 2 * cp + 1 == i ? f : 0.0f;
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+      simdgroup_float8x8 dm;
+      simdgroup_load(dm, scr, 8);
+      for (uint c = 0; c < HD / 8; c++) simdgroup_multiply(acc[c], dm, acc[c]);
+    }
+    for (uint c = 0; c < HD / 8; c++) {
+      simdgroup_float8x8 vt;
+      simdgroup_load(vt, vs + c * 8, HD);
+      simdgroup_multiply_accumulate(acc[c], pm, vt, acc[c]);
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);  // scr is rewritten by the next tile
+  }
+  if (!active) return;
+
+  const uint row = row0 + i;
+  const float inv = 1.0f / l;
+  for (uint c = 0; c < HD / 8; c++) {
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_store(acc[c], scr, 8);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    if (row < p.rows) {
+      const uint d = c * 8 + 2 * cp;
+      device const float* gate = q + (ulong)row * p.q_stride + head * 2 * HD + HD + d;
+      device float* dst = out + (ulong)row * p.out_stride + head * HD + d;
+      dst[0] = scr[i * 8 + 2 * cp] * inv * sigmoid(gate[0]);
+      dst[1] = scr[i * 8 + 2 * cp + 1] * inv * sigmoid(gate[1]);
+    }
+  }
+}
+
+template [[host_name("attn_prefill_q8")]] [[kernel]] void attn_prefill<true>(
+    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
+    device float* out [[buffer(3)]], constant AttnParams& p [[buffer(4)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_prefill_f16")]] [[kernel]] void attn_prefill<false>(
+    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
+    device float* out [[buffer(3)]], constant AttnParams& p [[buffer(4)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);

@@ -1,0 +1,387 @@
+"""shaders/attention.metal: q/k norm + RoPE + KV append, flash-decode, flash prefill.
+
+Every kernel is compared with float64 numpy written from DESIGN.md section 2 (see
+attention_reference.py). Attention tests build the cache in numpy (random int8 codes
+with f16 scales, or f16 values) and compare against a reference that reads the very
+same dequantized values, so the tolerance measures the kernel, not the quantisation;
+cache positions the kernel must not read are NaN (fresh-buffer poison), outputs start
+as NaN with NaN padding columns that must stay NaN. The q8 append is checked
+exactly against the format (codes and f16 scales of the kernel's own normed k) and
+within d / 2 of the float64 reference. Shapes: 27B heads (24 q / 4 kv) and 0.8B heads
+(8 / 2), context lengths straddling 32, rows 1..8, positions up to 100000 with theta
+1e7 and 1e6. Tolerances: TOL_QK, TOL_ATTN in attention_reference.py.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from .. import reference as ref
+from .attention_reference import (
+    COMBINE_THREADS, HD, PREFILL_MAX_SIMDGROUPS, PREP_SIMDGROUPS, Q8_BLOCK, Q8_POISON, ROT,
+    TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, dequant_q8, f16_cache_bytes, make_f16_cache,
+    make_q8_cache, pack_q, prep_params, q8_cache_bytes, quantize_q8_reference, rms_heads, rope, rope_turns, seeded,
+    split_q8)
+
+BF16 = np.uint16  # bf16 tensors travel as their bit patterns
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def lib(shaders):
+    return shaders("attention.metal")
+
+
+def cache_bytes(kind, max_ctx, kv_dim):
+    return q8_cache_bytes(max_ctx, kv_dim) if kind == "q8" else f16_cache_bytes(max_ctx, kv_dim)
+
+
+def read_cache(buf, kind, max_ctx, kv_dim):
+    """Cache buffer -> (raw bytes, values as float64 [max_ctx, kv_dim] (NaN where poisoned))."""
+    raw = buf.numpy(np.uint8, (cache_bytes(kind, max_ctx, kv_dim),))
+    if kind == "q8":
+        codes, scales = split_q8(raw, max_ctx, kv_dim)
+        return raw, dequant_q8(codes, scales)
+    return raw, raw.view(np.float16).reshape(max_ctx, kv_dim).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------
+# Reference self-checks
+
+
+@pytest.mark.parametrize("theta", [1e7, 1e6, 1e4])
+def test_rope_turns_reproduce_the_angles(theta):
+    """The phase table the engine uploads: pos * turns / 2^64 turns == pos * inv_freq rad (mod 2 pi)."""
+    turns = rope_turns(theta)
+    inv_freq = theta ** (-2.0 * np.arange(ROT // 2) / ROT)
+    for pos in (1, 7, 4096, 100000, 262143):
+        phase = np.array([(pos * int(t)) % 2**64 for t in turns], dtype=np.float64) / 2.0**64 * 2 * math.pi
+        want = np.mod(pos * inv_freq, 2 * math.pi)
+        diff = np.abs(np.angle(np.exp(1j * (phase - want))))
+        assert diff.max() < 1e-9, (pos, diff.max())
+
+
+def test_attention_reference_matches_a_direct_softmax():
+    """attention() for one row and head == the textbook formula, causal mask included."""
+    rng = seeded("ref-attn")
+    q, gate = attention_inputs(rng, 2, 2)
+    k = rng.standard_normal((5, 1, HD))
+    v = rng.standard_normal((5, 1, HD))
+    got = attention(q, gate, k, v, 3, 2, 1)
+    s = k[:5, 0] @ q[1, 1].astype(np.float64) / 16.0
+    want = (np.exp(s) / np.exp(s).sum()) @ v[:5, 0] / (1 + np.exp(-gate[1, 1].astype(np.float64)))
+    np.testing.assert_allclose(got[1, 1], want, rtol=1e-12)
+    s = k[:4, 0] @ q[0, 0].astype(np.float64) / 16.0  # row 0 sits at position 3: 4 keys
+    want = (np.exp(s) / np.exp(s).sum()) @ v[:4, 0] / (1 + np.exp(-gate[0, 0].astype(np.float64)))
+    np.testing.assert_allclose(got[0, 0], want, rtol=1e-12)
+
+
+def test_q8_reference_format():
+    x = np.array([np.linspace(-3.0, 1.0, 32), np.zeros(32)], dtype=np.float32).reshape(1, 64)
+    codes, d = quantize_q8_reference(x)
+    assert d[0, 0] == np.float16(np.float32(3.0) / np.float32(127.0)) and d[0, 1] == 0
+    assert codes[0, 0] == -127 and np.all(codes[0, 32:] == 0)
+    assert np.all(np.abs(codes.astype(np.float64) * float(d[0, 0]) - x)[0, :32] <= float(d[0, 0]) / 2 + 1e-7)
+
+
+# ---------------------------------------------------------------------------
+# q/k RMSNorm + RoPE + KV append
+
+
+def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv, pads=(8, 4, 12)):
+    """Runs attn_qk_norm_rope_append_<kind>; returns (q out [rows][q_stride], k out, k cache, v cache)."""
+    rows = q.shape[0]
+    kv_dim = nkv * HD
+    q_stride, k_stride, v_stride = nq * 2 * HD + pads[0], kv_dim + pads[1], kv_dim + pads[2]
+    qb = np.full((rows, q_stride), np.nan, np.float32)
+    qb[:, :nq * 2 * HD] = q.reshape(rows, -1)
+    kb = np.full((rows, k_stride), np.nan, np.float32)
+    kb[:, :kv_dim] = k.reshape(rows, -1)
+    vb = np.full((rows, v_stride), np.nan, np.float32)
+    vb[:, :kv_dim] = v.reshape(rows, -1)
+    qbuf, kbuf, vbuf = dev.buffer(qb), dev.buffer(kb), dev.buffer(vb)
+    kc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
+    vc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
+    params = prep_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=k_stride, v_stride=v_stride,
+                         pos_base=pos_base, max_ctx=max_ctx, eps=EPS)
+    lib.kernel(f"attn_qk_norm_rope_append_{kind}").dispatch(
+        {0: qbuf, 1: kbuf, 2: vbuf, 3: dev.buffer(ref.bf16_bits(q_norm)), 4: dev.buffer(ref.bf16_bits(k_norm)),
+         5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: params},
+        threadgroups=(cdiv(rows * (nq + 2 * nkv), PREP_SIMDGROUPS),), threads=(PREP_SIMDGROUPS * 32,))
+    return (qbuf.numpy(np.float32, (rows, q_stride)), kbuf.numpy(np.float32, (rows, k_stride)), kc, vc,
+            (q_stride, k_stride, v_stride))
+
+
+PREP_CASES = [
+    # kind, nq, nkv, rows, pos_base, theta
+    ("q8", 24, 4, 1, 0, 1e7),  # 27B decode step at position 0 (RoPE is the identity)
+    ("f16", 24, 4, 3, 17, 1e7),  # 27B verify rows
+    ("q8", 8, 2, 7, 5, 1e6),  # 0.8B
+    ("f16", 8, 2, 33, 31, 1e6),
+    ("q8", 2, 1, 3, 100000, 1e7),  # large positions: float32 angles would be off by ~1e-2 rad
+    ("f16", 2, 1, 2, 100000, 1e6),
+]
+
+
+@pytest.mark.parametrize("kind,nq,nkv,rows,pos_base,theta", PREP_CASES)
+def test_qk_norm_rope_append(dev, lib, kind, nq, nkv, rows, pos_base, theta):
+    rng = seeded("prep", kind, nq, nkv, rows, pos_base)
+    kv_dim = nkv * HD
+    q = (rng.standard_normal((rows, nq, 2 * HD)) * 3.0).astype(np.float32)
+    k = (rng.standard_normal((rows, nkv, HD)) * 2.0).astype(np.float32)
+    v = (rng.standard_normal((rows, nkv, HD)) * 10.0 ** rng.uniform(-1, 1, (rows, nkv, HD // 32)).repeat(32, -1))
+    v = v.astype(np.float32)
+    k[0, 0, 64:96] = 0.0  # a block past the rotary dims that stays zero: q8 scale 0, codes 0
+    v[-1, -1, :32] = 0.0
+    v[-1, -1, 7] = -2.5  # a block with one non-zero element
+    q_norm = ref.round_bf16(rng.uniform(0.3, 2.0, HD))
+    k_norm = ref.round_bf16(rng.uniform(0.3, 2.0, HD))
+    max_ctx = pos_base + rows + 2
+    q_out, k_out, kc, vc, (q_stride, k_stride, _) = run_prep(
+        dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv)
+
+    positions = pos_base + np.arange(rows)
+    want_q = rope(rms_heads(q[..., :HD], q_norm, EPS), positions, theta)
+    want_k = rope(rms_heads(k, k_norm, EPS), positions, theta)
+    got_q = q_out[:, :nq * 2 * HD].reshape(rows, nq, 2 * HD)
+    ref.assert_close(got_q[..., :HD], want_q, TOL_QK, "q normed + rotated")
+    assert np.array_equal(got_q[..., HD:], q[..., HD:]), "the gate halves of q changed"
+    ref.assert_untouched(q_out[:, nq * 2 * HD:], "q row padding")
+    got_k = k_out[:, :kv_dim].reshape(rows, nkv, HD)
+    ref.assert_close(got_k, want_k, TOL_QK, "k normed + rotated")
+    ref.assert_untouched(k_out[:, kv_dim:], "k row padding")
+
+    written = slice(pos_base, pos_base + rows)
+    for side, buf, exact_src, want in (("K", kc, got_k, want_k), ("V", vc, v, v)):
+        raw, vals = read_cache(buf, kind, max_ctx, kv_dim)
+        exact_src = exact_src.reshape(rows, kv_dim)
+        if kind == "q8":
+            codes, scales = split_q8(raw, max_ctx, kv_dim)
+            want_codes, want_scales = quantize_q8_reference(exact_src)
+            assert np.array_equal(scales[written].view(np.uint16), want_scales.view(np.uint16)), \
+                f"{side}: scales are not f16(amax / 127)"
+            mismatch = codes[written] != want_codes
+            assert not mismatch.any(), f"{side}: {int(mismatch.sum())} codes differ from rint(x / d)"
+            # Against the float64 math: within half a step (+ the kernel's own f32 error for K).
+            step = np.repeat(scales[written].astype(np.float64), Q8_BLOCK, -1)
+            ref.assert_within(vals[written], want.reshape(rows, kv_dim),
+                              step / 2 + 2 * TOL_QK * np.abs(want).max(), f"{side} dequantized")
+            assert np.all(raw[:max_ctx * kv_dim].reshape(max_ctx, kv_dim)[pos_base + rows:] == Q8_POISON)
+        else:
+            assert np.array_equal(vals[written], exact_src.astype(np.float16).astype(np.float64)), \
+                f"{side}: f16 cache is not the f16 rounding of the values"
+        untouched = np.ones(max_ctx, bool)
+        untouched[written] = False
+        ref.assert_untouched(vals[untouched], f"{side} cache rows outside [pos_base, pos_base + rows)")
+
+
+# ---------------------------------------------------------------------------
+# Decode (flash-decode partials + combine)
+
+
+def run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len, out_pad=4):
+    """attn_decode_<kind>_r<r> (+ attn_decode_combine when split): returns (out [rows, nq, HD],
+    out padding columns, part_o, part_ms)."""
+    rows = q.shape[0]
+    q_stride = nq * 2 * HD + 4
+    out_stride = nq * HD + out_pad
+    ctx = pos_base + rows
+    n_splits = cdiv(ctx, split_len)
+    params = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=out_stride, pos_base=pos_base,
+                         max_ctx=max_ctx, split_len=split_len, n_splits=n_splits)
+    qbuf = dev.buffer(pack_q(q, gate, q_stride))
+    out = dev.buffer(np.full((rows, out_stride), np.nan, np.float32))
+    part_o = dev.empty(rows * nq * n_splits * HD * 4)
+    part_ms = dev.empty(rows * nq * n_splits * 8)
+    cb = dev.command_buffer()
+    cb.dispatch(lib.kernel(f"attn_decode_{kind}_r{r}"),
+                {0: qbuf, 1: dev.buffer(kraw), 2: dev.buffer(vraw), 3: part_o, 4: part_ms, 5: out, 6: params},
+                threadgroups=(n_splits, nkv, cdiv(rows, r)), threads=(nq // nkv * 32,))
+    if n_splits > 1:
+        cb.barrier()
+        cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: params},
+                    threadgroups=(nq, rows), threads=(COMBINE_THREADS,))
+    cb.commit()
+    cb.wait()
+    got = out.numpy(np.float32, (rows, out_stride))
+    return (got[:, :nq * HD].reshape(rows, nq, HD), got[:, nq * HD:],
+            part_o.numpy(np.float32, (rows, nq, n_splits, HD)), part_ms.numpy(np.float32, (rows, nq, n_splits, 2)))
+
+
+def make_cache(rng, kind, ctx, max_ctx, kv_dim):
+    return make_q8_cache(rng, ctx, max_ctx, kv_dim) if kind == "q8" else make_f16_cache(rng, ctx, max_ctx, kv_dim)
+
+
+DECODE_CASES = [
+    # kind, nq, nkv, ctx (= pos_base + rows), rows, R, split_len
+    ("q8", 24, 4, 1, 1, 1, 64),  # the first token: one position, one split
+    ("f16", 24, 4, 1, 1, 4, 64),
+    ("q8", 8, 2, 31, 1, 1, 32),
+    ("f16", 8, 2, 32, 2, 4, 8),  # 4 splits
+    ("q8", 8, 2, 33, 3, 1, 32),  # the last split holds position 32 only
+    ("f16", 8, 2, 33, 8, 4, 16),  # split [32, 33) is empty for rows 0..6
+    ("q8", 8, 2, 7, 7, 4, 64),  # rows from position 0: causal within the rows
+    ("q8", 24, 4, 512, 4, 4, 128),  # 27B
+    ("f16", 24, 4, 512, 1, 1, 512),
+    ("q8", 8, 2, 1037, 8, 4, 100),
+    ("f16", 8, 2, 1037, 5, 1, 256),
+    ("f16", 8, 2, 300, 6, 4, 1000),  # row groups of 4 + 2, one split: output written directly
+    ("q8", 24, 4, 1100, 2, 1, 64),  # 27B, long context, 18 splits
+    ("f16", 24, 4, 2048, 8, 4, 256),  # 27B, 8 verify rows
+]
+
+
+@pytest.mark.parametrize("kind,nq,nkv,ctx,rows,r,split_len", DECODE_CASES)
+def test_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len):
+    rng = seeded("decode", kind, nq, nkv, ctx, rows, r)
+    kv_dim = nkv * HD
+    max_ctx = ctx + 3  # poisoned positions past the context must never be read
+    kraw, kd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
+    vraw, vd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
+    q, gate = attention_inputs(rng, rows, nq)
+    pos_base = ctx - rows
+    got, pad, _, _ = run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len)
+    want = attention(q, gate, kd.reshape(ctx, nkv, HD), vd.reshape(ctx, nkv, HD), pos_base, nq, nkv)
+    ref.assert_close(got, want, TOL_ATTN, f"decode {kind} ctx {ctx} rows {rows}")
+    ref.assert_untouched(pad, "out row padding")
+
+
+def test_decode_partials_are_log2_scaled(dev, lib):
+    """part_ms holds (max of q.k log2(e)/16, sum 2^(s - m)) per split and part_o the matching
+    sum of 2^(s - m) v: the format attn_decode_combine (and any other consumer) relies on."""
+    kind, nq, nkv, rows, pos_base, split_len = "f16", 8, 2, 3, 40, 16
+    rng = seeded("partials")
+    ctx, kv_dim = pos_base + rows, nkv * HD
+    kraw, kd = make_f16_cache(rng, ctx, ctx, kv_dim)
+    vraw, vd = make_f16_cache(rng, ctx, ctx, kv_dim)
+    q, gate = attention_inputs(rng, rows, nq, scale=2.0)
+    _, _, part_o, part_ms = run_decode(dev, lib, kind, 4, kraw, vraw, q, gate, pos_base, ctx, nq, nkv, split_len)
+    k, v = kd.reshape(ctx, nkv, HD), vd.reshape(ctx, nkv, HD)
+    for row in range(rows):
+        for h in range(nq):
+            s = k[:, h // (nq // nkv)] @ q[row, h].astype(np.float64) * math.log2(math.e) / math.sqrt(HD)
+            for split in range(cdiv(ctx, split_len)):
+                t = np.arange(split * split_len, min((split + 1) * split_len, pos_base + row + 1))
+                m_got, l_got = part_ms[row, h, split]
+                if t.size == 0:
+                    assert l_got == 0 and m_got < -1e38 and np.all(part_o[row, h, split] == 0)
+                    continue
+                m = s[t].max()
+                p = np.exp2(s[t] - m)
+                assert abs(m_got - m) <= 1e-5 * max(1.0, abs(m)), (row, h, split, m_got, m)
+                assert abs(l_got - p.sum()) <= 1e-5 * p.sum(), (row, h, split, l_got, p.sum())
+                ref.assert_close(part_o[row, h, split], p @ v[t, h // (nq // nkv)], 1e-5, "part_o")
+
+
+# ---------------------------------------------------------------------------
+# Prefill (flash attention on SIMD-group matrices)
+
+
+def run_prefill(dev, lib, kind, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, rb, out_pad=4):
+    rows = q.shape[0]
+    n_rep = nq // nkv
+    assert n_rep * rb <= PREFILL_MAX_SIMDGROUPS
+    q_stride = nq * 2 * HD + 8
+    out_stride = nq * HD + out_pad
+    params = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=out_stride, pos_base=pos_base,
+                         max_ctx=max_ctx)
+    qbuf = dev.buffer(pack_q(q, gate, q_stride, pad_rows=cdiv(rows, 8) * 8 - rows))  # NaN padding rows
+    out = dev.buffer(np.full((rows, out_stride), np.nan, np.float32))
+    lib.kernel(f"attn_prefill_{kind}").dispatch(
+        {0: qbuf, 1: dev.buffer(kraw), 2: dev.buffer(vraw), 3: out, 4: params},
+        threadgroups=(cdiv(rows, 8 * rb), nkv), threads=(n_rep * rb * 32,))
+    got = out.numpy(np.float32, (rows, out_stride))
+    return got[:, :nq * HD].reshape(rows, nq, HD), got[:, nq * HD:]
+
+
+PREFILL_CASES = [
+    # kind, nq, nkv, rows (chunk), pos_base, row blocks per threadgroup
+    ("q8", 8, 2, 1, 0, 1),
+    ("f16", 8, 2, 7, 0, 2),
+    ("q8", 8, 2, 33, 0, 2),
+    ("f16", 8, 2, 64, 0, 1),
+    ("q8", 8, 2, 64, 200, 4),  # 16 SIMD-groups, the maximum
+    ("f16", 8, 2, 33, 45, 1),
+    ("q8", 8, 2, 1, 77, 1),
+    ("f16", 24, 4, 7, 130, 1),  # 27B heads
+    ("q8", 24, 4, 64, 0, 2),
+    ("f16", 24, 4, 64, 300, 1),
+    ("q8", 8, 2, 129, 3, 2),  # straddles 128 rows
+]
+
+
+@pytest.mark.parametrize("kind,nq,nkv,rows,pos_base,rb", PREFILL_CASES)
+def test_prefill(dev, lib, kind, nq, nkv, rows, pos_base, rb):
+    rng = seeded("prefill", kind, nq, nkv, rows, pos_base, rb)
+    kv_dim = nkv * HD
+    ctx = pos_base + rows
+    max_ctx = ctx + 5
+    kraw, kd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
+    vraw, vd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
+    q, gate = attention_inputs(rng, rows, nq)
+    got, pad = run_prefill(dev, lib, kind, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, rb)
+    want = attention(q, gate, kd.reshape(ctx, nkv, HD), vd.reshape(ctx, nkv, HD), pos_base, nq, nkv)
+    ref.assert_close(got, want, TOL_ATTN, f"prefill {kind} rows {rows} base {pos_base}")
+    ref.assert_untouched(pad, "out row padding")
+
+
+# ---------------------------------------------------------------------------
+# The kernels together, as a layer runs them
+
+
+@pytest.mark.parametrize("kind", ["q8", "f16"])
+def test_prefill_then_decode_through_the_cache(dev, lib, kind):
+    """Append a 9-row chunk (prep), prefill it, then append and decode 2 verify rows at
+    positions 9, 10: both attentions see exactly the cache the append wrote."""
+    nq, nkv, theta = 8, 2, 1e7
+    kv_dim = nkv * HD
+    max_ctx = 16
+    rng = seeded("chain", kind)
+    q_norm = ref.round_bf16(rng.uniform(0.5, 1.5, HD))
+    k_norm = ref.round_bf16(rng.uniform(0.5, 1.5, HD))
+    kc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
+    vc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
+    q_stride = nq * 2 * HD
+    for pos_base, rows, step in ((0, 9, "prefill"), (9, 2, "verify")):
+        q = (rng.standard_normal((cdiv(rows, 8) * 8, nq * 2 * HD)) * 3.0).astype(np.float32)
+        k = (rng.standard_normal((rows, kv_dim)) * 2.0).astype(np.float32)
+        v = rng.standard_normal((rows, kv_dim)).astype(np.float32)
+        qbuf, kbuf = dev.buffer(q), dev.buffer(k)
+        out = dev.buffer(np.full((rows, nq * HD), np.nan, np.float32))
+        prep = prep_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_dim, v_stride=kv_dim,
+                           pos_base=pos_base, max_ctx=max_ctx, eps=EPS)
+        attn = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=nq * HD, pos_base=pos_base,
+                           max_ctx=max_ctx, split_len=4, n_splits=cdiv(pos_base + rows, 4))
+        cb = dev.command_buffer()
+        cb.dispatch(lib.kernel(f"attn_qk_norm_rope_append_{kind}"),
+                    {0: qbuf, 1: kbuf, 2: dev.buffer(v), 3: dev.buffer(ref.bf16_bits(q_norm)),
+                     4: dev.buffer(ref.bf16_bits(k_norm)), 5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: prep},
+                    threadgroups=(cdiv(rows * (nq + 2 * nkv), PREP_SIMDGROUPS),), threads=(PREP_SIMDGROUPS * 32,))
+        cb.barrier()
+        if step == "prefill":
+            cb.dispatch(lib.kernel(f"attn_prefill_{kind}"), {0: qbuf, 1: kc, 2: vc, 3: out, 4: attn},
+                        threadgroups=(cdiv(rows, 8), nkv), threads=(nq // nkv * 32,))
+        else:  # flash-decode
+            n_splits = int(attn["n_splits"][0])
+            part_o = dev.empty(rows * nq * n_splits * HD * 4)
+            part_ms = dev.empty(rows * nq * n_splits * 8)
+            cb.dispatch(lib.kernel(f"attn_decode_{kind}_r4"), {0: qbuf, 1: kc, 2: vc, 3: part_o, 4: part_ms,
+                                                               5: out, 6: attn},
+                        threadgroups=(n_splits, nkv, 1), threads=(nq // nkv * 32,))
+            cb.barrier()
+            cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: attn},
+                        threadgroups=(nq, rows), threads=(COMBINE_THREADS,))
+        cb.commit()
+        cb.wait()
+        ctx = pos_base + rows
+        qg = qbuf.numpy(np.float32, q.shape)[:rows].reshape(rows, nq, 2 * HD)
+        # The kernel's own normed/rotated q, checked against the math, then used as input.
+        want_q = rope(rms_heads(q[:rows].reshape(rows, nq, 2 * HD)[..., :HD], q_norm, EPS),
+                      pos_base + np.arange(rows), theta)
+        ref.assert_close(qg[..., :HD], want_q, TOL_QK, "q")
+        _, kd = read_cache(kc, kind, max_ctx, kv_dim)
+        _, vd = read_cache(vc, kind, max_ctx, kv_dim)
+        want = attention(qg[..., :HD], qg[..., HD:], kd[:ctx].reshape(ctx, nkv, HD),
+                         vd[:ctx].reshape(ctx, nkv, HD), pos_base, nq, nkv)
+        ref.assert_close(out.numpy(np.float32, (rows, nq, HD)), want, TOL_ATTN, f"attention rows {pos_base}..")
