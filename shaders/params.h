@@ -13,3 +13,4 @@ using uint = uint32_t;
 #include "params/attention.h"
 #include "params/deltanet.h"
 #include "params/sampling.h"
+#include "params/copy.h"

@@ -87,9 +87,12 @@ void translate_errors() {
 
 }  // namespace
 
+void bind_engine(py::module_& m);  // engine.cpp
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "metalqwen native core";
   translate_errors();
   bind_gpu(m);
   bind_shaders(m);
+  bind_engine(m);
 }

@@ -1,7 +1,18 @@
-"""metalqwen: Qwen3.5-family hybrid models on Apple GPUs (Metal), with a CPU runtime for other machines."""
+"""metalqwen: Qwen3.5-family hybrid models on Apple GPUs (Metal), with a CPU runtime for other machines.
+
+    model = metalqwen.load("path/to/Qwen3.5-...-4bit")
+    print(model.generate("Hello", chat=True).text)
+"""
 
 from . import gpu
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from .config import ConfigError, ModelConfig
 from .errors import CompileError, GpuError
+from .model import Chunk, Generation, GenerationStats, Model, load
+from .tokenizer import Tokenizer, TokenizerError
 
-__all__ = ["gpu", "GpuError", "CompileError"]
+__all__ = [
+    "load", "Model", "Generation", "GenerationStats", "Chunk", "gpu", "GpuError", "CompileError",
+    "load_checkpoint", "Checkpoint", "CheckpointError", "ConfigError", "ModelConfig", "Tokenizer", "TokenizerError",
+]
 __version__ = "0.1.0"

@@ -1,2 +1,45 @@
-// Parameters of shaders/sampling.metal.
+// Parameters of shaders/sampling.metal: greedy argmax and the temperature / top-k / top-p
+// sampler over rows of logits, writing token ids into a device-side ids buffer (so the
+// next step's embedding reads them without a CPU round trip).
 #pragma once
+
+// Buffers (f32 unless stated):
+//   logits   [rows][row_stride], the first n entries of a row are its vocabulary
+//   partials uint2 [rows][n_partials]: (as_type<uint>(best value), its index)
+//   ids      uint [..]: row r's token id is written at ids[out_pos + r]
+
+// argmax_partial: stage 1, threadgroup (g, r) reduces logits[r][g*chunk .. (g+1)*chunk)
+// (clipped to n). Dispatch (n_partials, rows) threadgroups, n_partials = ceil(n / chunk),
+// of any multiple of 32 threads up to 1024 (MQ_ARGMAX_THREADS is a good choice).
+// argmax_final: stage 2, one threadgroup per row (dispatch (rows) threadgroups, any
+// multiple of 32 threads). Lowest index wins ties (also for an all-equal row); NaN is
+// never chosen; a row with no non-NaN entry gives id 0.
+#define MQ_ARGMAX_THREADS 256
+struct ArgmaxParams {
+  uint n;           // vocabulary size
+  uint row_stride;  // floats between rows of logits (>= n)
+  uint chunk;       // entries per stage-1 threadgroup
+  uint n_partials;  // stage-1 threadgroups per row
+  uint out_pos;     // ids[out_pos + row]
+};
+
+// sample_top_kp: one threadgroup per row (dispatch (rows) threadgroups of
+// MQ_SAMPLE_THREADS threads; any multiple of 32 up to 1024 works, the draw for a given
+// seed depends on it only through float summation order). Temperature must be > 0: the
+// engine routes temperature 0 to argmax (the kernel answers argmax for <= 0 anyway).
+// The RNG is Philox4x32-10, key (seed_lo, seed_hi), counter (counter + row, 0, 0, 0):
+// a draw depends only on the request's seed and the position it samples.
+#define MQ_SAMPLE_THREADS 1024
+// Candidates the sampler can hold in threadgroup memory (threshold resolution).
+#define MQ_SAMPLE_CAP 2048
+struct SampleParams {
+  uint n;             // vocabulary size
+  uint row_stride;    // floats between rows of logits (>= n)
+  uint top_k;         // keep logits >= the k-th largest; 0 = off
+  float top_p;        // keep the smallest top set with probability >= top_p; 1.0 = off
+  float temperature;  // > 0
+  uint seed_lo;       // per-request 64-bit seed
+  uint seed_hi;
+  uint counter;       // position of row 0 (row r draws with counter + r)
+  uint out_pos;       // ids[out_pos + row]
+};

@@ -1,0 +1,113 @@
+// metalqwen._core.Engine: converts the Python checkpoint description to the
+// engine's plain structs and forwards calls; numpy in and out.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine/engine.h"
+
+namespace py = pybind11;
+using namespace mq::engine;
+
+namespace {
+
+template <class T>
+T field(const py::dict& d, const char* key) {
+  if (!d.contains(key)) throw std::runtime_error(std::string("[engine] model description lacks '") + key + "'");
+  return d[key].cast<T>();
+}
+
+ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
+  ModelDesc m;
+  ModelDims& d = m.dims;
+  d.hidden = field<int>(dims, "hidden_size");
+  d.layers = field<int>(dims, "num_hidden_layers");
+  d.intermediate = field<int>(dims, "intermediate_size");
+  d.vocab = field<int>(dims, "vocab_size");
+  d.heads = field<int>(dims, "num_attention_heads");
+  d.kv_heads = field<int>(dims, "num_key_value_heads");
+  d.head_dim = field<int>(dims, "head_dim");
+  d.rotary_dim = field<int>(dims, "rotary_dim");
+  d.lin_k_heads = field<int>(dims, "linear_num_key_heads");
+  d.lin_v_heads = field<int>(dims, "linear_num_value_heads");
+  d.lin_k_dim = field<int>(dims, "linear_key_head_dim");
+  d.lin_v_dim = field<int>(dims, "linear_value_head_dim");
+  d.conv_kernel = field<int>(dims, "linear_conv_kernel_dim");
+  d.eps = field<float>(dims, "rms_norm_eps");
+  d.rope_theta = field<float>(dims, "rope_theta");
+  d.tied = field<bool>(dims, "tie_word_embeddings");
+  for (const auto& kind : field<std::vector<std::string>>(dims, "layer_types")) d.full_attention.push_back(kind == "full_attention");
+  if (int(d.full_attention.size()) != d.layers) throw std::runtime_error("[engine] layer_types does not match num_hidden_layers");
+  for (const auto& [name, entry] : tensors) {
+    auto e = entry.cast<py::tuple>();  // (file, offset, nbytes, dtype, shape, bits, group)
+    TensorDesc t;
+    t.file = e[0].cast<std::string>();
+    t.offset = e[1].cast<uint64_t>();
+    t.nbytes = e[2].cast<uint64_t>();
+    t.dtype = e[3].cast<std::string>();
+    t.shape = e[4].cast<std::vector<int64_t>>();
+    t.bits = e[5].is_none() ? 0 : e[5].cast<int>();
+    t.group = e[6].is_none() ? 0 : e[6].cast<int>();
+    m.tensors[name.cast<std::string>()] = std::move(t);
+  }
+  return m;
+}
+
+Sampling sampling(float temperature, int top_k, float top_p, uint64_t seed) { return {temperature, top_k, top_p, seed}; }
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
+                       int kv_bits, int prefill_chunk) {
+             ModelDesc desc = to_model_desc(dims, tensors);
+             py::gil_scoped_release release;
+             return std::make_unique<Engine>(std::move(device), std::move(desc),
+                                             EngineOptions{max_context, kv_bits, prefill_chunk});
+           }),
+           py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
+           py::arg("prefill_chunk"))
+      .def("reset", &Engine::reset)
+      .def_property_readonly("position", &Engine::position)
+      .def_property_readonly("max_context", &Engine::max_context)
+      .def("tokens", &Engine::tokens)
+      .def(
+          "prefill",
+          [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, uint64_t seed,
+             const std::string& logits) -> py::object {
+            if (logits != "none" && logits != "last" && logits != "all")
+              throw py::value_error("logits must be 'none', 'last' or 'all'");
+            std::vector<float> out;
+            {
+              py::gil_scoped_release release;
+              out = e.prefill(tokens, sampling(temperature, top_k, top_p, seed), logits == "all", logits == "last");
+            }
+            if (logits == "none") return py::none();
+            const size_t vocab = size_t(e.dims().vocab);
+            py::array_t<float> a({out.size() / vocab, vocab});
+            std::copy(out.begin(), out.end(), a.mutable_data());
+            return a;
+          },
+          py::arg("tokens"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+          py::arg("seed") = 0, py::arg("logits") = "none")
+      .def("decode_begin",
+           [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, uint64_t seed) {
+             e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, seed));
+           },
+           py::arg("max_tokens"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+           py::arg("seed") = 0)
+      .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())
+      .def("decode_end", &Engine::decode_end, py::call_guard<py::gil_scoped_release>())
+      .def("counters", [](const Engine& e) {
+        const Counters& c = e.counters();
+        py::dict d;
+        d["steps"] = c.steps;
+        d["dispatches"] = c.dispatches;
+        d["dispatches_last_step"] = c.last_step_dispatches;
+        d["cpu_waits"] = c.cpu_waits;
+        d["tokens_decoded"] = c.tokens_decoded;
+        d["weight_bytes_per_token"] = c.weight_bytes_per_token;
+        return d;
+      });
+}

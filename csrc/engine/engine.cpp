@@ -1,0 +1,160 @@
+#include "engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "workspace.h"
+
+namespace mq::engine {
+namespace {
+
+void check_dims(const ModelDims& d) {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw std::runtime_error("[engine] unsupported model: " + what);
+  };
+  need(d.head_dim == MQ_ATTN_HEAD_DIM, "head_dim " + std::to_string(d.head_dim) + " (kernels need " +
+                                           std::to_string(MQ_ATTN_HEAD_DIM) + ")");
+  need(d.rotary_dim == MQ_ATTN_ROT_DIM, "rotary dims " + std::to_string(d.rotary_dim) + " (kernels need " +
+                                            std::to_string(MQ_ATTN_ROT_DIM) + ")");
+  need(d.lin_k_dim == MQ_DELTA_HEAD_DIM && d.lin_v_dim == MQ_DELTA_HEAD_DIM,
+       "linear head dims " + std::to_string(d.lin_k_dim) + "/" + std::to_string(d.lin_v_dim) + " (kernels need " +
+           std::to_string(MQ_DELTA_HEAD_DIM) + ")");
+  need(d.heads % d.kv_heads == 0 && d.lin_v_heads % d.lin_k_heads == 0, "head counts must divide");
+  need(d.hidden % 32 == 0 && d.intermediate % 4 == 0, "hidden size must be a multiple of 32");
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options)
+    : device_(std::move(device)),
+      model_(std::move(model)),
+      options_(options),
+      weights_(*device_, model_),
+      kernels_(*device_) {
+  check_dims(model_.dims);
+  if (options_.kv_bits != 8 && options_.kv_bits != 16)
+    throw std::runtime_error("[engine] kv_bits must be 8 (q8 cache) or 16 (f16 cache), got " +
+                             std::to_string(options_.kv_bits));
+  if (options_.max_context < 1) throw std::runtime_error("[engine] max_context must be positive");
+  if (options_.prefill_chunk < 1) throw std::runtime_error("[engine] prefill_chunk must be positive");
+  layers_ = load_layers(weights_, model_.dims);
+  embed_ = weights_.linear("language_model.model.embed_tokens");
+  lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");
+  final_norm_ = weights_.tensor("language_model.model.norm.weight");
+  ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
+  counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
+  reset();
+}
+
+Engine::~Engine() = default;
+
+void Engine::reset() {
+  decode_end();
+  ws_->clear_state();
+  position_ = 0;
+}
+
+void Engine::check_room(size_t extra) const {
+  if (size_t(position_) + extra > size_t(options_.max_context))
+    throw std::runtime_error("[engine] context full: " + std::to_string(position_) + " tokens + " +
+                             std::to_string(extra) + " exceed max_context " + std::to_string(options_.max_context));
+}
+
+std::vector<uint32_t> Engine::tokens() const {
+  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
+  return std::vector<uint32_t>(ids, ids + position_);
+}
+
+std::unique_ptr<gpu::CommandBuffer> Engine::commit(Encoder& enc) {
+  counters_.steps += 1;
+  counters_.dispatches += enc.dispatches();
+  counters_.last_step_dispatches = enc.dispatches();
+  auto cb = enc.finish();
+  cb->commit();
+  return cb;
+}
+
+void Engine::wait(gpu::CommandBuffer& cb) {
+  counters_.cpu_waits += 1;
+  cb.wait();
+}
+
+std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
+                                   bool last_logits) {
+  decode_end();
+  if (tokens.empty()) throw std::runtime_error("[engine] prefill needs at least one token");
+  // One slot past the last token receives the chosen next token.
+  check_room(tokens.size() + 1);
+  const uint32_t vocab = uint32_t(model_.dims.vocab);
+  for (uint32_t t : tokens)
+    if (t >= vocab) throw std::runtime_error("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
+  std::memcpy(static_cast<uint32_t*>(ws_->ids->contents()) + position_, tokens.data(), tokens.size() * 4);
+
+  std::vector<float> logits;
+  if (all_logits) logits.reserve(tokens.size() * vocab);
+  std::unique_ptr<gpu::CommandBuffer> pending;
+  for (size_t done = 0; done < tokens.size();) {
+    const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, tokens.size() - done));
+    const bool last = done + rows == tokens.size();
+    const uint32_t logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
+    Encoder enc(*device_, kernels_);
+    encode_step(enc, rows, logit_row0, last ? &sampling : nullptr);
+    // Chunks queue behind each other on the GPU; only logits force a wait.
+    if (pending) wait(*pending);
+    pending = commit(enc);
+    position_ += int(rows);
+    done += rows;
+    if (all_logits || (last && last_logits)) {
+      wait(*pending);
+      pending.reset();
+      const float* l = static_cast<const float*>(ws_->logits->contents());
+      logits.insert(logits.end(), l, l + size_t(rows - logit_row0) * vocab);
+    }
+  }
+  if (pending) wait(*pending);
+  return logits;
+}
+
+void Engine::decode_begin(int max_tokens, const Sampling& sampling) {
+  if (decoding_) decode_end();
+  decoding_.emplace();
+  decoding_->sampling = sampling;
+  decoding_->max_tokens = max_tokens;
+}
+
+void Engine::commit_decode_step() {
+  check_room(2);
+  Encoder enc(*device_, kernels_);
+  encode_step(enc, 1, 0, &decoding_->sampling);
+  decoding_->in_flight.emplace_back(commit(enc), position_ + 1);
+  position_ += 1;
+  decoding_->committed += 1;
+  counters_.tokens_decoded += 1;
+}
+
+std::optional<uint32_t> Engine::decode_next() {
+  if (!decoding_) throw std::runtime_error("[engine] decode_next without decode_begin");
+  Decoding& d = *decoding_;
+  if (d.returned >= d.max_tokens) return std::nullopt;
+  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
+  const int steps = d.max_tokens - 1;  // the last token is returned, never fed
+  if (d.committed < steps) commit_decode_step();
+  if (d.returned == 0) {  // the token prefill (or the last decode) chose
+    d.returned = 1;
+    return ids[position_ - d.committed];
+  }
+  auto [cb, slot] = std::move(d.in_flight.front());
+  d.in_flight.pop_front();
+  wait(*cb);
+  d.returned += 1;
+  return ids[slot];
+}
+
+void Engine::decode_end() {
+  if (!decoding_) return;
+  for (auto& step : decoding_->in_flight) wait(*step.first);
+  decoding_.reset();
+}
+
+}  // namespace mq::engine

@@ -1,0 +1,105 @@
+// The Qwen3.5 engine: weights and caches on the device, one command buffer per
+// step (prefill chunk | decode | verify), token ids kept on the GPU.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpu/device.h"
+#include "kernels.h"
+#include "model_desc.h"
+#include "weights.h"
+
+namespace mq::engine {
+
+struct Counters {
+  uint64_t steps = 0;            // command buffers committed
+  uint64_t dispatches = 0;       // over all steps
+  uint64_t last_step_dispatches = 0;
+  uint64_t cpu_waits = 0;        // CommandBuffer::wait calls
+  uint64_t tokens_decoded = 0;   // decode steps
+  uint64_t weight_bytes_per_token = 0;  // weights a decode step streams
+};
+
+// How the next token is chosen on the GPU: temperature 0 is greedy argmax.
+struct Sampling {
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+};
+
+struct LayerWeights;
+struct Workspace;
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options);
+  ~Engine();
+
+  // Forgets every token: position 0, caches and recurrent state cleared.
+  void reset();
+  int position() const { return position_; }
+  int max_context() const { return options_.max_context; }
+  const ModelDims& dims() const { return model_.dims; }
+
+  // Runs `tokens` from the current position in prefill chunks, then chooses the next
+  // token on the GPU (ids[position]). Returns logits [tokens.size()][vocab] when
+  // `all_logits`, else the last row's logits when `last_logits`, else nothing.
+  std::vector<float> prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
+                             bool last_logits);
+
+  // Token-by-token decoding from the token prefill chose: decode_begin, then
+  // decode_next until it returns nothing (after max_tokens) or the caller stops,
+  // then decode_end. Step k+1 is committed before step k is waited for (its input id
+  // is read on the GPU), so the GPU never waits for the CPU. After decode_end the state
+  // holds every returned token but possibly the last (tokens() tells).
+  void decode_begin(int max_tokens, const Sampling& sampling);
+  std::optional<uint32_t> decode_next();
+  void decode_end();
+
+  // Token ids fed so far (positions 0 .. position()-1).
+  std::vector<uint32_t> tokens() const;
+  const Counters& counters() const { return counters_; }
+
+ private:
+  void check_room(size_t extra) const;
+  // Encodes the model over `rows` tokens at position_ (ids[position_ ..]): logits of
+  // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token
+  // (from the last row) into ids[position_ + rows].
+  void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose);
+  void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows);
+  void encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
+                         uint32_t y_stride, uint32_t rows, bool overlap = false);
+  void encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
+                   const std::shared_ptr<gpu::Buffer>& residual);
+  void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
+  std::unique_ptr<gpu::CommandBuffer> commit(Encoder& enc);
+  void wait(gpu::CommandBuffer& cb);
+
+  std::shared_ptr<gpu::Device> device_;
+  ModelDesc model_;
+  EngineOptions options_;
+  Weights weights_;
+  Kernels kernels_;
+  std::vector<LayerWeights> layers_;
+  QuantLinear embed_, lm_head_;  // lm_head_ is embed_ when the embeddings are tied
+  DeviceTensor final_norm_;
+  std::unique_ptr<Workspace> ws_;
+  int position_ = 0;
+  Counters counters_;
+
+  struct Decoding {
+    Sampling sampling;
+    int max_tokens = 0, returned = 0, committed = 0;
+    std::deque<std::pair<std::unique_ptr<gpu::CommandBuffer>, int>> in_flight;  // (step, id slot it writes)
+  };
+  std::optional<Decoding> decoding_;
+  void commit_decode_step();
+};
+
+}  // namespace mq::engine

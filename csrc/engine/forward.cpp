@@ -1,0 +1,145 @@
+// One forward step, encoded into one command buffer, in the order of the model's
+// math (DESIGN.md section 2): embed, then per layer norm -> mixer (attention or
+// Gated DeltaNet) -> residual + norm -> MLP, then final norm, lm_head, next token.
+#include <algorithm>
+
+#include "workspace.h"
+
+namespace mq::engine {
+namespace {
+
+uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+std::string quant_suffix(const QuantLinear& l) {
+  return "_b" + std::to_string(l.bits) + "_g" + std::to_string(l.group);
+}
+
+Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
+
+}  // namespace
+
+void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
+                               uint32_t y_stride, uint32_t rows, bool overlap) {
+  const QuantMatmulParams p{l.in, l.out, rows, x_stride, y_stride};
+  const std::string suffix = quant_suffix(l);
+  if (rows <= kMaxVerifyRows) {
+    // One row streams the weights at full width; 2..8 verify rows share one stream.
+    enc.dispatch((rows == 1 ? "qmv" : "qmv_rows") + suffix,
+                 {at(l.weight), at(l.scales), at(l.biases), x, y, Arg::value(p)},
+                 {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS}, overlap);
+  } else {
+    enc.dispatch("qmm" + suffix, {at(l.weight), at(l.scales), at(l.biases), x, y, Arg::value(p)},
+                 {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT)}, {MQ_QMM_THREADS}, overlap);
+  }
+}
+
+// xn = rms(x) * w, after x += residual when asked (the residual add fused in).
+void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
+                         const std::shared_ptr<gpu::Buffer>& residual) {
+  const uint32_t H = uint32_t(model_.dims.hidden);
+  const RmsNormParams p{H, H, H, H, model_.dims.eps};
+  if (add_residual)
+    enc.dispatch("rms_norm_residual", {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)}, {rows}, {MQ_NORM_THREADS});
+  else
+    enc.dispatch("rms_norm", {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows}, {MQ_NORM_THREADS});
+}
+
+void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
+  const ModelDims& d = model_.dims;
+  Workspace& w = *ws_;
+  const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
+  if (l.delta) {
+    const DeltaNetWeights& m = *l.delta;
+    const uint32_t nk = uint32_t(d.lin_k_heads), nv = uint32_t(d.lin_v_heads), C = 2 * nk * D + nv * D;
+    encode_projection(enc, m.in_proj_qkv, w.xn, H, w.qkv_raw, C, rows);
+    encode_projection(enc, m.in_proj_z, w.xn, H, w.z, nv * D, rows, true);
+    encode_projection(enc, m.in_proj_b, w.xn, H, w.b, nv, rows, true);
+    encode_projection(enc, m.in_proj_a, w.xn, H, w.a, nv, rows, true);
+    const DeltaConvParams cp{nk, nv, uint32_t(d.conv_kernel), rows, 0, C, nv, 0, 1e-6f};
+    const bool a_log_f32 = m.a_log.desc->dtype == "F32";
+    enc.dispatch(a_log_f32 ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16",
+                 {w.qkv_raw, at(m.conv1d), l.hist, w.qkv, w.a, w.b, at(m.a_log), at(m.dt_bias), w.gates,
+                  w.no_snapshots, Arg::value(cp)},
+                 {2 * nk + nv}, {32u * (rows == 1 ? 1u : uint32_t(MQ_DELTA_CONV_SIMDGROUPS))});
+    const DeltaScanParams sp{nk, nv, rows, 0, nv * D, 0, 1, d.eps};
+    enc.dispatch("delta_scan_norm",
+                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv},
+                 {MQ_DELTA_SCAN_THREADS});
+    encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
+  } else {
+    const AttentionWeights& m = *l.attn;
+    const uint32_t nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
+    const uint32_t q_stride = nq * 2 * HD, kv_stride = nkv * HD, pos = uint32_t(position_);
+    const char* cache = options_.kv_bits == 8 ? "q8" : "f16";
+    encode_projection(enc, m.q_proj, w.xn, H, w.q, q_stride, rows);
+    encode_projection(enc, m.k_proj, w.xn, H, w.k, kv_stride, rows, true);
+    encode_projection(enc, m.v_proj, w.xn, H, w.v, kv_stride, rows, true);
+    const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, uint32_t(options_.max_context), d.eps};
+    enc.dispatch(std::string("attn_qk_norm_rope_append_") + cache,
+                 {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
+                 {ceil_div(rows * (nq + 2 * nkv), MQ_ATTN_PREP_SIMDGROUPS)}, {MQ_ATTN_PREP_SIMDGROUPS * 32});
+    AttnParams ap{rows, nq, nkv, q_stride, nq * HD, pos, uint32_t(options_.max_context), 0, 1};
+    if (rows <= kMaxVerifyRows) {
+      // Flash-decode: the context is split across threadgroups, then merged.
+      const uint32_t context = pos + rows;
+      const uint32_t splits = std::min(w.max_splits, ceil_div(context, 128));
+      ap.split_len = ceil_div(context, splits);
+      ap.n_splits = ceil_div(context, ap.split_len);
+      const uint32_t per_group = rows == 1 ? 1 : 4;
+      enc.dispatch(std::string("attn_decode_") + cache + (rows == 1 ? "_r1" : "_r4"),
+                   {w.q, l.k_cache, l.v_cache, w.part_o, w.part_ms, w.attn, Arg::value(ap)},
+                   {ap.n_splits, nkv, ceil_div(rows, per_group)}, {rep * 32});
+      if (ap.n_splits > 1)
+        enc.dispatch("attn_decode_combine", {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows},
+                     {MQ_ATTN_COMBINE_THREADS});
+    } else {
+      // Each SIMD-group owns 8 rows of one query head; a threadgroup 8 * rb rows.
+      const uint32_t rb = std::max(1u, std::min(uint32_t(MQ_ATTN_PREFILL_MAX_SIMDGROUPS) / rep, ceil_div(rows, 8)));
+      enc.dispatch(std::string("attn_prefill_") + cache, {w.q, l.k_cache, l.v_cache, w.attn, Arg::value(ap)},
+                   {ceil_div(rows, 8 * rb), nkv}, {rep * rb * 32});
+    }
+    encode_projection(enc, m.o_proj, w.attn, nq * HD, w.mix, H, rows);
+  }
+  // MLP on the post-attention norm: down(silu(gate(x)) * up(x)).
+  const uint32_t I = uint32_t(d.intermediate);
+  encode_norm(enc, l.post_norm, rows, true, w.mix);
+  encode_projection(enc, l.gate_proj, w.xn, H, w.gate, I, rows);
+  encode_projection(enc, l.up_proj, w.xn, H, w.up, I, rows, true);
+  const SiluMulParams sm{I, rows, I, I, I};
+  enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows}, {64});
+  encode_projection(enc, l.down_proj, w.act, I, w.mix, H, rows);
+}
+
+void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {
+  const uint32_t V = uint32_t(model_.dims.vocab);
+  const Arg logits(ws_->logits, size_t(logit_row) * V * 4);
+  if (s.temperature <= 0.0f) {
+    const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
+    enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, 1}, {MQ_ARGMAX_THREADS});
+    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1}, {MQ_ARGMAX_THREADS});
+  } else {
+    const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature,
+                         uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos};
+    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p)}, {1}, {MQ_SAMPLE_THREADS});
+  }
+}
+
+void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose) {
+  const ModelDims& d = model_.dims;
+  const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab);
+  const QuantEmbedParams ep{H, V, uint32_t(position_), rows};
+  enc.dispatch("embed" + quant_suffix(embed_),
+               {at(embed_.weight), at(embed_.scales), at(embed_.biases), ws_->ids, ws_->x, Arg::value(ep)},
+               {ceil_div(H, MQ_EMBED_THREADS * 128 / uint32_t(embed_.bits)), rows}, {MQ_EMBED_THREADS});
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
+    encode_norm(enc, layers_[i].input_norm, rows, i > 0, ws_->mix);
+    encode_layer(enc, layers_[i], rows);
+  }
+  encode_norm(enc, final_norm_, rows, true, ws_->mix);
+  if (logit_row0 < rows)
+    encode_projection(enc, lm_head_, Arg(ws_->xn, size_t(logit_row0) * H * 4), H, ws_->logits, V, rows - logit_row0);
+  if (choose) encode_choice(enc, rows - 1 - logit_row0, *choose, uint32_t(position_) + rows);
+}
+
+}  // namespace mq::engine

@@ -1,0 +1,43 @@
+// The plain description of a checkpoint that Python validates and hands over:
+// sizes, layer kinds, and where every tensor lives (file, byte offset, dtype, shape).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mq::engine {
+
+struct TensorDesc {
+  std::string file;
+  uint64_t offset = 0;  // absolute byte offset in the file
+  uint64_t nbytes = 0;
+  std::string dtype;  // safetensors tag: U32, BF16, F32
+  std::vector<int64_t> shape;
+  int bits = 0;  // quantized modules only
+  int group = 0;
+};
+
+struct ModelDims {
+  int hidden = 0, layers = 0, intermediate = 0, vocab = 0;
+  int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  int lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, conv_kernel = 0;
+  float eps = 1e-6f, rope_theta = 1e7f;
+  bool tied = false;
+  std::vector<bool> full_attention;  // per layer
+};
+
+struct ModelDesc {
+  ModelDims dims;
+  // Full tensor names as the MLX conversion writes them (language_model.model.*).
+  std::map<std::string, TensorDesc> tensors;
+};
+
+struct EngineOptions {
+  int max_context = 4096;
+  int kv_bits = 8;          // 8: q8 cache; 16: f16 cache
+  int prefill_chunk = 64;   // rows per prefill command buffer
+};
+
+}  // namespace mq::engine

@@ -1,0 +1,49 @@
+// Checkpoint tensors on the device: safetensors files are memory-mapped and handed
+// to the GPU without a copy where a tensor's offset allows (16-byte aligned, the
+// kernels' vector loads), copied into an aligned buffer otherwise.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+
+#include "gpu/device.h"
+#include "model_desc.h"
+
+namespace mq::engine {
+
+struct DeviceTensor {
+  std::shared_ptr<gpu::Buffer> buffer;
+  size_t offset = 0;
+  const TensorDesc* desc = nullptr;
+};
+
+// A quantized linear layer: y = W x with W [out][in] in MLX affine format.
+struct QuantLinear {
+  DeviceTensor weight, scales, biases;
+  int bits = 0, group = 0;
+  uint32_t in = 0, out = 0;
+  uint64_t nbytes() const { return weight.desc->nbytes + scales.desc->nbytes + biases.desc->nbytes; }
+};
+
+class Weights {
+ public:
+  Weights(gpu::Device& device, const ModelDesc& model);
+  // Throws std::runtime_error naming the tensor when it is absent.
+  DeviceTensor tensor(const std::string& name) const;
+  QuantLinear linear(const std::string& module) const;
+  bool has(const std::string& name) const { return model_.tensors.count(name) != 0; }
+  uint64_t copied_bytes() const { return copied_bytes_; }
+
+ private:
+  struct MappedFile;
+  std::shared_ptr<gpu::Buffer> file_buffer(const std::string& path);
+
+  gpu::Device& device_;
+  const ModelDesc& model_;
+  std::map<std::string, std::shared_ptr<MappedFile>> files_;
+  std::map<std::string, std::shared_ptr<gpu::Buffer>> file_buffers_;
+  std::map<std::string, DeviceTensor> tensors_;
+  uint64_t copied_bytes_ = 0;
+};
+
+}  // namespace mq::engine

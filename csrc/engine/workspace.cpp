@@ -1,0 +1,129 @@
+#include "workspace.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace mq::engine {
+namespace {
+
+const std::string kModel = "language_model.model.";
+
+uint64_t vector_bytes(const DeviceTensor& t) { return t.desc->nbytes; }
+
+}  // namespace
+
+std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims) {
+  std::vector<LayerWeights> layers(size_t(dims.layers));
+  for (int i = 0; i < dims.layers; ++i) {
+    const std::string p = kModel + "layers." + std::to_string(i) + ".";
+    LayerWeights& l = layers[size_t(i)];
+    l.full_attention = dims.full_attention[size_t(i)];
+    l.input_norm = w.tensor(p + "input_layernorm.weight");
+    l.post_norm = w.tensor(p + "post_attention_layernorm.weight");
+    l.gate_proj = w.linear(p + "mlp.gate_proj");
+    l.up_proj = w.linear(p + "mlp.up_proj");
+    l.down_proj = w.linear(p + "mlp.down_proj");
+    if (l.full_attention) {
+      const std::string a = p + "self_attn.";
+      l.attn = AttentionWeights{w.linear(a + "q_proj"), w.linear(a + "k_proj"),        w.linear(a + "v_proj"),
+                                w.linear(a + "o_proj"), w.tensor(a + "q_norm.weight"), w.tensor(a + "k_norm.weight")};
+    } else {
+      const std::string d = p + "linear_attn.";
+      l.delta = DeltaNetWeights{w.linear(d + "in_proj_qkv"), w.linear(d + "in_proj_z"),
+                                w.linear(d + "in_proj_b"),   w.linear(d + "in_proj_a"),
+                                w.linear(d + "out_proj"),    w.tensor(d + "conv1d.weight"),
+                                w.tensor(d + "dt_bias"),     w.tensor(d + "A_log"),
+                                w.tensor(d + "norm.weight")};
+    }
+  }
+  return layers;
+}
+
+uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& layers,
+                             const ModelDims& dims) {
+  uint64_t total = vector_bytes(w.tensor(kModel + "norm.weight"));
+  const std::string head = dims.tied ? kModel + "embed_tokens" : "language_model.lm_head";
+  total += w.linear(head).nbytes();
+  // The embedding gather reads one table row.
+  total += w.linear(kModel + "embed_tokens").nbytes() / uint64_t(dims.vocab);
+  for (const auto& l : layers) {
+    total += vector_bytes(l.input_norm) + vector_bytes(l.post_norm);
+    total += l.gate_proj.nbytes() + l.up_proj.nbytes() + l.down_proj.nbytes();
+    if (l.attn) {
+      total += l.attn->q_proj.nbytes() + l.attn->k_proj.nbytes() + l.attn->v_proj.nbytes() + l.attn->o_proj.nbytes();
+      total += vector_bytes(l.attn->q_norm) + vector_bytes(l.attn->k_norm);
+    } else {
+      const DeltaNetWeights& d = *l.delta;
+      total += d.in_proj_qkv.nbytes() + d.in_proj_z.nbytes() + d.in_proj_b.nbytes() + d.in_proj_a.nbytes() +
+               d.out_proj.nbytes();
+      total += vector_bytes(d.conv1d) + vector_bytes(d.dt_bias) + vector_bytes(d.a_log) + vector_bytes(d.norm);
+    }
+  }
+  return total;
+}
+
+Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOptions& o,
+                             std::vector<LayerWeights>& layers) {
+  // A multiple of 8: prefill attention reads q in 8-row tiles.
+  max_rows = uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8);
+  max_splits = 32;
+  const size_t R = max_rows, H = size_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
+  const size_t nv = size_t(d.lin_v_heads), C = size_t(2 * d.lin_k_heads) * D + nv * D;
+  const size_t nq = size_t(d.heads), nkv = size_t(d.kv_heads), I = size_t(d.intermediate), V = size_t(d.vocab);
+  auto floats = [&](size_t n) { return device.new_buffer(std::max<size_t>(n, 4) * 4); };
+  ids = device.new_buffer((size_t(o.max_context) + 1) * 4);
+  x = floats(R * H);
+  xn = floats(R * H);
+  mix = floats(R * H);
+  qkv_raw = floats(R * C);
+  qkv = floats(R * C);
+  z = floats(R * nv * D);
+  a = floats(R * nv);
+  b = floats(R * nv);
+  gates = floats(R * nv * 2);
+  delta_out = floats(R * nv * D);
+  q = floats(R * nq * 2 * HD);
+  k = floats(R * nkv * HD);
+  v = floats(R * nkv * HD);
+  attn = floats(R * nq * HD);
+  part_o = floats(kMaxVerifyRows * nq * max_splits * HD);
+  part_ms = floats(kMaxVerifyRows * nq * max_splits * 2);
+  gate = floats(R * I);
+  up = floats(R * I);
+  act = floats(R * I);
+  logits = floats(R * V);
+  argmax_chunk = 4096;
+  argmax_partials = uint32_t((V + argmax_chunk - 1) / argmax_chunk);
+  partials = floats(R * argmax_partials * 2);
+  no_snapshots = floats(4);
+
+  // rope_turns[i] = round(2^64 * theta^(-2i/rot) / (2 pi)) mod 2^64 (see params/attention.h).
+  rope_turns = device.new_buffer(MQ_ATTN_ROT_DIM / 2 * 8);
+  auto* turns = static_cast<uint64_t*>(rope_turns->contents());
+  for (int i = 0; i < MQ_ATTN_ROT_DIM / 2; ++i) {
+    long double inv_freq = std::pow((long double)d.rope_theta, -2.0L * i / MQ_ATTN_ROT_DIM);
+    long double t = inv_freq / (2.0L * 3.14159265358979323846264338327950288L) * 18446744073709551616.0L;
+    t = std::fmod(std::round(t), 18446744073709551616.0L);
+    turns[i] = uint64_t(t);
+  }
+
+  const size_t kv_dim = nkv * HD, ctx = size_t(o.max_context);
+  const size_t cache_bytes = o.kv_bits == 8 ? ctx * kv_dim + ctx * kv_dim / MQ_ATTN_Q8_BLOCK * 2 : ctx * kv_dim * 2;
+  for (LayerWeights& l : layers) {
+    if (l.full_attention) {
+      l.k_cache = device.new_buffer(cache_bytes);
+      l.v_cache = device.new_buffer(cache_bytes);
+    } else {
+      l.state = floats(nv * D * D);
+      l.hist = floats(size_t(d.conv_kernel - 1) * C);
+      recurrent.push_back(l.state);
+      recurrent.push_back(l.hist);
+    }
+  }
+}
+
+void Workspace::clear_state() {
+  for (auto& buffer : recurrent) std::memset(buffer->contents(), 0, buffer->size());
+}
+
+}  // namespace mq::engine

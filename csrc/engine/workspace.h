@@ -1,0 +1,71 @@
+// Engine internals: the per-layer weights and every device buffer a step uses.
+// Activation buffers hold up to `max_rows` token rows; f32 unless stated.
+#pragma once
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "../../shaders/params.h"
+#include "engine.h"
+
+namespace mq::engine {
+
+// Steps of up to this many rows (decode, verify) take the matvec and flash-decode
+// path; longer ones the GEMM and prefill-attention path.
+constexpr uint32_t kMaxVerifyRows = MQ_QMV_MAX_ROWS;
+
+struct AttentionWeights {
+  QuantLinear q_proj, k_proj, v_proj, o_proj;  // q_proj rows per head: [query | gate]
+  DeviceTensor q_norm, k_norm;                 // bf16 [head_dim], stored as 1 + w
+};
+
+struct DeltaNetWeights {
+  QuantLinear in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
+  DeviceTensor conv1d;   // bf16 [C][K][1]
+  DeviceTensor dt_bias;  // bf16 [nv]
+  DeviceTensor a_log;    // f32 or bf16 [nv]
+  DeviceTensor norm;     // bf16 [dv], not shifted
+};
+
+struct LayerWeights {
+  bool full_attention = false;
+  DeviceTensor input_norm, post_norm;  // bf16 [hidden], stored as 1 + w
+  std::optional<AttentionWeights> attn;
+  std::optional<DeltaNetWeights> delta;
+  QuantLinear gate_proj, up_proj, down_proj;
+  // Recurrent state (DeltaNet) or KV cache (attention) of this layer.
+  std::shared_ptr<gpu::Buffer> state, hist;  // [nv][D][D]; [K-1][C]
+  std::shared_ptr<gpu::Buffer> k_cache, v_cache;
+};
+
+struct Workspace {
+  // Allocates the activations, and each layer's cache or recurrent state into `layers`.
+  Workspace(gpu::Device& device, const ModelDims& dims, const EngineOptions& options, std::vector<LayerWeights>& layers);
+  void clear_state();
+
+  uint32_t max_rows;                         // rows per step: max(prefill_chunk, verify rows)
+  uint32_t max_splits;                       // decode attention context splits
+  std::shared_ptr<gpu::Buffer> ids;          // uint [max_context + 1]: token at each position
+  std::shared_ptr<gpu::Buffer> x, xn, mix;   // [rows][hidden]: residual, normed, mixer/MLP out
+  std::shared_ptr<gpu::Buffer> qkv_raw, qkv; // [rows][C]: in_proj_qkv out, conv out
+  std::shared_ptr<gpu::Buffer> z, a, b;      // [rows][nv*dv], [rows][nv], [rows][nv]
+  std::shared_ptr<gpu::Buffer> gates;        // float2 [rows][nv]: (decay, beta)
+  std::shared_ptr<gpu::Buffer> delta_out;    // [rows][nv*dv]
+  std::shared_ptr<gpu::Buffer> q, k, v;      // [rows][nq*2*HD], [rows][nkv*HD] x2
+  std::shared_ptr<gpu::Buffer> attn;         // [rows][nq*HD]
+  std::shared_ptr<gpu::Buffer> part_o, part_ms;  // decode splits: [8][nq][splits][HD], float2 [8][nq][splits]
+  std::shared_ptr<gpu::Buffer> gate, up, act;    // [rows][intermediate]
+  std::shared_ptr<gpu::Buffer> logits;       // [rows][vocab]
+  std::shared_ptr<gpu::Buffer> partials;     // uint2 [rows][n_partials]: argmax stage 1
+  std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
+  std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
+  std::vector<std::shared_ptr<gpu::Buffer>> recurrent;  // every state/hist buffer, for clearing
+  uint32_t argmax_chunk, argmax_partials;
+};
+
+std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
+// Bytes of weights one decode step streams (every projection once, the lm_head, norms).
+uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers,
+                             const ModelDims& dims);
+
+}  // namespace mq::engine

@@ -1,0 +1,448 @@
+"""Tiny random Qwen3.5 checkpoints for the tests, made the way users get theirs.
+
+``write_hf_checkpoint`` writes a Hugging Face-format folder (names under
+``model.language_model.*``, the five zero-centred norms unshifted, conv1d ``[C, 1, K]``,
+optional ``mtp.*``, A_log float32, the rest bf16) with numpy and our safetensors writer
+(the installed transformers has no torch, so its model classes cannot run);
+``convert_to_mlx`` then runs mlx-lm's own converter on it, so the MLX folders the tests
+load are exactly what ``mlx_lm.convert`` produces. ``VARIANTS`` lists the shapes the
+tests cover; ``checkpoint(name, root)`` builds one variant once per process.
+
+``reference_logits`` / ``reference_greedy`` run mlx-lm on an MLX folder in float32.
+No tests here: helpers only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from metalqwen.demo_checkpoint import (
+    DEMO_DIMS,
+    bf16_bits,
+    build_tokenizer,
+    random_weights,
+    write_safetensors,
+    write_tokenizer_files,
+)
+
+# ---------------------------------------------------------------------------- Hugging Face folders
+
+
+def _layer_types(dims) -> list[str]:
+    k = dims.get("full_attention_interval", 4)
+    return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(dims["num_hidden_layers"])]
+
+
+def hf_text_config(dims, *, tied: bool, eos: int, layer_types: bool = True, rope_nested: bool = True) -> dict:
+    """The text fields of a Qwen3.5 config.json (what goes under ``text_config``)."""
+    tc = {
+        "model_type": "qwen3_5_text",
+        "hidden_size": dims["hidden_size"],
+        "intermediate_size": dims["intermediate_size"],
+        "num_hidden_layers": dims["num_hidden_layers"],
+        "num_attention_heads": dims["num_attention_heads"],
+        "num_key_value_heads": dims["num_key_value_heads"],
+        "head_dim": dims["head_dim"],
+        "linear_num_key_heads": dims["linear_num_key_heads"],
+        "linear_num_value_heads": dims["linear_num_value_heads"],
+        "linear_key_head_dim": dims["linear_key_head_dim"],
+        "linear_value_head_dim": dims["linear_value_head_dim"],
+        "linear_conv_kernel_dim": dims["linear_conv_kernel_dim"],
+        "vocab_size": dims["vocab_size"],
+        "rms_norm_eps": dims["rms_norm_eps"],
+        "max_position_embeddings": 262144,
+        "full_attention_interval": dims.get("full_attention_interval", 4),
+        "attention_bias": False,
+        "attn_output_gate": True,
+        "hidden_act": "silu",
+        "tie_word_embeddings": tied,
+        "eos_token_id": eos,
+        "dtype": "bfloat16",
+        "mtp_num_hidden_layers": 1,
+    }
+    if layer_types:
+        tc["layer_types"] = _layer_types(dims)
+    if rope_nested:
+        tc["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": dims["rope_theta"],
+            "partial_rotary_factor": dims["partial_rotary_factor"],
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        }
+    else:
+        tc["rope_theta"] = dims["rope_theta"]
+        tc["partial_rotary_factor"] = dims["partial_rotary_factor"]
+    return tc
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_json() -> str:
+    return build_tokenizer().to_str()
+
+
+def write_hf_checkpoint(
+    folder,
+    *,
+    seed: int = 0,
+    tied: bool = True,
+    nested: bool = True,
+    layer_types: bool = True,
+    mtp: bool = False,
+    a_log_dtype: str = "F32",
+    template_file: bool = False,
+    **dims,
+) -> str:
+    """Writes a tiny random Qwen3.5 checkpoint in the Hugging Face layout; returns the folder.
+
+    ``nested`` puts the text fields under ``text_config`` (the real multimodal layout)
+    instead of flat; ``layer_types`` writes the explicit list besides the interval;
+    ``mtp`` adds the multi-token-prediction head (mlx-lm's converter drops it);
+    ``template_file`` puts the chat template in chat_template.jinja.
+    """
+    from tokenizers import Tokenizer
+
+    d = {**DEMO_DIMS, **dims}
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    tok = write_tokenizer_files(folder, Tokenizer.from_str(_tokenizer_json()), template_file=template_file)
+
+    tensors = {}
+    for name, value in random_weights(d, seed, mtp=mtp).items():
+        if name == "lm_head.weight":
+            if tied:
+                continue
+            key = name
+        elif name.startswith("model."):
+            key = "model.language_model." + name[len("model."):]
+        else:
+            key = name  # mtp.*
+        if name.endswith("A_log"):
+            tensors[key] = value if a_log_dtype == "F32" else ("BF16", bf16_bits(value))
+        else:
+            tensors[key] = ("BF16", bf16_bits(value))
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "pt"})
+
+    tc = hf_text_config(d, tied=tied, eos=tok["endoftext"], layer_types=layer_types)
+    if nested:
+        config = {
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "tie_word_embeddings": tied,
+            "text_config": tc,
+            "vision_config": {"model_type": "qwen3_5_vision", "depth": 2, "hidden_size": 64},
+            "image_token_id": 248056,
+        }
+    else:
+        config = {**tc, "model_type": "qwen3_5", "architectures": ["Qwen3_5ForCausalLM"], "torch_dtype": "bfloat16"}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [tok["eos"], tok["endoftext"]], "temperature": 0.6, "top_k": 20}, f, indent=2)
+    return folder
+
+
+def convert_to_mlx(hf_path, mlx_path, *, bits: int = 4, group_size: int = 64, quant_predicate=None) -> str:
+    """Runs ``mlx_lm.convert(hf_path, mlx_path, quantize=True, ...)`` quietly; returns mlx_path."""
+    from mlx_lm import convert
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(os.fspath(hf_path), os.fspath(mlx_path), quantize=True, q_group_size=group_size, q_bits=bits,
+                quant_predicate=quant_predicate)
+    return os.fspath(mlx_path)
+
+
+# ---------------------------------------------------------------------------- the variants
+
+
+def _mixed_predicate(path, module):
+    """down_proj at 8 bits / group 32 (recorded in config.json), in_proj_a left in bf16 (not recorded)."""
+    if path.endswith("mlp.down_proj"):
+        return {"group_size": 32, "bits": 8}
+    if path.endswith("linear_attn.in_proj_a"):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One tiny checkpoint shape: HF writer options, model dims and conversion settings."""
+
+    bits: int = 4
+    group_size: int = 64
+    tied: bool = True
+    nested: bool = True
+    layer_types: bool = True
+    mtp: bool = False
+    a_log_dtype: str = "F32"
+    template_file: bool = False
+    mixed: bool = False
+    dims: dict = field(default_factory=dict)
+
+    def hf_kwargs(self) -> dict:
+        return dict(tied=self.tied, nested=self.nested, layer_types=self.layer_types, mtp=self.mtp,
+                    a_log_dtype=self.a_log_dtype, template_file=self.template_file, **self.dims)
+
+
+VARIANTS = {
+    # hidden 512, 3 DeltaNet + 1 attention, tied, 4-bit group 64: the demo's shape via mlx-lm.
+    "base": Variant(),
+    # hidden 1024, interval 2 (no layer_types list), untied, 4-bit group 32, MTP dropped by the converter.
+    "wide_untied_g32": Variant(
+        group_size=32, tied=False, layer_types=False, mtp=True, template_file=True,
+        dims=dict(hidden_size=1024, intermediate_size=2048, num_attention_heads=4, num_key_value_heads=2,
+                  linear_num_key_heads=2, linear_num_value_heads=4, full_attention_interval=2),
+    ),
+    # flat config.json (no text_config), 8-bit group 64, A_log in bf16, 6 layers alternating (interval 2).
+    "flat_b8": Variant(
+        bits=8, tied=False, nested=False, a_log_dtype="BF16",
+        dims=dict(num_hidden_layers=6, full_attention_interval=2, linear_num_key_heads=1, linear_num_value_heads=2),
+    ),
+    # per-module overrides: down_proj 8-bit group 32, in_proj_a kept in bf16.
+    "mixed": Variant(mixed=True),
+}
+
+
+def build_variant(name: str, root) -> tuple[str, str]:
+    """Writes variant ``name``'s HF folder and converts it; returns (hf_path, mlx_path)."""
+    v = VARIANTS[name]
+    hf = write_hf_checkpoint(os.path.join(os.fspath(root), f"{name}-hf"), seed=len(name), **v.hf_kwargs())
+    mlx = convert_to_mlx(hf, os.path.join(os.fspath(root), f"{name}-mlx"), bits=v.bits, group_size=v.group_size,
+                         quant_predicate=_mixed_predicate if v.mixed else None)
+    return hf, mlx
+
+
+_BUILT: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def checkpoint(name: str, root) -> tuple[str, str]:
+    """``build_variant`` memoised per (name, root): a session fixture calls this with its tmp dir."""
+    key = (name, os.fspath(root))
+    if key not in _BUILT:
+        _BUILT[key] = build_variant(name, root)
+    return _BUILT[key]
+
+
+# ---------------------------------------------------------------------------- damaging copies (bad-input tests)
+
+
+def copy_checkpoint(src, dst) -> str:
+    """A private copy of a checkpoint folder that a test may damage."""
+    shutil.copytree(os.fspath(src), os.fspath(dst))
+    return os.fspath(dst)
+
+
+def read_header(path) -> dict:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n))
+
+
+def rewrite_header(path, edit) -> None:
+    """Rewrites a safetensors file's header with ``edit(header_dict)`` applied; the data bytes are kept."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    edit(header)
+    raw = json.dumps(header).encode("utf-8")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def add_tensors(path, tensors: dict) -> None:
+    """Appends tensors ``{name: (dtype_tag, shape, raw bytes)}`` to a safetensors file (data at the end)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    raw_header = json.dumps(header).encode("utf-8")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw_header)) + raw_header + data)
+
+
+def edit_json(path, edit) -> None:
+    """Applies ``edit(dict)`` to a JSON file in place."""
+    with open(path) as f:
+        d = json.load(f)
+    edit(d)
+    with open(path, "w") as f:
+        json.dump(d, f, indent=2)
+
+
+# ---------------------------------------------------------------------------- an independent numpy forward
+
+
+def numpy_forward(ck, token_ids) -> np.ndarray:
+    """Logits [T, vocab] of a loaded ``metalqwen.checkpoint.Checkpoint``, in float64 numpy,
+    written from DESIGN.md section 2 alone (not from mlx-lm): a cross-check that the
+    mlx-lm reference and our reading of the checkpoint mean the same model.
+    """
+    from metalqwen.demo_checkpoint import bf16_to_f32, dequantize_affine
+
+    c = ck.config
+
+    def f(name):
+        a = ck.array(name)
+        return (bf16_to_f32(a) if ck.tensors[name].dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
+
+    def weight(module):
+        q = ck.quant(module)
+        if q is None:
+            return f(module + ".weight")
+        return dequantize_affine(ck.array(module + ".weight"), ck.array(module + ".scales"),
+                                 ck.array(module + ".biases"), *q).astype(np.float64)
+
+    def linear(module, x):
+        return x @ weight(module).T
+
+    def rms(x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + c.rms_norm_eps) * w
+
+    def silu(x):
+        return x / (1 + np.exp(-x))
+
+    ids = np.asarray(token_ids)
+    T = len(ids)
+    embed = weight("language_model.model.embed_tokens")
+    x = embed[ids]
+    for i, kind in enumerate(c.layer_types):
+        p = ck.layer_prefix(i)
+        h = rms(x, f(p + "input_layernorm.weight"))
+        if kind == "full_attention":
+            nq, nkv, hd, rot = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim
+            qg = linear(p + "self_attn.q_proj", h).reshape(T, nq, 2 * hd)  # per head [query | gate]
+            q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nq * hd)
+            k = linear(p + "self_attn.k_proj", h).reshape(T, nkv, hd)
+            v = linear(p + "self_attn.v_proj", h).reshape(T, nkv, hd)
+            q, k = rms(q, f(p + "self_attn.q_norm.weight")), rms(k, f(p + "self_attn.k_norm.weight"))
+            inv = c.rope_theta ** (-np.arange(0, rot, 2) / rot)
+            ang = np.arange(T)[:, None] * inv[None, :]
+            cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+            def rope(t):
+                t = t.copy()
+                a, b = t[..., : rot // 2].copy(), t[..., rot // 2: rot].copy()
+                t[..., : rot // 2], t[..., rot // 2: rot] = a * cos - b * sin, b * cos + a * sin
+                return t
+
+            q, k = rope(q), rope(k)
+            kv_of = np.arange(nq) // (nq // nkv)
+            s = np.einsum("tnd,snd->nts", q, k[:, kv_of]) / np.sqrt(hd)
+            s = np.where(np.tril(np.ones((T, T), bool))[None], s, -np.inf)
+            pr = np.exp(s - s.max(-1, keepdims=True))
+            pr /= pr.sum(-1, keepdims=True)
+            attn = np.einsum("nts,snd->tnd", pr, v[:, kv_of]).reshape(T, nq * hd)
+            mixed = linear(p + "self_attn.o_proj", attn * (1 / (1 + np.exp(-gate))))
+        else:
+            nk, nv, dk, dv, K = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+                                 c.linear_value_head_dim, c.linear_conv_kernel_dim)
+            a = p + "linear_attn."
+            qkv = linear(a + "in_proj_qkv", h)
+            z = linear(a + "in_proj_z", h).reshape(T, nv, dv)
+            beta = 1 / (1 + np.exp(-linear(a + "in_proj_b", h)))
+            alpha = linear(a + "in_proj_a", h)
+            w = f(a + "conv1d.weight")[:, :, 0]  # [C, K]; w[:, K-1] multiplies the current token
+            padded = np.concatenate([np.zeros((K - 1, qkv.shape[1])), qkv])
+            conv = silu(sum(w[:, j] * padded[j: j + T] for j in range(K)))
+            q = conv[:, : nk * dk].reshape(T, nk, dk)
+            k = conv[:, nk * dk: 2 * nk * dk].reshape(T, nk, dk)
+            v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
+            q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+            k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+            decay = np.exp(-np.exp(f(a + "A_log")) * np.logaddexp(0, alpha + f(a + "dt_bias")))
+            k_of = np.arange(nv) // (nv // nk)  # grouped, not tiled
+            S = np.zeros((nv, dv, dk))
+            y = np.zeros((T, nv, dv))
+            for t in range(T):
+                kt, qt = k[t, k_of], q[t, k_of]
+                S *= decay[t][:, None, None]
+                kv = np.einsum("hvk,hk->hv", S, kt)
+                S += np.einsum("hv,hk->hvk", (v[t] - kv) * beta[t][:, None], kt)
+                y[t] = np.einsum("hvk,hk->hv", S, qt)
+            y = y / np.sqrt(np.mean(y * y, -1, keepdims=True) + c.rms_norm_eps) * f(a + "norm.weight") * silu(z)
+            mixed = linear(a + "out_proj", y.reshape(T, nv * dv))
+        x = x + mixed
+        h = rms(x, f(p + "post_attention_layernorm.weight"))
+        x = x + linear(p + "mlp.down_proj", silu(linear(p + "mlp.gate_proj", h)) * linear(p + "mlp.up_proj", h))
+    x = rms(x, f("language_model.model.norm.weight"))
+    head = embed if c.tie_word_embeddings else weight("language_model.lm_head")
+    return x @ head.T
+
+
+# ---------------------------------------------------------------------------- mlx-lm references
+
+
+@functools.lru_cache(maxsize=8)
+def _reference_model(mlx_path: str, native: bool):
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import dequantize_model, load_model
+    from pathlib import Path
+
+    model, _ = load_model(Path(mlx_path))
+    if not native:
+        # Scales/biases to f32 first (exact), so dequantize yields the exact f32 weights.
+        model.update(tree_map(lambda p: p.astype(mx.float32) if mx.issubdtype(p.dtype, mx.floating) else p,
+                              model.parameters()))
+        model = dequantize_model(model)
+        mx.eval(model.parameters())
+    return model
+
+
+def reference_logits(mlx_path, token_ids, native: bool = False) -> np.ndarray:
+    """mlx-lm's logits for ``token_ids`` at every position: float32 [T, vocab].
+
+    What is fair to compare an engine with: the function the checkpoint defines, not
+    one particular rounding of it. So by default every floating parameter is cast to
+    float32 (exact: bf16 and the f32 A_log embed losslessly), the quantized linears and
+    the embedding are dequantized from those f32 scales/biases (``scale * q + bias``,
+    exact in f32 to within one rounding of the add), and mlx-lm's own forward pass then
+    runs in float32 end to end (its DeltaNet recurrence and attention on the CPU). An
+    engine that keeps the 4-bit weights, bf16/f16 activations and f32 accumulators
+    differs from this by its own rounding only, which tests bound with a tolerance.
+
+    ``native=True`` instead runs mlx-lm as users do (bf16 activations, mlx's quantized
+    matmul on the packed weights). Never compare an engine against it: it mixes a second,
+    independent rounding in, and on a CPU it is far off (mlx's CPU quantized matmul
+    accumulates bf16 inputs in bf16: about 5 % relative error per layer on these models,
+    where the Metal kernels accumulate in f32). ``numpy_forward`` agrees with the f32
+    reference to ~1e-5.
+    """
+    import mlx.core as mx
+
+    model = _reference_model(os.fspath(mlx_path), native)
+    ids = mx.array(np.asarray(token_ids, dtype=np.int32)[None, :])
+    out = model(ids)[0].astype(mx.float32)
+    return np.array(out)
+
+
+def reference_greedy(mlx_path, prompt_ids, n: int, native: bool = False) -> list[int]:
+    """Greedy continuation of ``prompt_ids`` by mlx-lm in float32 (see reference_logits): n new ids.
+
+    Runs the prompt once, then one token per step through mlx-lm's own caches (KV cache
+    and DeltaNet conv/recurrent state), as generation does.
+    """
+    import mlx.core as mx
+
+    model = _reference_model(os.fspath(mlx_path), native)
+    cache = model.make_cache()
+    logits = model(mx.array(np.asarray(prompt_ids, dtype=np.int32)[None, :]), cache=cache)
+    out = []
+    for _ in range(n):
+        token = int(mx.argmax(logits[0, -1].astype(mx.float32)).item())
+        out.append(token)
+        logits = model(mx.array([[token]], dtype=mx.int32), cache=cache)
+    return out
