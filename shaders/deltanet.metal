@@ -19,8 +19,8 @@ inline float4 silu(float4 x) { return x / (1.0f + exp(min(-x, 88.0f))); }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + exp(min(-x, 88.0f))); }
 
-// log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow, and for e^-|x| < 1e-4 the
-// series e - e^2/2 keeps full relative accuracy where log(1 + e) would round to 0.
+// log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow, and for e = e^-|x| < 1e-4 the
+// series e - e^2/2 keeps the relative accuracy that log(1 + e) loses (it is 0 below 6e-8).
 inline float softplus(float x) {
   const float e = exp(-fabs(x));
   const float tail = e < 1e-4f ? e * (1.0f - 0.5f * e) : log(1.0f + e);

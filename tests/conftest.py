@@ -28,3 +28,34 @@ def device(request):
     from metalqwen import gpu
 
     yield gpu.Device(request.param)
+
+
+def require_mlx_lm():
+    """mlx-lm makes the reference checkpoints and logits: CI must have it, elsewhere skip."""
+    try:
+        import mlx_lm  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("mlx-lm is missing: the test extras install it (pip install '.[test]')")
+        pytest.skip("needs mlx-lm (pip install '.[test]')")
+
+
+@pytest.fixture(scope="session")
+def ckpt_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def converted(ckpt_root):
+    """converted(name) -> (hf_path, mlx_path) of a model_fixtures.VARIANTS entry, built once per session."""
+    import model_fixtures as mf
+
+    require_mlx_lm()
+    return lambda name: mf.checkpoint(name, ckpt_root)
+
+
+@pytest.fixture(scope="session")
+def demo(ckpt_root):
+    from metalqwen.demo_checkpoint import write_demo_checkpoint
+
+    return write_demo_checkpoint(os.path.join(ckpt_root, "demo"), seed=0)

@@ -374,3 +374,142 @@ kernel void sizes(device float* y [[buffer(0)]], uint t [[thread_index_in_thread
 def test_refuses_several_threadgroup_variables_in_one_statement(cpu):
     with pytest.raises(gpu.CompileError, match="one threadgroup variable per statement"):
         build(cpu, "kernel void two(device float* y [[buffer(0)]]) { threadgroup float a[4], b[4]; y[0] = a[0] + b[0]; }")
+
+
+# ---------------------------------------------------------------- the C preprocessor runs first
+
+
+def test_macro_generated_instantiations_with_stringised_host_names(cpu):
+    # MLX-style instantiation macros: host names passed in, or stringised and concatenated.
+    lib = build(cpu, """
+template <int N, int M>
+[[kernel]] void fill(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = N * 100 + M; }
+#define INST(NAME, N) \\
+    template [[host_name(NAME)]] [[kernel]] void fill<N, 0>(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]);
+INST("fill_1", 1)
+INST("fill_2", 2)
+#define INST_QMV(B, G) \\
+    template [[host_name("qmv_b" #B "_g" #G)]] [[kernel]] void fill<B, G>( \\
+        device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]);
+INST_QMV(4, 64)
+INST_QMV(8, 32)
+""")
+    for name, value in [("fill_1", 100), ("fill_2", 200), ("qmv_b4_g64", 464), ("qmv_b8_g32", 832)]:
+        y = nan_buffer(cpu, 4)
+        lib.kernel(name).dispatch({0: y}, threadgroups=(1,), threads=(4,))
+        np.testing.assert_array_equal(y.numpy(np.float32), np.full(4, value, np.float32))
+
+
+def test_macros_in_parameter_lists_and_kernel_definitions(cpu):
+    lib = build(cpu, """
+#define BINARY_ARGS device const float* a [[buffer(0)]], device const float* b [[buffer(1)]], \\
+                    device float* out [[buffer(2)]], uint i [[thread_position_in_grid]]
+#define BINARY(NAME, EXPR) kernel void NAME(BINARY_ARGS) { out[i] = EXPR; }
+BINARY(add, a[i] + b[i])
+BINARY(mul, a[i] * b[i])
+kernel void sub(BINARY_ARGS) { out[i] = a[i] - b[i]; }
+""")
+    a, b = np.arange(8, dtype=np.float32), np.full(8, 3, np.float32)
+    for name, want in [("add", a + b), ("mul", a * b), ("sub", a - b)]:
+        out = nan_buffer(cpu, 8)
+        lib.kernel(name).dispatch({0: cpu.buffer(a), 1: cpu.buffer(b), 2: out}, threadgroups=(1,), threads=(8,))
+        np.testing.assert_array_equal(out.numpy(np.float32), want)
+
+
+def test_threadgroup_array_declared_through_a_macro(cpu):
+    lib = build(cpu, """
+#define TILE 64
+#define SHARED(T, NAME, N) threadgroup T NAME[N]
+kernel void rev(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {
+    SHARED(float, tile, TILE);
+    tile[t] = float(t);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[t] = tile[TILE - 1 - t];
+}
+""")
+    y = nan_buffer(cpu, 64)
+    lib.kernel("rev").dispatch({0: y}, threadgroups=(1,), threads=(64,))
+    np.testing.assert_array_equal(y.numpy(np.float32), 63 - np.arange(64, dtype=np.float32))
+
+
+def test_metal_header_macros_and_version_reach_the_kernel(cpu):
+    # Metal's own macros (INFINITY, M_PI_F, FLT_MAX) survive preprocessing for the real
+    # compile; __METAL_VERSION__ is defined while conditionals are decided.
+    lib = build(cpu, """
+#if defined(__METAL_VERSION__) && __METAL_VERSION__ >= 310
+#define VERSION_OK 1.0f
+#else
+#define VERSION_OK 0.0f
+#endif
+kernel void consts(device float* y [[buffer(0)]]) {
+    y[0] = M_PI_F; y[1] = INFINITY; y[2] = FLT_MAX; y[3] = VERSION_OK;
+}
+""")
+    y = nan_buffer(cpu, 4)
+    lib.kernel("consts").dispatch({0: y}, threadgroups=(1,), threads=(1,))
+    np.testing.assert_array_equal(y.numpy(np.float32), np.array([np.pi, np.inf, np.finfo(np.float32).max, 1], np.float32))
+
+
+def test_compile_error_inside_a_macro_expansion_names_the_metal_line(cpu):
+    with pytest.raises(gpu.CompileError) as info:
+        build(cpu, """
+#define STORE(V) \\
+    y[0] = V + undefined_in_macro;
+kernel void broken(device float* y [[buffer(0)]]) {
+    STORE(1.0f)
+}
+""", name="macro_error.metal")
+    assert "macro_error.metal:7" in info.value.diagnostics  # the STORE(...) line (HEADER adds two)
+    assert "undefined_in_macro" in info.value.diagnostics
+
+
+def test_preprocessor_errors_are_compile_errors(cpu):
+    with pytest.raises(gpu.CompileError, match="preprocessing failed") as info:
+        build(cpu, "#error unsupported configuration\nkernel void k(device float* y [[buffer(0)]]) {}\n",
+              name="err.metal")
+    assert "err.metal:3" in info.value.diagnostics
+    assert "unsupported configuration" in info.value.diagnostics
+    with pytest.raises(gpu.CompileError, match="preprocessing failed") as info:
+        build(cpu, '#include "no_such_header.h"\n', name="inc.metal")
+    assert "no_such_header.h" in info.value.diagnostics
+
+
+def test_runtime_errors_inside_macro_expansions_name_the_invocation_line(cpu):
+    lib = build(cpu, """
+#define SYNC threadgroup_barrier(mem_flags::mem_threadgroup)
+kernel void split(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {
+    if (t < 32) {
+        SYNC;
+    } else {
+        SYNC;
+    }
+    y[t] = 1.0f;
+}
+""", name="msplit.metal")
+    with pytest.raises(gpu.GpuError, match=r"different threadgroup_barriers: msplit\.metal:7 .* msplit\.metal:9"):
+        lib.kernel("split").dispatch({0: cpu.empty(256)}, threadgroups=(1,), threads=(64,))
+
+
+def test_line_directives_and_names_with_spaces_keep_their_lines(cpu):
+    lib = build(cpu, """
+#line 40 "other file.metal"
+kernel void split(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {
+    if (t < 32) threadgroup_barrier(mem_flags::mem_threadgroup);
+    else threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[t] = 1.0f;
+}
+""", name="my kernels.metal")
+    with pytest.raises(gpu.GpuError, match=r"other file\.metal:41 .* other file\.metal:42"):
+        lib.kernel("split").dispatch({0: cpu.empty(256)}, threadgroups=(1,), threads=(64,))
+
+
+def test_seed_library_compiles_unchanged(cpu):
+    import re
+    from pathlib import Path
+
+    seed = Path(__file__).resolve().parents[2] / "shared" / "seed" / "forward.metal"
+    lib = cpu.compile(seed.read_text(), "forward.metal")
+    names = re.findall(r"^\s*(?:\[\[kernel\]\]|kernel)\s+void\s+(\w+)", seed.read_text(), re.M)
+    assert names
+    for name in names:
+        assert lib.kernel(name).name == name

@@ -31,23 +31,6 @@ from metalqwen.tokenizer import StopMatcher, StreamDecoder, Tokenizer, Tokenizer
 # ---------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="session")
-def ckpt_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("checkpoints")
-
-
-@pytest.fixture(scope="session")
-def converted(ckpt_root):
-    """converted(name) -> (hf_path, mlx_path) of a VARIANTS entry, built once per session."""
-    pytest.importorskip("mlx_lm", reason="mlx-lm makes the reference MLX checkpoints")
-    return lambda name: mf.checkpoint(name, ckpt_root)
-
-
-@pytest.fixture(scope="session")
-def demo(ckpt_root):
-    return write_demo_checkpoint(os.path.join(ckpt_root, "demo"), seed=0)
-
-
 @pytest.fixture
 def damaged(converted, tmp_path):
     """damaged(name="base") -> a private copy of a converted MLX folder to break."""

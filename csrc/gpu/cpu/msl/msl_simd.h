@@ -250,8 +250,8 @@ class simd_vote {
   typedef ulong vote_t;
   explicit constexpr simd_vote(vote_t v = 0) : bits_(v), active_(0xffffffffu) {}
   constexpr simd_vote(vote_t v, vote_t active) : bits_(v), active_(active) {}
-  // Also what `if (vote)` uses: true when any lane voted true.
   explicit constexpr operator vote_t() const { return bits_; }
+  explicit constexpr operator bool() const { return any(); }
   constexpr bool all() const { return (bits_ & active_) == active_; }
   constexpr bool any() const { return bits_ != 0; }
 

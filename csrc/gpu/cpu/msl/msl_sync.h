@@ -29,7 +29,10 @@ struct mq_message {
     return *this;
   }
 };
-[[noreturn]] inline void mq_fail(const mq_message& m) { mq_runtime->fail(m.text); }
+[[noreturn]] inline void mq_fail(const mq_message& m) {
+  mq_runtime->fail(m.text);
+  __builtin_unreachable();  // fail never returns, whether or not its pointer type says so
+}
 
 namespace metal {
 

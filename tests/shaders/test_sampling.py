@@ -1,0 +1,387 @@
+"""shaders/sampling.metal: two-stage argmax and the top-k / top-p sampler.
+
+The sampler's definition (sampling.metal, above sample_top_kp) is implemented here in
+float64 numpy with its own Philox4x32-10, itself checked against the Random123 known
+answers. Checks:
+- argmax: lowest index wins ties (also all-equal rows), -inf entries, NaN never
+  chosen, 248320 entries, several rows written at ids[out_pos + row] and nothing else.
+- sampler, exact: every draw equals the float64 reference's draw, or, where the
+  uniform (or the top-p target) lies within MARGIN of a CDF boundary so that f32
+  summation order may legitimately decide either way, a token on the other side of
+  that boundary; such draws must stay rare (at most 1 in 20 and one per test).
+- sampler, statistical: over many counters (independent Philox streams), token
+  frequencies match the kept, renormalised softmax within 5 binomial standard
+  deviations per token (false-alarm rate ~6e-7 per token), and tokens outside
+  top-k / top-p are never drawn.
+- top_k = 1 and a tiny top_p give the argmax; a fixed seed reproduces its draws.
+"""
+
+import numpy as np
+import pytest
+
+from .deltanet_reference import seeded  # the shared stable-seed helper
+
+VOCAB_27B = 248320
+SAMPLE_THREADS = 1024  # MQ_SAMPLE_THREADS
+SAMPLE_CAP = 2048  # MQ_SAMPLE_CAP
+NO_ID = 0xFFFFFFFF  # ids sentinel: never a token id
+
+ARGMAX_PARAMS = np.dtype([(n, "<u4") for n in ("n", "row_stride", "chunk", "n_partials", "out_pos")])
+SAMPLE_PARAMS = np.dtype([("n", "<u4"), ("row_stride", "<u4"), ("top_k", "<u4"), ("top_p", "<f4"),
+                          ("temperature", "<f4"), ("seed_lo", "<u4"), ("seed_hi", "<u4"), ("counter", "<u4"),
+                          ("out_pos", "<u4")])
+
+# Relative distance (of the total kept mass) from a CDF boundary below which the f32
+# kernel and the float64 reference may pick neighbouring tokens: the kernel's f32
+# prefix sums (sequential blocks of <= 243 terms, then a tree) err by at most
+# ~(243 + 10) * 6e-8 = 1.5e-5 of the total in the worst case, ~1e-6 typically.
+MARGIN = 2e-5
+
+
+@pytest.fixture(scope="module")
+def lib(shaders):
+    return shaders("sampling.metal")
+
+
+# ---------------------------------------------------------------------------
+# References
+
+
+def philox4x32_10(ctr, key):
+    """Philox4x32-10 (Salmon et al. 2011) -> 4 uint32 words."""
+    m0, m1, w0, w1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+    c = [int(v) & 0xFFFFFFFF for v in ctr]
+    k = [int(v) & 0xFFFFFFFF for v in key]
+    for r in range(10):
+        if r:
+            k = [(k[0] + w0) & 0xFFFFFFFF, (k[1] + w1) & 0xFFFFFFFF]
+        p0, p1 = m0 * c[0], m1 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & 0xFFFFFFFF, (p0 >> 32) ^ c[3] ^ k[1], p0 & 0xFFFFFFFF]
+    return c
+
+
+def uniform(seed, position):
+    """The draw's uniform: Philox key (seed_lo, seed_hi), counter (position, 0, 0, 0)."""
+    bits = philox4x32_10((position & 0xFFFFFFFF, 0, 0, 0), (seed & 0xFFFFFFFF, seed >> 32))[0]
+    return (bits >> 8) / 2.0**24
+
+
+def kept_distribution(logits, temperature, top_k, top_p, top_p_group=None):
+    """(keep mask, w, top-p alternatives) per the sampler's definition, in float64.
+
+    top-p keeps the values >= vals[j], j the first distinct value (descending) whose
+    cumulative mass reaches top_p * W. `alternatives` lists every j whose cumulative
+    mass lies within MARGIN * W of that target (where f32 sums may decide otherwise);
+    top_p_group=j forces that choice."""
+    lv = np.asarray(logits, np.float64).copy()
+    lv[np.isnan(lv)] = -np.inf
+    m = lv.max()
+    with np.errstate(invalid="ignore"):
+        w = np.exp((lv - m) / temperature)
+    w[~np.isfinite(lv)] = 0.0
+    finite = np.isfinite(lv)
+    keep = finite.copy()
+    if 0 < top_k < finite.sum():
+        thr = np.sort(lv[finite])[::-1][top_k - 1]
+        keep &= lv >= thr
+    alternatives = []
+    if top_p < 1.0:
+        vals = np.unique(lv[keep])[::-1]  # distinct kept values, descending
+        order = np.argsort(-lv[keep], kind="stable")
+        sorted_vals, sorted_w = lv[keep][order], w[keep][order]
+        ends = np.searchsorted(-sorted_vals, -vals, side="right")  # group ends in the sorted list
+        mass = np.cumsum(sorted_w)[ends - 1]
+        target = np.float32(top_p) * mass[-1]
+        j = int(np.argmax(mass >= target))
+        alternatives = [i for i in range(len(vals)) if abs(mass[i] - target) <= MARGIN * mass[-1]]
+        if j not in alternatives:
+            alternatives.append(j)
+        if top_p_group is not None:
+            j = top_p_group
+        keep &= lv >= vals[j]
+    return keep, w, alternatives
+
+
+def draw(keep, w, u):
+    """Inverse CDF in index order: (token, tokens whose CDF interval lies within MARGIN
+    of the target, i.e. every token f32 summation could legitimately pick)."""
+    wk = np.where(keep, w, 0.0)
+    cum = np.cumsum(wk)
+    total = cum[-1]
+    target = u * total
+    token = int(np.argmax(cum > target))
+    lo = cum - wk
+    near = (wk > 0) & (lo <= target + MARGIN * total) & (cum >= target - MARGIN * total)
+    return token, set(np.flatnonzero(near).tolist())
+
+
+def sample_ref(logits, temperature, top_k, top_p, seed, position):
+    """(token, acceptable tokens): the reference draw and every draw within rounding of it."""
+    lv = np.asarray(logits, np.float64).copy()
+    lv[np.isnan(lv)] = -np.inf
+    if not temperature > 0 or not np.isfinite(lv.max()):
+        token = int(np.argmax(lv))
+        return token, {token}
+    u = uniform(seed, position)
+    keep, w, alternatives = kept_distribution(logits, temperature, top_k, top_p)
+    token, ok = draw(keep, w, u)
+    for j in alternatives:  # top-p targets within rounding of a group boundary
+        ok |= draw(*kept_distribution(logits, temperature, top_k, top_p, top_p_group=j)[:2], u)[1]
+    return token, ok
+
+
+def test_philox_reference_known_answers():
+    # Random123 kat_vectors: counter (4 words), key (2 words) -> 4 words.
+    assert philox4x32_10((0, 0, 0, 0), (0, 0)) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert philox4x32_10((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    assert philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == \
+        [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+
+
+def test_reference_top_p_keeps_smallest_top_set_with_ties():
+    logits = np.log(np.array([0.1, 0.4, 0.2, 0.2, 0.1]))
+    keep, _, _ = kept_distribution(logits, 1.0, 0, 0.5)
+    assert keep.tolist() == [False, True, True, True, False]  # 0.4 < 0.5; the tied 0.2s come together
+    keep, _, _ = kept_distribution(logits, 1.0, 2, 1.0)
+    assert keep.tolist() == [False, True, True, True, False]  # k = 2 with a tie at the 2nd value
+
+
+# ---------------------------------------------------------------------------
+# Runners
+
+
+def run_argmax(dev, lib, logits, chunk, out_pos=3, threads=256, final_threads=64):
+    logits = np.atleast_2d(np.asarray(logits, np.float32))
+    rows, n = logits.shape
+    n_partials = -(-n // chunk)
+    params = np.array([(n, n, chunk, n_partials, out_pos)], ARGMAX_PARAMS)
+    partials = dev.empty(rows * n_partials * 8)
+    ids = dev.buffer(np.full(out_pos + rows + 2, NO_ID, np.uint32))
+    cb = dev.command_buffer()
+    cb.dispatch(lib.kernel("argmax_partial"), {0: dev.buffer(logits), 1: partials, 2: params},
+                (n_partials, rows), (threads,))
+    cb.barrier()
+    cb.dispatch(lib.kernel("argmax_final"), {0: partials, 1: ids, 2: params}, (rows,), (final_threads,))
+    cb.commit()
+    cb.wait()
+    got = ids.numpy(np.uint32)
+    assert (got[:out_pos] == NO_ID).all() and (got[out_pos + rows:] == NO_ID).all(), "ids written outside the rows"
+    return got[out_pos:out_pos + rows]
+
+
+def run_sampler(dev, lib, logits, *, temperature, top_k=0, top_p=1.0, seed=1234, counter=0, threads=SAMPLE_THREADS,
+                out_pos=2):
+    logits = np.atleast_2d(np.asarray(logits, np.float32))
+    rows, n = logits.shape
+    params = np.array([(n, n, top_k, top_p, temperature, seed & 0xFFFFFFFF, seed >> 32, counter, out_pos)],
+                      SAMPLE_PARAMS)
+    ids = dev.buffer(np.full(out_pos + rows + 2, NO_ID, np.uint32))
+    lib.kernel("sample_top_kp").dispatch({0: dev.buffer(logits), 1: ids, 2: params}, threadgroups=(rows,),
+                                         threads=(threads,))
+    got = ids.numpy(np.uint32)
+    assert (got[:out_pos] == NO_ID).all() and (got[out_pos + rows:] == NO_ID).all(), "ids written outside the rows"
+    return got[out_pos:out_pos + rows].astype(np.int64)
+
+
+def llm_logits(rng, n, peak=8.0):
+    """Logits shaped like a language model's: a broad N(0, 2^2) bulk plus a handful of
+    tokens standing out by a few units, all distinct."""
+    x = (rng.standard_normal(n) * 2.0).astype(np.float32)
+    top = rng.choice(n, size=min(12, n), replace=False)
+    x[top] = (x.max() + rng.uniform(0.0, peak, top.size)).astype(np.float32)
+    return x
+
+
+def peaked_logits(rng, n, gap=10.0):
+    """A confident model: an N(0, 3^2) bulk and 50 tokens up to `gap` above it, which
+    carry nearly all the mass (top-p is then decided among a few tokens)."""
+    x = (rng.standard_normal(n) * 3.0).astype(np.float32)
+    top = rng.choice(n, size=min(50, n), replace=False)
+    x[top] = (x.max() + gap * rng.uniform(0.0, 1.0, top.size)).astype(np.float32)
+    return x
+
+
+def check_against_reference(got, logits_rows, *, temperature, top_k, top_p, seed, counter, what):
+    """Every draw must be the reference's, or (rarely) a token within rounding of it."""
+    ambiguous = 0
+    for r, tok in enumerate(got):
+        want, ok = sample_ref(logits_rows[r], temperature, top_k, top_p, seed, counter + r)
+        if tok != want:
+            assert tok in ok, f"{what}: row {r} drew {tok}, reference {want} (acceptable: {sorted(ok)[:8]})"
+            ambiguous += 1
+    assert ambiguous <= max(1, len(got) // 20), f"{what}: {ambiguous} of {len(got)} draws differ within rounding"
+
+
+# ---------------------------------------------------------------------------
+# argmax
+
+
+@pytest.mark.parametrize("n,chunk", [(1, 8), (7, 8), (33, 32), (1000, 256), (1000, 7)])
+def test_argmax_random_rows_with_ties(dev, lib, n, chunk):
+    rng = seeded("argmax", n, chunk)
+    rows = 4
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    if n > 2:
+        best = x[1].max() + 1.0
+        spots = rng.choice(n, size=3, replace=False)
+        x[1, spots] = best  # a three-way tie: the lowest index must win
+        x[2, :] = 0.5  # all equal
+        x[3, rng.choice(n, size=n // 2, replace=False)] = -np.inf
+    got = run_argmax(dev, lib, x, chunk)
+    np.testing.assert_array_equal(got, np.argmax(x, axis=1))  # numpy: first occurrence
+
+
+def test_argmax_special_values(dev, lib):
+    n = 300
+    rows = np.zeros((5, n), np.float32)
+    rows[0] = -np.inf  # all -inf: index 0
+    rows[1] = -np.inf
+    rows[1, 250] = -3.0
+    rows[2] = np.nan  # NaN is never chosen...
+    rows[2, 123] = -np.inf  # ...the only non-NaN entry wins
+    rows[3] = np.nan  # all NaN: id 0
+    rows[4, :] = -1.0
+    rows[4, [10, 290]] = np.inf
+    got = run_argmax(dev, lib, rows, chunk=64)
+    assert got.tolist() == [0, 250, 123, 0, 10]
+
+
+def test_argmax_27b_vocab(dev, lib):
+    rng = seeded("argmax-27b")
+    x = llm_logits(rng, VOCAB_27B)
+    x[VOCAB_27B - 1] = x.max() + 0.5  # the winner in the very last chunk...
+    y = x.copy()
+    y[[77, 200000]] = y.max() + 1.0  # ...and a tie across distant chunks
+    got = run_argmax(dev, lib, np.stack([x, y]), chunk=1024, threads=256)
+    assert got.tolist() == [VOCAB_27B - 1, 77]
+
+
+# ---------------------------------------------------------------------------
+# sampler: equivalences with argmax, reproducibility
+
+
+def test_sampler_top_k_1_and_tiny_top_p_are_argmax(dev, lib):
+    rng = seeded("greedy-equiv")
+    x = np.stack([llm_logits(rng, 3000) for _ in range(6)])
+    want = np.argmax(x, axis=1)
+    for kwargs in (dict(top_k=1), dict(top_p=1e-6), dict(top_k=50, top_p=1e-6)):
+        for seed in (1, 2, 99):
+            got = run_sampler(dev, lib, x, temperature=1.5, seed=seed, threads=128, **kwargs)
+            np.testing.assert_array_equal(got, want, err_msg=f"{kwargs} seed {seed}")
+    np.testing.assert_array_equal(run_sampler(dev, lib, x, temperature=0.0, threads=64), want, err_msg="T = 0")
+
+
+def test_sampler_reproducible_for_a_seed(dev, lib):
+    rng = seeded("repro")
+    x = np.stack([llm_logits(rng, 500, peak=1.0) for _ in range(16)])
+    first = run_sampler(dev, lib, x, temperature=1.0, top_k=40, top_p=0.9, seed=7, counter=100, threads=64)
+    again = run_sampler(dev, lib, x, temperature=1.0, top_k=40, top_p=0.9, seed=7, counter=100, threads=64)
+    np.testing.assert_array_equal(first, again)
+    other = run_sampler(dev, lib, x, temperature=1.0, top_k=40, top_p=0.9, seed=8, counter=100, threads=64)
+    assert (other != first).any(), "another seed should change some draws"
+    # Row r draws with counter + r: the same position gives the same draw as a lone row.
+    lone = run_sampler(dev, lib, x[5:6], temperature=1.0, top_k=40, top_p=0.9, seed=7, counter=105, threads=64)
+    assert lone[0] == first[5]
+
+
+# ---------------------------------------------------------------------------
+# sampler: exact agreement with the float64 reference, on every path
+
+
+SMALL_CASES = [  # (temperature, top_k, top_p, threads)
+    (1.0, 0, 1.0, 32),  # plain softmax
+    (0.7, 5, 1.0, 32),  # top-k resolved from the per-thread maxima
+    (1.3, 0, 0.8, 32),  # top-p alone
+    (0.9, 10, 0.9, 64),  # both, top-p inside the gathered top-k set
+    (1.0, 45, 1.0, 32),  # k > threads: bracket from the whole range
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,threads", SMALL_CASES)
+def test_sampler_matches_reference_small_vocab(dev, lib, temperature, top_k, top_p, threads):
+    rng = seeded("small", temperature, top_k, top_p)
+    rows, n = 96, 50
+    x = np.stack([llm_logits(rng, n, peak=2.0) for _ in range(rows)])
+    got = run_sampler(dev, lib, x, temperature=temperature, top_k=top_k, top_p=top_p, seed=42, counter=9,
+                      threads=threads)
+    check_against_reference(got, x, temperature=temperature, top_k=top_k, top_p=top_p, seed=42, counter=9,
+                            what=f"T={temperature} k={top_k} p={top_p}")
+
+
+LARGE_CASES = [  # (n, temperature, top_k, top_p, threads): the bisection paths, brackets > CAP
+    (5000, 1.0, 3000, 1.0, 64),  # count bisection until <= CAP remain in the bracket
+    (5000, 1.0, 0, 0.95, 64),  # mass bisection
+    (5000, 0.8, 3000, 0.5, 64),  # top-p after a top-k that was not fully gathered
+    (5000, 1.0, 100, 1.0, 64),  # k > threads
+]
+
+
+@pytest.mark.parametrize("n,temperature,top_k,top_p,threads", LARGE_CASES)
+def test_sampler_matches_reference_bisection_paths(dev, lib, n, temperature, top_k, top_p, threads):
+    rng = seeded("large", n, temperature, top_k, top_p)
+    rows = 6
+    x = np.stack([(rng.standard_normal(n) * 1.5).astype(np.float32) for _ in range(rows)])
+    got = run_sampler(dev, lib, x, temperature=temperature, top_k=top_k, top_p=top_p, seed=5, counter=0,
+                      threads=threads)
+    check_against_reference(got, x, temperature=temperature, top_k=top_k, top_p=top_p, seed=5, counter=0,
+                            what=f"n={n} k={top_k} p={top_p}")
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 20, 0.95), (1.0, 0, 0.9), (1.0, 0, 1.0),
+                                                     (0.6, 2000, 1.0)])
+def test_sampler_27b_vocab(dev, lib, temperature, top_k, top_p):
+    rng = seeded("27b", temperature, top_k, top_p)
+    x = np.stack([llm_logits(rng, VOCAB_27B, peak=3.0), (rng.standard_normal(VOCAB_27B) * 3).astype(np.float32),
+                  peaked_logits(rng, VOCAB_27B)])
+    got = run_sampler(dev, lib, x, temperature=temperature, top_k=top_k, top_p=top_p, seed=2024, counter=77)
+    check_against_reference(got, x, temperature=temperature, top_k=top_k, top_p=top_p, seed=2024, counter=77,
+                            what=f"27B T={temperature} k={top_k} p={top_p}")
+
+
+# ---------------------------------------------------------------------------
+# sampler: statistics over many draws
+
+
+FREQ_CASES = [  # (temperature, top_k, top_p)
+    (1.0, 0, 1.0),
+    (1.0, 4, 1.0),
+    (1.0, 0, 0.7),
+    (0.5, 6, 0.9),
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", FREQ_CASES)
+def test_sampler_frequencies_match_softmax(dev, lib, temperature, top_k, top_p):
+    n, draws = 12, 10000
+    logits = np.log(np.array([0.2, 0.15, 0.12, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04, 0.03, 0.01]))
+    logits = logits[np.random.default_rng(3).permutation(n)].astype(np.float32)
+    x = np.tile(logits, (draws, 1))
+    got = run_sampler(dev, lib, x, temperature=temperature, top_k=top_k, top_p=top_p, seed=99, counter=0, threads=32)
+    keep, w, _ = kept_distribution(logits, temperature, top_k, top_p)
+    p = np.where(keep, w, 0.0) / np.where(keep, w, 0.0).sum()
+    counts = np.bincount(got, minlength=n)
+    assert counts.sum() == draws and len(counts) == n
+    assert counts[~keep].sum() == 0, f"tokens outside the kept set drawn: {counts[~keep]}"
+    sigma = np.sqrt(draws * p * (1 - p))
+    dev_sigma = np.abs(counts - draws * p) / np.maximum(sigma, 1e-12)
+    assert (dev_sigma[keep] <= 5.0).all(), f"frequencies off: counts {counts}, expected {np.round(draws * p, 1)}"
+
+
+def test_sampler_never_draws_minus_inf_or_nan(dev, lib):
+    rng = seeded("inf")
+    rows, n = 64, 40
+    x = np.zeros((rows, n), np.float32)  # flat: every finite token is likely
+    bad = rng.choice(n, size=10, replace=False)
+    x[:, bad[:6]] = -np.inf
+    x[:, bad[6:]] = np.nan
+    got = run_sampler(dev, lib, x, temperature=1.0, seed=11, threads=32)
+    assert not np.isin(got, bad).any()
+    assert len(np.unique(got)) > 10  # and it does spread over the rest
+    check_against_reference(got, x, temperature=1.0, top_k=0, top_p=1.0, seed=11, counter=0, what="-inf/NaN")
+
+
+def test_sampler_keeps_ties_at_the_top_k_threshold(dev, lib):
+    n, draws = 10, 2000
+    logits = np.array([3.0, 1.0, 2.0, 2.0, 0.0, 2.0, -1.0, 0.5, 1.5, -2.0], np.float32)  # 2nd value tied 3 ways
+    got = run_sampler(dev, lib, np.tile(logits, (draws, 1)), temperature=1.0, top_k=2, seed=5, threads=32)
+    assert set(np.unique(got).tolist()) == {0, 2, 3, 5}
