@@ -60,14 +60,20 @@ Sampling sampling(float temperature, int top_k, float top_p, uint64_t seed) { re
 void bind_engine(py::module_& m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
-                       int kv_bits, int prefill_chunk) {
+                       int kv_bits, int prefill_chunk, py::object progress) {
              ModelDesc desc = to_model_desc(dims, tensors);
+             Weights::Progress report;
+             if (!progress.is_none())
+               report = [progress](uint64_t done, uint64_t total) {
+                 py::gil_scoped_acquire acquire;
+                 progress(done, total);
+               };
              py::gil_scoped_release release;
              return std::make_unique<Engine>(std::move(device), std::move(desc),
-                                             EngineOptions{max_context, kv_bits, prefill_chunk});
+                                             EngineOptions{max_context, kv_bits, prefill_chunk}, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
-           py::arg("prefill_chunk"))
+           py::arg("prefill_chunk"), py::arg("progress") = py::none())
       .def("reset", &Engine::reset)
       .def_property_readonly("position", &Engine::position)
       .def_property_readonly("max_context", &Engine::max_context)
@@ -108,6 +114,7 @@ void bind_engine(py::module_& m) {
         d["cpu_waits"] = c.cpu_waits;
         d["tokens_decoded"] = c.tokens_decoded;
         d["weight_bytes_per_token"] = c.weight_bytes_per_token;
+        d["weight_bytes_copied"] = c.weight_bytes_copied;
         return d;
       });
 }

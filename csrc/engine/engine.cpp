@@ -26,11 +26,12 @@ void check_dims(const ModelDims& d) {
 
 }  // namespace
 
-Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options)
+Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options,
+               const Weights::Progress& progress)
     : device_(std::move(device)),
       model_(std::move(model)),
       options_(options),
-      weights_(*device_, model_),
+      weights_(*device_, model_, progress),
       kernels_(*device_) {
   check_dims(model_.dims);
   if (options_.kv_bits != 8 && options_.kv_bits != 16)
@@ -44,6 +45,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   final_norm_ = weights_.tensor("language_model.model.norm.weight");
   ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
   counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
+  counters_.weight_bytes_copied = weights_.copied_bytes();
   reset();
 }
 

@@ -23,6 +23,7 @@ struct Counters {
   uint64_t cpu_waits = 0;        // CommandBuffer::wait calls
   uint64_t tokens_decoded = 0;   // decode steps
   uint64_t weight_bytes_per_token = 0;  // weights a decode step streams
+  uint64_t weight_bytes_copied = 0;     // at load, where the file could not be wrapped
 };
 
 // How the next token is chosen on the GPU: temperature 0 is greedy argmax.
@@ -38,7 +39,8 @@ struct Workspace;
 
 class Engine {
  public:
-  Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options);
+  Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options,
+         const Weights::Progress& progress = {});
   ~Engine();
 
   // Forgets every token: position 0, caches and recurrent state cleared.

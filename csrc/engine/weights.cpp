@@ -30,7 +30,10 @@ struct Weights::MappedFile {
   ~MappedFile() { munmap(data, mapped); }
 };
 
-Weights::Weights(gpu::Device& device, const ModelDesc& model) : device_(device), model_(model) {
+Weights::Weights(gpu::Device& device, const ModelDesc& model, const Progress& progress)
+    : device_(device), model_(model) {
+  uint64_t total = 0, done = 0;
+  for (const auto& entry : model.tensors) total += entry.second.nbytes;
   for (const auto& [name, desc] : model.tensors) {
     auto& file = files_[desc.file];
     if (!file) file = std::make_shared<MappedFile>(desc.file);
@@ -47,6 +50,8 @@ Weights::Weights(gpu::Device& device, const ModelDesc& model) : device_(device),
       copied_bytes_ += desc.nbytes;
     }
     tensors_[name] = t;
+    done += desc.nbytes;
+    if (progress) progress(done, total);
   }
 }
 

@@ -2,6 +2,7 @@
 // to the GPU without a copy where a tensor's offset allows (16-byte aligned, the
 // kernels' vector loads), copied into an aligned buffer otherwise.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,11 +28,13 @@ struct QuantLinear {
 
 class Weights {
  public:
-  Weights(gpu::Device& device, const ModelDesc& model);
+  // `progress(done, total)` is called as tensors are placed (bytes).
+  using Progress = std::function<void(uint64_t done, uint64_t total)>;
+  Weights(gpu::Device& device, const ModelDesc& model, const Progress& progress = {});
   // Throws std::runtime_error naming the tensor when it is absent.
   DeviceTensor tensor(const std::string& name) const;
   QuantLinear linear(const std::string& module) const;
-  bool has(const std::string& name) const { return model_.tensors.count(name) != 0; }
+  // Bytes copied at load because a tensor's offset did not allow wrapping the file.
   uint64_t copied_bytes() const { return copied_bytes_; }
 
  private:

@@ -186,6 +186,24 @@ class Model:
         return ids
 
 
+class _ProgressBar:
+    """A one-line progress bar on stderr, redrawn at most every 1 % (called from the engine)."""
+
+    def __init__(self, label: str, width: int = 30):
+        self.label, self.width, self.shown = label, width, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        percent = 100 * done // max(total, 1)
+        if percent != self.shown:
+            self.shown = percent
+            filled = self.width * percent // 100
+            print(f"\rmetalqwen: {self.label} [{'#' * filled}{'.' * (self.width - filled)}] {percent:3d}% "
+                  f"of {total / 2**30:.2f} GiB", end="", file=sys.stderr, flush=True)
+
+    def finish(self, message: str) -> None:
+        print(f"\nmetalqwen: {message}", file=sys.stderr, flush=True)
+
+
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
          prefill_chunk: int = 64, progress: bool | None = None) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
@@ -204,10 +222,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     tokenizer = Tokenizer.from_folder(ckpt.path)
     dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
     desc = ckpt.describe()
-    size = sum(f["size"] for f in desc["files"])
-    if show:
-        print(f"metalqwen: loading {size / 2**30:.2f} GiB onto {dev.kind} ...", file=sys.stderr, flush=True)
-    engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk)
-    if show:
-        print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    bar = _ProgressBar(f"loading onto {dev.kind}") if show else None
+    engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk, bar)
+    if bar:
+        bar.finish(f"ready in {time.perf_counter() - started:.1f} s")
     return Model(ckpt, tokenizer, dev, engine)

@@ -27,7 +27,7 @@ struct ThreadIds {
   uint32_t thread_index_in_simdgroup;
   uint32_t simdgroup_index_in_threadgroup;
   uint32_t simdgroups_per_threadgroup;
-  uint32_t threads_per_simdgroup;  // 32, or fewer in a partial last SIMD-group
+  uint32_t threads_per_simdgroup;  // always 32 (the SIMD width), also in a partial SIMD-group
 };
 
 // Values shared by every thread of one dispatch.
