@@ -60,7 +60,9 @@ void ThreadgroupRunner::thread_main(void* arg) {
 
 void ThreadgroupRunner::resume(uint32_t index) {
   current_ = index;
+  in_fiber_ = true;
   Fiber::switch_to(scheduler_, threads_[index]->fiber);
+  in_fiber_ = false;
 }
 
 void ThreadgroupRunner::yield_current(State state) {
@@ -70,6 +72,8 @@ void ThreadgroupRunner::yield_current(State state) {
 }
 
 void ThreadgroupRunner::fail(const std::string& message) {
+  // A CollectiveFn runs on the scheduler's stack: there is no fiber to park.
+  if (!in_fiber_) throw gpu::GpuError("[cpu] kernel '" + std::string(work_->kernel->name) + "': " + message);
   error_ = "[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " + dim3(group_position_) +
            ", thread " + std::to_string(current_) + "): " + message;
   yield_current(State::failed);

@@ -53,6 +53,7 @@ class ThreadgroupRunner {
   std::vector<std::unique_ptr<FiberStack>> stacks_;
   uint32_t thread_count_ = 0;
   uint32_t current_ = 0;
+  bool in_fiber_ = false;  // a kernel thread is running (not the scheduler)
   const GroupLaunch* work_ = nullptr;
   mq_abi::Launch group_launch_{};  // the dispatch's launch plus this group's threadgroup arguments
   mq_abi::Dim3 group_position_{};

@@ -7,7 +7,7 @@
 
 namespace metal {
 
-// A float function `name(float x)` given by `expr`, with its half, bfloat and vector forms.
+// A float function `name(float x)` given by `expr`, with its half and bfloat forms (vectors below).
 // A double argument (an unsuffixed literal) computes in float, as MSL has no double.
 #define MQ_FLOAT1(name, expr)                                          \
   inline float name(float x) { return expr; }                         \

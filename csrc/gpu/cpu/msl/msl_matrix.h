@@ -26,12 +26,15 @@ typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
 
-inline void mq_require_all_lanes(void* const* lanes, const char* name) {
+// Every lane's fragment takes part: with a lane missing, each present lane gets the fault.
+template <class L>
+bool mq_all_lanes_present(void* const* lanes) {
+  int missing = 0;
+  while (missing < 32 && lanes[missing]) missing++;
+  if (missing == 32) return true;
   for (int i = 0; i < 32; i++)
-    if (!lanes[i])
-      mq_fail(mq_message() << name << ": lane " << ulong(i)
-                           << " is inactive (exited or beyond the grid); SIMD-group matrix functions need all "
-                              "32 lanes of the SIMD-group");
+    if (lanes[i]) mq_lane_at<L>(lanes, i)->fault = {mq_fault::missing_lane, uint8_t(missing)};
+  return false;
 }
 
 template <class T, int Cols, int Rows = Cols>
@@ -45,10 +48,11 @@ template <class T>
 struct mq_diagonal_lane {
   simdgroup_matrix<T, 8, 8>* matrix;
   T value;
+  mq_fault fault;
 };
 template <class T>
 void mq_diagonal_fn(void* const* lanes) {
-  mq_require_all_lanes(lanes, "simdgroup_matrix(diagonal)");
+  if (!mq_all_lanes_present<mq_diagonal_lane<T>>(lanes)) return;
   for (int i = 0; i < 32; i++) {
     auto* lane = mq_lane_at<mq_diagonal_lane<T>>(lanes, i);
     for (int k = 0; k < 2; k++)
@@ -57,8 +61,8 @@ void mq_diagonal_fn(void* const* lanes) {
 }
 template <class T, int Cols, int Rows>
 simdgroup_matrix<T, Cols, Rows>::simdgroup_matrix(T diagonal, mq_abi::Site site) {
-  mq_diagonal_lane<T> lane{this, diagonal};
-  mq_runtime->simd_collective(&mq_diagonal_fn<T>, &lane, site);
+  mq_diagonal_lane<T> lane{this, diagonal, {}};
+  mq_run(&mq_diagonal_fn<T>, lane, site, "simdgroup_matrix(diagonal)");
 }
 
 // Each lane moves its own two elements with its own arguments. Element (row r, col c)
@@ -70,10 +74,11 @@ struct mq_matrix_io_lane {
   P* memory;
   ulong elements_per_row, origin_x, origin_y;
   bool transpose;
+  mq_fault fault;
 };
 template <class M, class P, bool Store>
 void mq_matrix_io_fn(void* const* lanes) {
-  mq_require_all_lanes(lanes, Store ? "simdgroup_store" : "simdgroup_load");
+  if (!mq_all_lanes_present<mq_matrix_io_lane<M, P>>(lanes)) return;
   for (int i = 0; i < 32; i++) {
     auto* lane = mq_lane_at<mq_matrix_io_lane<M, P>>(lanes, i);
     for (int k = 0; k < 2; k++) {
@@ -93,15 +98,15 @@ template <class T, int Cols, int Rows>
 void simdgroup_load(simdgroup_matrix<T, Cols, Rows>& d, const T* src, ulong elements_per_row = Cols,
                     ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false, mq_abi::Site site = MQ_SITE) {
   using M = simdgroup_matrix<T, Cols, Rows>;
-  mq_matrix_io_lane<M, const T> lane{&d, src, elements_per_row, matrix_origin.x, matrix_origin.y, transpose_matrix};
-  mq_runtime->simd_collective(&mq_matrix_io_fn<M, const T, false>, &lane, site);
+  mq_matrix_io_lane<M, const T> lane{&d, src, elements_per_row, matrix_origin.x, matrix_origin.y, transpose_matrix, {}};
+  mq_run(&mq_matrix_io_fn<M, const T, false>, lane, site, "simdgroup_load");
 }
 template <class T, int Cols, int Rows>
 void simdgroup_store(const simdgroup_matrix<T, Cols, Rows>& a, T* dst, ulong elements_per_row = Cols,
                      ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false, mq_abi::Site site = MQ_SITE) {
   using M = const simdgroup_matrix<T, Cols, Rows>;
-  mq_matrix_io_lane<M, T> lane{&a, dst, elements_per_row, matrix_origin.x, matrix_origin.y, transpose_matrix};
-  mq_runtime->simd_collective(&mq_matrix_io_fn<M, T, true>, &lane, site);
+  mq_matrix_io_lane<M, T> lane{&a, dst, elements_per_row, matrix_origin.x, matrix_origin.y, transpose_matrix, {}};
+  mq_run(&mq_matrix_io_fn<M, T, true>, lane, site, "simdgroup_store");
 }
 
 template <class Td, class Ta, class Tb, class Tc>
@@ -110,6 +115,7 @@ struct mq_multiply_lane {
   const simdgroup_matrix<Ta, 8, 8>* a;
   const simdgroup_matrix<Tb, 8, 8>* b;
   const simdgroup_matrix<Tc, 8, 8>* c;  // nullptr: D = A * B
+  mq_fault fault;
 };
 template <class L, class T>
 void mq_gather(void* const* lanes, const simdgroup_matrix<T, 8, 8>* L::*which, float (&out)[8][8]) {
@@ -124,7 +130,7 @@ void mq_gather(void* const* lanes, const simdgroup_matrix<T, 8, 8>* L::*which, f
 template <class Td, class Ta, class Tb, class Tc>
 void mq_multiply_fn(void* const* lanes) {
   using L = mq_multiply_lane<Td, Ta, Tb, Tc>;
-  mq_require_all_lanes(lanes, "simdgroup_multiply_accumulate");
+  if (!mq_all_lanes_present<L>(lanes)) return;
   float a[8][8], b[8][8], c[8][8] = {};
   mq_gather(lanes, &L::a, a);
   mq_gather(lanes, &L::b, b);
@@ -143,14 +149,14 @@ template <class Td, class Ta, class Tb, class Tc>
 void simdgroup_multiply_accumulate(simdgroup_matrix<Td, 8, 8>& d, const simdgroup_matrix<Ta, 8, 8>& a,
                                    const simdgroup_matrix<Tb, 8, 8>& b, const simdgroup_matrix<Tc, 8, 8>& c,
                                    mq_abi::Site site = MQ_SITE) {
-  mq_multiply_lane<Td, Ta, Tb, Tc> lane{&d, &a, &b, &c};
-  mq_runtime->simd_collective(&mq_multiply_fn<Td, Ta, Tb, Tc>, &lane, site);
+  mq_multiply_lane<Td, Ta, Tb, Tc> lane{&d, &a, &b, &c, {}};
+  mq_run(&mq_multiply_fn<Td, Ta, Tb, Tc>, lane, site, "simdgroup_multiply_accumulate");
 }
 template <class Td, class Ta, class Tb>
 void simdgroup_multiply(simdgroup_matrix<Td, 8, 8>& d, const simdgroup_matrix<Ta, 8, 8>& a,
                         const simdgroup_matrix<Tb, 8, 8>& b, mq_abi::Site site = MQ_SITE) {
-  mq_multiply_lane<Td, Ta, Tb, Td> lane{&d, &a, &b, nullptr};
-  mq_runtime->simd_collective(&mq_multiply_fn<Td, Ta, Tb, Td>, &lane, site);
+  mq_multiply_lane<Td, Ta, Tb, Td> lane{&d, &a, &b, nullptr, {}};
+  mq_run(&mq_multiply_fn<Td, Ta, Tb, Td>, lane, site, "simdgroup_multiply");
 }
 
 }  // namespace metal

@@ -8,21 +8,63 @@
 
 namespace metal {
 
+// A collective runs on the runtime's scheduler, outside every lane, so it never stops the
+// dispatch itself: it notes a fault in the record of each lane concerned, and that lane
+// reports it through mq_runtime->fail as soon as it runs again.
+struct mq_fault {
+  enum kind_t : uint8_t { none, inactive_source, outside_group, bad_modulo, delta_too_large, missing_lane };
+  kind_t kind = none;
+  uint8_t lane = 0;    // the lane at fault, or the one missing
+  uint8_t source = 0;  // the inactive lane it read
+  uint8_t width = 0;   // the function's group size
+  uint32_t arg = 0;    // its lane argument, delta or modulo
+};
+[[noreturn]] inline void mq_report(const char* name, const mq_fault& f) {
+  mq_message m;
+  m << name << ": ";
+  switch (f.kind) {
+    case mq_fault::inactive_source:
+      m << "lane " << ulong(f.lane) << " reads lane " << ulong(f.source)
+        << ", which is inactive (exited or beyond the grid); a GPU returns an undefined value";
+      break;
+    case mq_fault::outside_group:
+      m << "lane " << ulong(f.lane) << " asks for lane argument " << ulong(f.arg) << ", outside its "
+        << ulong(f.width) << "-lane group";
+      break;
+    case mq_fault::bad_modulo: m << "modulo " << ulong(f.arg) << " is not 2, 4, 8, 16 or 32"; break;
+    case mq_fault::delta_too_large: m << "delta " << ulong(f.arg) << " exceeds modulo " << ulong(f.width); break;
+    case mq_fault::missing_lane:
+      m << "lane " << ulong(f.lane)
+        << " is inactive (exited or beyond the grid); SIMD-group matrix functions need all 32 lanes of the "
+           "SIMD-group";
+      break;
+    case mq_fault::none: break;
+  }
+  mq_fail(m);
+}
+
+template <class L>
+L* mq_lane_at(void* const* lanes, int i) {
+  return static_cast<L*>(lanes[i]);
+}
+// Runs the collective `fn` with this lane's record (which has a `fault` member).
+template <class L>
+void mq_run(mq_abi::CollectiveFn fn, L& lane, mq_abi::Site site, const char* name) {
+  mq_runtime->simd_collective(fn, &lane, site);
+  if (lane.fault.kind != mq_fault::none) mq_report(name, lane.fault);
+}
+
 template <class T>
 struct mq_lane {
   T value;
   T result;
   uint32_t arg;  // source lane, delta or mask
+  mq_fault fault;
 };
-template <class L>
-L* mq_lane_at(void* const* lanes, int i) {
-  return static_cast<L*>(lanes[i]);
-}
-
 template <class T>
-T mq_collective(mq_abi::CollectiveFn fn, const T& value, uint32_t arg, mq_abi::Site site) {
-  mq_lane<T> lane{value, value, arg};
-  mq_runtime->simd_collective(fn, &lane, site);
+T mq_collective(mq_abi::CollectiveFn fn, const T& value, uint32_t arg, mq_abi::Site site, const char* name) {
+  mq_lane<T> lane{value, value, arg, {}};
+  mq_run(fn, lane, site, name);
   return lane.result;
 }
 
@@ -101,12 +143,12 @@ void mq_prefix_fn(void* const* lanes) {
 #define MQ_REDUCTION(name, op, width)                                                 \
   template <class T>                                                                  \
   T name(T data, mq_abi::Site site = MQ_SITE) {                                       \
-    return mq_collective(&mq_reduce_fn<T, op, width>, data, 0, site);                 \
+    return mq_collective(&mq_reduce_fn<T, op, width>, data, 0, site, #name);          \
   }
 #define MQ_PREFIX(name, op, width, inclusive)                                         \
   template <class T>                                                                  \
   T name(T data, mq_abi::Site site = MQ_SITE) {                                       \
-    return mq_collective(&mq_prefix_fn<T, op, width, inclusive>, data, 0, site);      \
+    return mq_collective(&mq_prefix_fn<T, op, width, inclusive>, data, 0, site, #name); \
   }
 #define MQ_GROUP_REDUCTIONS(group, width)                                             \
   MQ_REDUCTION(group##_sum, mq_op_sum, width)                                         \
@@ -121,10 +163,10 @@ void mq_prefix_fn(void* const* lanes) {
   MQ_PREFIX(group##_prefix_inclusive_product, mq_op_product, width, true)             \
   MQ_PREFIX(group##_prefix_exclusive_product, mq_op_product, width, false)            \
   inline bool group##_any(bool expr, mq_abi::Site site = MQ_SITE) {                   \
-    return mq_collective(&mq_reduce_fn<bool, mq_op_or, width>, expr, 0, site);        \
+    return mq_collective(&mq_reduce_fn<bool, mq_op_or, width>, expr, 0, site, #group "_any"); \
   }                                                                                   \
   inline bool group##_all(bool expr, mq_abi::Site site = MQ_SITE) {                   \
-    return mq_collective(&mq_reduce_fn<bool, mq_op_and, width>, expr, 0, site);       \
+    return mq_collective(&mq_reduce_fn<bool, mq_op_and, width>, expr, 0, site, #group "_all"); \
   }
 MQ_GROUP_REDUCTIONS(simd, 32)
 MQ_GROUP_REDUCTIONS(quad, 4)
@@ -137,22 +179,7 @@ MQ_GROUP_REDUCTIONS(quad, 4)
 // lane's own value, as MSL leaves the lowest/highest delta lanes unmodified) and rotations.
 enum class mq_shuffle { lane, broadcast, xor_mask, up, down, rotate_up, rotate_down };
 
-template <mq_shuffle K, int Width>
-constexpr const char* mq_shuffle_name() {
-  constexpr bool simd = Width == 32;
-  switch (K) {
-    case mq_shuffle::lane: return simd ? "simd_shuffle" : "quad_shuffle";
-    case mq_shuffle::broadcast: return simd ? "simd_broadcast" : "quad_broadcast";
-    case mq_shuffle::xor_mask: return simd ? "simd_shuffle_xor" : "quad_shuffle_xor";
-    case mq_shuffle::up: return simd ? "simd_shuffle_up" : "quad_shuffle_up";
-    case mq_shuffle::down: return simd ? "simd_shuffle_down" : "quad_shuffle_down";
-    case mq_shuffle::rotate_up: return simd ? "simd_shuffle_rotate_up" : "quad_shuffle_rotate_up";
-    case mq_shuffle::rotate_down: return simd ? "simd_shuffle_rotate_down" : "quad_shuffle_rotate_down";
-  }
-  return "";
-}
-
-// Reading a lane that is inactive (or outside the group) is undefined on a GPU: fail loudly.
+// Reading a lane that is inactive (or outside the group) is undefined on a GPU: a fault.
 template <class T, mq_shuffle K, int Width>
 void mq_shuffle_fn(void* const* lanes) {
   for (int i = 0; i < 32; i++) {
@@ -170,19 +197,18 @@ void mq_shuffle_fn(void* const* lanes) {
       case mq_shuffle::rotate_down: src = base + (pos + arg) % Width; break;
     }
     if (src < 0)
-      mq_fail(mq_message() << mq_shuffle_name<K, Width>() << ": lane " << ulong(i) << " asks for lane argument "
-                           << ulong(arg) << ", outside its " << ulong(Width) << "-lane group");
-    if (!lanes[src])
-      mq_fail(mq_message() << mq_shuffle_name<K, Width>() << ": lane " << ulong(i) << " reads lane " << ulong(src)
-                           << ", which is inactive (exited or beyond the grid); a GPU returns an undefined value");
-    lane->result = mq_lane_at<mq_lane<T>>(lanes, int(src))->value;
+      lane->fault = {mq_fault::outside_group, uint8_t(i), 0, uint8_t(Width), uint32_t(arg)};
+    else if (!lanes[src])
+      lane->fault = {mq_fault::inactive_source, uint8_t(i), uint8_t(src)};
+    else
+      lane->result = mq_lane_at<mq_lane<T>>(lanes, int(src))->value;
   }
 }
 
 #define MQ_SHUFFLE(name, kind, width, argname)                                        \
   template <class T>                                                                  \
   T name(T data, ushort argname, mq_abi::Site site = MQ_SITE) {                       \
-    return mq_collective(&mq_shuffle_fn<T, mq_shuffle::kind, width>, data, argname, site); \
+    return mq_collective(&mq_shuffle_fn<T, mq_shuffle::kind, width>, data, argname, site, #name); \
   }
 MQ_SHUFFLE(simd_shuffle, lane, 32, simd_lane_id)
 MQ_SHUFFLE(simd_broadcast, broadcast, 32, broadcast_lane_id)
@@ -206,40 +232,41 @@ template <class T>
 struct mq_fill_lane {
   T value, fill, result;
   uint32_t delta, modulo;
+  mq_fault fault;
 };
 template <class T, bool Down>
 void mq_shuffle_fill_fn(void* const* lanes) {
-  const char* name = Down ? "simd_shuffle_and_fill_down" : "simd_shuffle_and_fill_up";
   for (int i = 0; i < 32; i++) {
     if (!lanes[i]) continue;
     auto* lane = mq_lane_at<mq_fill_lane<T>>(lanes, i);
     const long width = lane->modulo;
-    if (width < 1 || width > 32 || (width & (width - 1)))
-      mq_fail(mq_message() << name << ": modulo " << ulong(width) << " is not 2, 4, 8, 16 or 32");
+    if (width < 2 || width > 32 || (width & (width - 1))) {
+      lane->fault = {mq_fault::bad_modulo, uint8_t(i), 0, 0, lane->modulo};
+      continue;
+    }
     const long base = i - i % width, pos = i % width;
     const long j = Down ? pos + long(lane->delta) : pos - long(lane->delta);
-    const bool from_fill = j < 0 || j >= width;
     const long src = base + (j < 0 ? j + width : j >= width ? j - width : j);
     if (src < base || src >= base + width)
-      mq_fail(mq_message() << name << ": delta " << ulong(lane->delta) << " exceeds modulo " << ulong(width));
-    if (!lanes[src])
-      mq_fail(mq_message() << name << ": lane " << ulong(i) << " reads lane " << ulong(src)
-                           << ", which is inactive (exited or beyond the grid)");
-    auto* from = mq_lane_at<mq_fill_lane<T>>(lanes, int(src));
-    lane->result = from_fill ? from->fill : from->value;
+      lane->fault = {mq_fault::delta_too_large, uint8_t(i), 0, uint8_t(width), lane->delta};
+    else if (!lanes[src])
+      lane->fault = {mq_fault::inactive_source, uint8_t(i), uint8_t(src)};
+    else
+      lane->result = j < 0 || j >= width ? mq_lane_at<mq_fill_lane<T>>(lanes, int(src))->fill
+                                         : mq_lane_at<mq_fill_lane<T>>(lanes, int(src))->value;
   }
 }
 template <class T>
 T simd_shuffle_and_fill_down(T data, T filling_data, ushort delta, ushort modulo = 32,
                              mq_abi::Site site = MQ_SITE) {
-  mq_fill_lane<T> lane{data, filling_data, data, delta, modulo};
-  mq_runtime->simd_collective(&mq_shuffle_fill_fn<T, true>, &lane, site);
+  mq_fill_lane<T> lane{data, filling_data, data, delta, modulo, {}};
+  mq_run(&mq_shuffle_fill_fn<T, true>, lane, site, "simd_shuffle_and_fill_down");
   return lane.result;
 }
 template <class T>
 T simd_shuffle_and_fill_up(T data, T filling_data, ushort delta, ushort modulo = 32, mq_abi::Site site = MQ_SITE) {
-  mq_fill_lane<T> lane{data, filling_data, data, delta, modulo};
-  mq_runtime->simd_collective(&mq_shuffle_fill_fn<T, false>, &lane, site);
+  mq_fill_lane<T> lane{data, filling_data, data, delta, modulo, {}};
+  mq_run(&mq_shuffle_fill_fn<T, false>, lane, site, "simd_shuffle_and_fill_up");
   return lane.result;
 }
 
@@ -290,7 +317,9 @@ inline void mq_is_first_fn(void* const* lanes) {
       first = false;
     }
 }
-inline bool simd_is_first(mq_abi::Site site = MQ_SITE) { return mq_collective(&mq_is_first_fn, false, 0, site); }
+inline bool simd_is_first(mq_abi::Site site = MQ_SITE) {
+  return mq_collective(&mq_is_first_fn, false, 0, site, "simd_is_first");
+}
 
 template <class T>
 void mq_broadcast_first_fn(void* const* lanes) {
@@ -301,7 +330,7 @@ void mq_broadcast_first_fn(void* const* lanes) {
 }
 template <class T>
 T simd_broadcast_first(T data, mq_abi::Site site = MQ_SITE) {
-  return mq_collective(&mq_broadcast_first_fn<T>, data, 0, site);
+  return mq_collective(&mq_broadcast_first_fn<T>, data, 0, site, "simd_broadcast_first");
 }
 
 // Compute dispatches have no helper threads.
