@@ -30,14 +30,16 @@ def device(request):
     yield gpu.Device(request.param)
 
 
-def require_mlx_lm():
-    """mlx-lm makes the reference checkpoints and logits: CI must have it, elsewhere skip."""
+def require(module: str):
+    """Imports a reference package (mlx, mlx-lm, transformers): CI must have it, elsewhere skip."""
+    import importlib
+
     try:
-        import mlx_lm  # noqa: F401
+        return importlib.import_module(module)
     except ImportError:
         if os.environ.get("CI"):
-            pytest.fail("mlx-lm is missing: the test extras install it (pip install '.[test]')")
-        pytest.skip("needs mlx-lm (pip install '.[test]')")
+            pytest.fail(f"{module} is missing: the test extras install it (pip install '.[test]')")
+        pytest.skip(f"needs {module} (pip install '.[test]')")
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +52,7 @@ def converted(ckpt_root):
     """converted(name) -> (hf_path, mlx_path) of a model_fixtures.VARIANTS entry, built once per session."""
     import model_fixtures as mf
 
-    require_mlx_lm()
+    require("mlx_lm")
     return lambda name: mf.checkpoint(name, ckpt_root)
 
 

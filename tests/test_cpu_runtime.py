@@ -442,12 +442,13 @@ def test_metal_header_macros_and_version_reach_the_kernel(cpu):
 #define VERSION_OK 0.0f
 #endif
 kernel void consts(device float* y [[buffer(0)]]) {
-    y[0] = M_PI_F; y[1] = INFINITY; y[2] = FLT_MAX; y[3] = VERSION_OK;
+    y[0] = M_PI_F; y[1] = INFINITY; y[2] = FLT_MAX; y[3] = VERSION_OK; y[4] = __METAL_VERSION__;
 }
 """)
-    y = nan_buffer(cpu, 4)
+    y = nan_buffer(cpu, 5)
     lib.kernel("consts").dispatch({0: y}, threadgroups=(1,), threads=(1,))
-    np.testing.assert_array_equal(y.numpy(np.float32), np.array([np.pi, np.inf, np.finfo(np.float32).max, 1], np.float32))
+    want = np.array([np.pi, np.inf, np.finfo(np.float32).max, 1, 310], np.float32)
+    np.testing.assert_array_equal(y.numpy(np.float32), want)
 
 
 def test_compile_error_inside_a_macro_expansion_names_the_metal_line(cpu):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import model_fixtures as mf
+from conftest import require
 from metalqwen.checkpoint import CheckpointError, load_checkpoint, read_safetensors_header
 from metalqwen.config import ConfigError, ModelConfig, check_supported
 from metalqwen.demo_checkpoint import (
@@ -234,7 +235,7 @@ def test_config_missing_or_invalid_files(tmp_path):
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_quantize_affine_is_bit_exact_with_mlx(bits, group):
-    mx = pytest.importorskip("mlx.core")
+    mx = require("mlx.core")
     rng = np.random.default_rng(bits * group)
     w = rng.standard_normal((48, 384)).astype(np.float32) * 0.05
     w[0, :group] = 0.25          # constant group
@@ -301,7 +302,7 @@ def test_demo_checkpoint_loads_and_describes(demo):
 
 
 def test_demo_checkpoint_runs_in_mlx_lm(demo):
-    mx = pytest.importorskip("mlx.core")
+    mx = require("mlx.core")
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(demo)
@@ -325,7 +326,7 @@ def test_demo_checkpoint_runs_in_mlx_lm(demo):
 
 @pytest.mark.parametrize("name", list(mf.VARIANTS))
 def test_mlx_convert_output_validates(converted, name):
-    mx = pytest.importorskip("mlx.core")
+    mx = require("mlx.core")
     variant = mf.VARIANTS[name]
     hf, mlx = converted(name)
     with warnings.catch_warnings():
@@ -396,7 +397,7 @@ def test_print_one_conversion(converted, capsys):
 
 
 def test_reference_logits_and_greedy_agree(converted):
-    pytest.importorskip("mlx.core")
+    require("mlx.core")
     mlx = converted("base")[1]
     ids = Tokenizer.from_folder(mlx).encode("hello world, the model is tiny")
     ref = mf.reference_logits(mlx, ids)
@@ -427,7 +428,7 @@ def test_numpy_forward_matches_mlx_lm_reference(converted, demo, name):
 
 
 def test_reference_uses_exact_dequantized_weights(converted):
-    pytest.importorskip("mlx.core")
+    require("mlx.core")
     mlx = converted("wide_untied_g32")[1]
     ck = load_checkpoint(mlx)
     model = mf._reference_model(mlx, False)
@@ -731,7 +732,7 @@ _CONVERSATIONS = [
 
 @pytest.mark.parametrize("which", ["demo", "base-mlx", "base-hf"])
 def test_chat_template_matches_transformers(demo, converted, which):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     folder = {"demo": demo, "base-mlx": converted("base")[1], "base-hf": converted("base")[0]}[which]
     ours = Tokenizer.from_folder(folder)
     theirs = transformers.AutoTokenizer.from_pretrained(folder)

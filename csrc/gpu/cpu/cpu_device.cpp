@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "kernel_compiler.h"
-#include "msl_translate.h"
 #include "threadgroup_runner.h"
 #include "worker_pool.h"
 
@@ -308,8 +307,7 @@ class CpuDevice final : public Device {
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
   }
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
-    cpu::TranslatedSource translated = cpu::translate_msl(source, name);
-    return std::make_shared<CpuLibrary>(cpu::build_library(translated.cpp));
+    return std::make_shared<CpuLibrary>(cpu::build_library(source, name));
   }
   std::unique_ptr<CommandBuffer> new_command_buffer() override { return std::make_unique<CpuCommandBuffer>(queue_); }
 

@@ -1,5 +1,5 @@
-// Compiles translated MSL into a shared object with the system C++ compiler,
-// caches it on disk by content hash and loads it.
+// Turns MSL into a loaded kernel library: preprocess (msl_preprocess.h), translate to
+// C++ (msl_translate.h), compile into a shared object with the system compiler, load.
 #pragma once
 #include <memory>
 #include <string>
@@ -22,9 +22,10 @@ class LoadedLibrary {
   const mq_abi::LibraryExports* exports_;
 };
 
-// Compiler: METALQWEN_CXX, else c++ (g++ >= 12 or clang >= 15).
-// Cache: METALQWEN_CACHE_DIR, else $XDG_CACHE_HOME/metalqwen or ~/.cache/metalqwen.
-// Throws gpu::CompileError with the compiler's diagnostics.
-std::shared_ptr<LoadedLibrary> build_library(const std::string& cpp_source);
+// Shared objects are cached on disk (toolchain.h) by the translated C++; a known raw
+// source also skips preprocessing and translation. `source_name` is the name
+// diagnostics and runtime errors give the MSL text.
+// Throws gpu::CompileError with the preprocessor's or compiler's diagnostics.
+std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, const std::string& source_name);
 
 }  // namespace mq::cpu

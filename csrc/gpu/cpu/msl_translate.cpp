@@ -115,7 +115,8 @@ std::vector<size_t> find_word(const std::string& m, const std::string& word) {
   return hits;
 }
 
-// Maps text offsets to MSL (file, line), following #line directives.
+// Maps text offsets to MSL (file, line), following `#line N "file"` directives and the
+// preprocessor's `# N "file" flags` line markers.
 class LineMap {
  public:
   LineMap(const std::string& text, const std::string& name) {
@@ -126,15 +127,19 @@ class LineMap {
       size_t end = text.find('\n', start);
       if (end == std::string::npos) end = text.size();
       lines_.push_back({start, file, line});
-      std::istringstream directive(text.substr(start, end - start));
+      const std::string row = text.substr(start, end - start);
+      std::istringstream directive(row);
       std::string hash, word;
       directive >> hash;
       if (hash == "#") directive >> word;
       else if (hash.size() > 1 && hash[0] == '#') word = hash.substr(1);
+      const bool marker = !word.empty() && word.size() < 10 &&
+                          std::all_of(word.begin(), word.end(), [](unsigned char c) { return std::isdigit(c); });
       unsigned next = 0;
-      if (word == "line" && directive >> next) {
-        std::string quoted;
-        if (directive >> quoted && quoted.size() >= 2 && quoted.front() == '"') file = quoted.substr(1, quoted.size() - 2);
+      if (marker || (word == "line" && directive >> next)) {
+        if (marker) next = unsigned(std::stoul(word));
+        size_t q0 = row.find('"'), q1 = row.rfind('"');  // the file name may hold spaces
+        if (q0 != std::string::npos && q1 > q0) file = row.substr(q0 + 1, q1 - q0 - 1);
         line = next;
       } else {
         ++line;
@@ -268,6 +273,19 @@ KernelParam parse_param(const std::string& text, const std::string& kernel, cons
   return p;
 }
 
+// The text of adjacent plain string literals (`"qmv_b" "4"` from macro stringising and
+// concatenation), or "" when `arg` is anything else.
+std::string string_literal_text(const std::string& arg) {
+  std::string text;
+  for (size_t i = skip_space(arg, 0); i < arg.size(); i = skip_space(arg, i)) {
+    size_t close = arg[i] == '"' ? arg.find('"', i + 1) : std::string::npos;
+    if (close == std::string::npos) return "";
+    text += arg.substr(i + 1, close - i - 1);
+    i = close + 1;
+  }
+  return text;
+}
+
 // True when the text ending at `end` is a `template <...>` header.
 bool follows_template_header(const std::string& m, size_t end) {
   if (end == 0 || m[end - 1] != '>') return false;
@@ -308,7 +326,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
       if (attr_name == "max_total_threads_per_threadgroup") {
         k.max_threads = "(" + arg + ")";
       } else if (attr_name == "host_name") {
-        host_name = arg.size() >= 2 && arg.front() == '"' ? arg.substr(1, arg.size() - 2) : "";
+        host_name = string_literal_text(arg);
         if (host_name.empty() || !std::all_of(host_name.begin(), host_name.end(), is_ident_char))
           refuse(where, "[[host_name]] must name a C identifier, got [[" + attr + "]]");
       } else {
@@ -509,7 +527,9 @@ TranslatedSource translate_msl(const std::string& source, const std::string& sou
   for (const KernelDecl& k : kernels)
     if (seen[k.name]++) refuse(k.file + ":" + std::to_string(k.line), "kernel '" + k.name + "' is defined twice");
   TranslatedSource out;
-  out.cpp = text + entry_points(kernels);
+  // The real compatibility header comes first: the preprocessing pass left the
+  // source's own #include <metal_stdlib> empty.
+  out.cpp = "#include <metal_stdlib>\n" + text + entry_points(kernels);
   for (const KernelDecl& k : kernels) out.kernel_names.push_back(k.name);
   return out;
 }

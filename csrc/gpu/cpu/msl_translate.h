@@ -1,5 +1,6 @@
-// MSL -> C++ for the CPU runtime: the source keeps its lines (#line points at the
-// .metal text) and gains one entry point per kernel plus the library's export table.
+// MSL -> C++ for the CPU runtime: the (preprocessed, msl_preprocess.h) source keeps its
+// lines (#line and line markers point at the .metal text), gains the compatibility
+// header in front and one entry point per kernel plus the library's export table.
 #pragma once
 #include <string>
 #include <vector>

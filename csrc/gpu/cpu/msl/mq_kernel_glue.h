@@ -3,7 +3,8 @@
 #pragma once
 #include "../abi.h"
 
-// Code that checks for MSL (shared headers such as shaders/params.h) sees MSL 3.1.
+// Code that checks for MSL (shared headers such as shaders/params.h) sees MSL 3.1;
+// the preprocessing pass (msl_preprocess.cpp) defines the same value.
 #ifndef __METAL_VERSION__
 #define __METAL_VERSION__ 310
 #endif
