@@ -30,59 +30,12 @@ from metalqwen.demo_checkpoint import (
     bf16_bits,
     build_tokenizer,
     random_weights,
+    text_config,
     write_safetensors,
     write_tokenizer_files,
 )
 
 # ---------------------------------------------------------------------------- Hugging Face folders
-
-
-def _layer_types(dims) -> list[str]:
-    k = dims.get("full_attention_interval", 4)
-    return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(dims["num_hidden_layers"])]
-
-
-def hf_text_config(dims, *, tied: bool, eos: int, layer_types: bool = True, rope_nested: bool = True) -> dict:
-    """The text fields of a Qwen3.5 config.json (what goes under ``text_config``)."""
-    tc = {
-        "model_type": "qwen3_5_text",
-        "hidden_size": dims["hidden_size"],
-        "intermediate_size": dims["intermediate_size"],
-        "num_hidden_layers": dims["num_hidden_layers"],
-        "num_attention_heads": dims["num_attention_heads"],
-        "num_key_value_heads": dims["num_key_value_heads"],
-        "head_dim": dims["head_dim"],
-        "linear_num_key_heads": dims["linear_num_key_heads"],
-        "linear_num_value_heads": dims["linear_num_value_heads"],
-        "linear_key_head_dim": dims["linear_key_head_dim"],
-        "linear_value_head_dim": dims["linear_value_head_dim"],
-        "linear_conv_kernel_dim": dims["linear_conv_kernel_dim"],
-        "vocab_size": dims["vocab_size"],
-        "rms_norm_eps": dims["rms_norm_eps"],
-        "max_position_embeddings": 262144,
-        "full_attention_interval": dims.get("full_attention_interval", 4),
-        "attention_bias": False,
-        "attn_output_gate": True,
-        "hidden_act": "silu",
-        "tie_word_embeddings": tied,
-        "eos_token_id": eos,
-        "dtype": "bfloat16",
-        "mtp_num_hidden_layers": 1,
-    }
-    if layer_types:
-        tc["layer_types"] = _layer_types(dims)
-    if rope_nested:
-        tc["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": dims["rope_theta"],
-            "partial_rotary_factor": dims["partial_rotary_factor"],
-            "mrope_section": [11, 11, 10],
-            "mrope_interleaved": True,
-        }
-    else:
-        tc["rope_theta"] = dims["rope_theta"]
-        tc["partial_rotary_factor"] = dims["partial_rotary_factor"]
-    return tc
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +85,7 @@ def write_hf_checkpoint(
             tensors[key] = ("BF16", bf16_bits(value))
     write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "pt"})
 
-    tc = hf_text_config(d, tied=tied, eos=tok["endoftext"], layer_types=layer_types)
+    tc = text_config(d, tied=tied, eos=tok["endoftext"], layer_types=layer_types, mtp_layers=1)
     if nested:
         config = {
             "architectures": ["Qwen3_5ForConditionalGeneration"],

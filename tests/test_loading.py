@@ -39,7 +39,7 @@ def damaged(converted, tmp_path):
 
 
 def _text_config(**over):
-    tc = mf.hf_text_config(mf.DEMO_DIMS, tied=True, eos=7)
+    tc = mf.text_config(mf.DEMO_DIMS, tied=True, eos=7)
     tc.update(over)
     return tc
 

@@ -425,39 +425,35 @@ _SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
                   ".q_norm.weight", ".k_norm.weight")
 
 
-def _text_config(dims: Mapping, layer_types: list[str], tied: bool, eos: int) -> dict:
-    return {
+def text_config(dims: Mapping, *, tied: bool, eos: int, layer_types: bool = True, rope_nested: bool = True,
+                mtp_layers: int = 0) -> dict:
+    """The text fields of a Qwen3.5 config.json (what goes under ``text_config``).
+    ``layer_types`` adds the explicit list; ``rope_nested`` puts RoPE under rope_parameters."""
+    tc = {
         "model_type": "qwen3_5_text",
-        "hidden_size": dims["hidden_size"],
-        "intermediate_size": dims["intermediate_size"],
-        "num_hidden_layers": dims["num_hidden_layers"],
-        "num_attention_heads": dims["num_attention_heads"],
-        "num_key_value_heads": dims["num_key_value_heads"],
-        "head_dim": dims["head_dim"],
-        "linear_num_key_heads": dims["linear_num_key_heads"],
-        "linear_num_value_heads": dims["linear_num_value_heads"],
-        "linear_key_head_dim": dims["linear_key_head_dim"],
-        "linear_value_head_dim": dims["linear_value_head_dim"],
-        "linear_conv_kernel_dim": dims["linear_conv_kernel_dim"],
-        "vocab_size": dims["vocab_size"],
-        "rms_norm_eps": dims["rms_norm_eps"],
+        **{key: dims[key] for key in (
+            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+            "linear_value_head_dim", "linear_conv_kernel_dim", "vocab_size", "rms_norm_eps")},
         "max_position_embeddings": 262144,
         "full_attention_interval": dims.get("full_attention_interval", 4),
-        "layer_types": layer_types,
         "attention_bias": False,
         "attn_output_gate": True,
         "hidden_act": "silu",
         "tie_word_embeddings": tied,
         "eos_token_id": eos,
         "dtype": "bfloat16",
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": dims["rope_theta"],
-            "partial_rotary_factor": dims["partial_rotary_factor"],
-            "mrope_section": [11, 11, 10],
-            "mrope_interleaved": True,
-        },
     }
+    if mtp_layers:
+        tc["mtp_num_hidden_layers"] = mtp_layers
+    if layer_types:
+        tc["layer_types"] = _layer_types(dims)
+    rope = {"rope_theta": dims["rope_theta"], "partial_rotary_factor": dims["partial_rotary_factor"]}
+    if rope_nested:
+        tc["rope_parameters"] = {"rope_type": "default", **rope, "mrope_section": [11, 11, 10], "mrope_interleaved": True}
+    else:
+        tc.update(rope)
+    return tc
 
 
 def write_demo_checkpoint(
@@ -490,7 +486,6 @@ def write_demo_checkpoint(
     tok = write_tokenizer_files(folder, build_tokenizer(tokenizer_vocab, seed=0))
     if tok["size"] > d["vocab_size"]:
         raise ValueError(f"write_demo_checkpoint: vocab_size {d['vocab_size']} < tokenizer size {tok['size']}")
-    layer_types = _layer_types(d)
 
     tensors: dict[str, object] = {}
     for name, value in random_weights(d, seed).items():
@@ -523,7 +518,7 @@ def write_demo_checkpoint(
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
         "tie_word_embeddings": tie_word_embeddings,
-        "text_config": _text_config(d, layer_types, tie_word_embeddings, tok["endoftext"]),
+        "text_config": text_config(d, tied=tie_word_embeddings, eos=tok["endoftext"]),
         "quantization": quant,
         "quantization_config": dict(quant),
         "eos_token_id": tok["endoftext"],

@@ -7,25 +7,14 @@ output times sigmoid(gate)), written from the math, never from the kernels.
 from __future__ import annotations
 
 import math
-import re
 import zlib
-from pathlib import Path
 
 import numpy as np
 
-PARAMS_H = Path(__file__).resolve().parents[2] / "shaders" / "params" / "attention.h"
+from .params import header_constants
 
 
-def header_constants() -> dict[str, int]:
-    """The MQ_* #defines of shaders/params/attention.h, evaluated."""
-    defines = dict(re.findall(r"^#define\s+(MQ_\w+)\s+(.+?)\s*$", PARAMS_H.read_text(), flags=re.M))
-    values: dict[str, int] = {}
-    for name, expr in defines.items():
-        values[name] = int(eval(expr, {"__builtins__": {}}, dict(values)))  # noqa: S307 (our own header)
-    return values
-
-
-C = header_constants()
+C = header_constants("attention")
 HD = C["MQ_ATTN_HEAD_DIM"]
 ROT = C["MQ_ATTN_ROT_DIM"]
 Q8_BLOCK = C["MQ_ATTN_Q8_BLOCK"]

@@ -6,27 +6,15 @@ data with realistic ranges, and float64 references written from DESIGN.md sectio
 
 from __future__ import annotations
 
-import re
 import zlib
-from pathlib import Path
 
 import numpy as np
 
 from .. import reference as ref
-
-PARAMS_H = Path(__file__).resolve().parents[2] / "shaders" / "params" / "deltanet.h"
-
-
-def header_constants() -> dict[str, int]:
-    """The MQ_* #defines of shaders/params/deltanet.h, evaluated (dispatch geometry)."""
-    defines = dict(re.findall(r"^#define\s+(MQ_\w+)\s+(.+?)\s*$", PARAMS_H.read_text(), flags=re.M))
-    values: dict[str, int] = {}
-    for name, expr in defines.items():
-        values[name] = int(eval(expr, {"__builtins__": {}}, dict(values)))  # noqa: S307 (our own header)
-    return values
+from .params import header_constants
 
 
-CONST = header_constants()
+CONST = header_constants("deltanet")
 D = CONST["MQ_DELTA_HEAD_DIM"]
 SCAN_THREADS = CONST["MQ_DELTA_SCAN_THREADS"]
 CONV_SIMDGROUPS = CONST["MQ_DELTA_CONV_SIMDGROUPS"]

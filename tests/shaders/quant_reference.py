@@ -6,29 +6,17 @@ quantization: w = scale * q + bias per group; y = W x), never from the kernels.
 from __future__ import annotations
 
 import math
-import re
 import zlib
-from pathlib import Path
 
 import numpy as np
 
 from .. import reference as ref
-
-PARAMS_H = Path(__file__).resolve().parents[2] / "shaders" / "params" / "quant.h"
+from .params import header_constants
 
 VARIANTS = [(bits, group) for bits in (4, 8) for group in (32, 64, 128)]
 
 
-def header_constants() -> dict[str, int]:
-    """The MQ_* #defines of shaders/params/quant.h, evaluated (dispatch geometry)."""
-    defines = dict(re.findall(r"^#define\s+(MQ_\w+)\s+(.+?)\s*$", PARAMS_H.read_text(), flags=re.M))
-    values: dict[str, int] = {}
-    for name, expr in defines.items():
-        values[name] = int(eval(expr, {"__builtins__": {}}, dict(values)))  # noqa: S307 (our own header)
-    return values
-
-
-C = header_constants()
+C = header_constants("quant")
 QMV_ROWS_PER_TG = C["MQ_QMV_ROWS_PER_THREADGROUP"]
 QMV_THREADS = C["MQ_QMV_THREADS"]
 QMV_MAX_ROWS = C["MQ_QMV_MAX_ROWS"]
