@@ -33,13 +33,18 @@ def logit_tolerance(config, kv_bits: int) -> float:
 _models: dict = {}
 
 
-def model(path: str, kv_bits: int = 16, prefill_chunk: int = 64) -> metalqwen.Model:
-    """Loads once per (checkpoint, options) for the session."""
-    key = (path, kv_bits, prefill_chunk)
-    if key not in _models:
-        _models[key] = metalqwen.load(path, device="cpu", max_context=160, kv_bits=kv_bits,
-                                      prefill_chunk=prefill_chunk, progress=False)
-    return _models[key]
+@pytest.fixture(scope="module")
+def model(device):
+    """model(path, kv_bits=16, prefill_chunk=64): loaded once per (device, checkpoint, options)."""
+
+    def get(path: str, kv_bits: int = 16, prefill_chunk: int = 64) -> metalqwen.Model:
+        key = (device.kind, path, kv_bits, prefill_chunk)
+        if key not in _models:
+            _models[key] = metalqwen.load(path, device=device, max_context=160, kv_bits=kv_bits,
+                                          prefill_chunk=prefill_chunk, progress=False)
+        return _models[key]
+
+    return get
 
 
 def prompt(vocab: int, n: int, seed: int = 0) -> list[int]:
@@ -61,7 +66,7 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, tolerance: float) -> 
 
 @pytest.mark.parametrize("kv_bits", [16, 8])
 @pytest.mark.parametrize("name", RUNNABLE)
-def test_logits_at_every_position_match_mlx_lm(converted, name, kv_bits):
+def test_logits_at_every_position_match_mlx_lm(converted, name, kv_bits, model):
     path = converted(name)[1]
     config = metalqwen.load_checkpoint(path).config
     ids = prompt(config.vocab_size, 40, seed=len(name))
@@ -71,7 +76,7 @@ def test_logits_at_every_position_match_mlx_lm(converted, name, kv_bits):
 
 @pytest.mark.parametrize("kv_bits", [16, 8])
 @pytest.mark.parametrize("name", RUNNABLE)
-def test_greedy_continuation_matches_mlx_lm(converted, name, kv_bits):
+def test_greedy_continuation_matches_mlx_lm(converted, name, kv_bits, model):
     path = converted(name)[1]
     ids = prompt(metalqwen.load_checkpoint(path).config.vocab_size, 12, seed=1)
     out = model(path, kv_bits).generate(ids, max_tokens=20)
@@ -82,7 +87,7 @@ def test_greedy_continuation_matches_mlx_lm(converted, name, kv_bits):
     assert out.tokens == want
 
 
-def test_prefill_in_chunks_and_token_by_token_agree(converted):
+def test_prefill_in_chunks_and_token_by_token_agree(converted, model):
     path = converted("base")[1]
     ids = prompt(1000, 37, seed=5)
     # 64: one GEMM chunk; 16 and 9: several chunks; 8: verify-sized steps; 1: decode steps.
@@ -92,7 +97,7 @@ def test_prefill_in_chunks_and_token_by_token_agree(converted):
         np.testing.assert_allclose(logits, runs[64], rtol=0, atol=1e-4 * np.abs(runs[64]).max(), err_msg=str(chunk))
 
 
-def test_streamed_text_equals_generate_and_reuses_the_cache(converted):
+def test_streamed_text_equals_generate_and_reuses_the_cache(converted, model):
     m = model(converted("base")[1])
     ids = prompt(900, 10, seed=2)
     full = m.generate(ids, max_tokens=12)
@@ -108,7 +113,7 @@ def test_streamed_text_equals_generate_and_reuses_the_cache(converted):
     assert fresh.stats.prompt_tokens_reused == 0 and fresh.tokens == again.tokens
 
 
-def test_sampling_is_reproducible_and_top_k_1_is_greedy(converted):
+def test_sampling_is_reproducible_and_top_k_1_is_greedy(converted, model):
     m = model(converted("base")[1])
     ids = prompt(900, 8, seed=4)
     greedy = m.generate(ids, max_tokens=10).tokens
@@ -119,7 +124,7 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(converted):
     assert a == b and a != c
 
 
-def test_stops_at_stop_strings_and_max_tokens(demo):
+def test_stops_at_stop_strings_and_max_tokens(demo, model):
     m = model(demo)
     out = m.generate("hello", chat=True, max_tokens=16)
     assert out.finish_reason in ("stop", "length") and 1 <= len(out.tokens) <= 16
@@ -131,7 +136,7 @@ def test_stops_at_stop_strings_and_max_tokens(demo):
     assert len(one.tokens) == 1 and one.tokens[0] == out.tokens[0]
 
 
-def test_counters_show_one_command_buffer_per_step(demo):
+def test_counters_show_one_command_buffer_per_step(demo, model):
     m = model(demo)
     before = m.counters()
     out = m.generate([5, 6, 7], max_tokens=9)
@@ -143,7 +148,7 @@ def test_counters_show_one_command_buffer_per_step(demo):
     assert after["dispatches_last_step"] > 10 and after["weight_bytes_per_token"] > 0
 
 
-def test_bad_requests_raise_clear_errors(demo):
+def test_bad_requests_raise_clear_errors(demo, model, device):
     m = model(demo)
     with pytest.raises(ValueError, match="max_context is 160"):
         m.generate(list(range(200)), max_tokens=1)
@@ -152,18 +157,18 @@ def test_bad_requests_raise_clear_errors(demo):
     with pytest.raises(ValueError, match="max_tokens"):
         m.generate([1], max_tokens=0)
     with pytest.raises(ValueError, match="kv_bits"):
-        metalqwen.load(demo, device="cpu", kv_bits=4)
+        metalqwen.load(demo, device=device, kv_bits=4)
 
 
-def test_context_fills_up_with_a_clear_error(demo):
-    m = metalqwen.load(demo, device="cpu", max_context=12, progress=False)
+def test_context_fills_up_with_a_clear_error(demo, device):
+    m = metalqwen.load(demo, device=device, max_context=12, progress=False)
     with pytest.raises(RuntimeError, match="context full: 11 tokens"):
         m.generate([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=10)
 
 
-def test_unquantized_projection_is_refused(converted):
+def test_unquantized_projection_is_refused(converted, device):
     with pytest.raises(CheckpointError, match=r"in_proj_a\.weight .* stored unquantized"):
-        metalqwen.load(converted("mixed")[1], device="cpu", progress=False)
+        metalqwen.load(converted("mixed")[1], device=device, progress=False)
 
 
 def _cli(*args, stdin=None):

@@ -18,22 +18,22 @@ def checkout_shader_files() -> dict[str, str]:
 
 
 @lru_cache(maxsize=None)
-def _compiled(names: tuple[str, ...]):
+def _compiled(device: gpu.Device, names: tuple[str, ...]):
     files = checkout_shader_files()
     if names:
         files = {path: text for path, text in files.items() if path.endswith(".h") or path in names}
         missing = set(names) - set(files)
         assert not missing, f"no such shader files: {sorted(missing)}"
-    return gpu.Device("cpu").compile(_core.shader_library_source(files), "metalqwen-shaders")
+    return device.compile(_core.shader_library_source(files), "metalqwen-shaders")
 
 
 @pytest.fixture(scope="session")
-def shaders():
+def shaders(device):
     """shaders("quant.metal", ...) -> gpu.Library of those files (all files when none are named),
-    compiled once per session on the CPU runtime."""
-    return lambda *names: _compiled(tuple(sorted(names)))
+    compiled once per session on each device of METALQWEN_TEST_DEVICES (tests/conftest.py)."""
+    return lambda *names: _compiled(device, tuple(sorted(names)))
 
 
 @pytest.fixture(scope="session")
-def dev():
-    return gpu.Device("cpu")
+def dev(device):
+    return device
