@@ -146,6 +146,8 @@ def test_counters_show_one_command_buffer_per_step(demo, model):
     assert after["steps"] - before["steps"] == decode_steps + 1  # + one prefill chunk
     assert after["cpu_waits"] - before["cpu_waits"] == decode_steps + 1
     assert after["dispatches_last_step"] > 10 and after["weight_bytes_per_token"] > 0
+    # Step t+1 was committed before step t was waited for.
+    assert after["max_steps_in_flight"] == 2
 
 
 def test_bad_requests_raise_clear_errors(demo, model, device):

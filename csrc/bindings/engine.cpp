@@ -113,6 +113,7 @@ void bind_engine(py::module_& m) {
         d["dispatches_last_step"] = c.last_step_dispatches;
         d["cpu_waits"] = c.cpu_waits;
         d["tokens_decoded"] = c.tokens_decoded;
+        d["max_steps_in_flight"] = c.max_steps_in_flight;
         d["weight_bytes_per_token"] = c.weight_bytes_per_token;
         d["weight_bytes_copied"] = c.weight_bytes_copied;
         return d;

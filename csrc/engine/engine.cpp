@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -133,6 +134,7 @@ void Engine::commit_decode_step() {
   position_ += 1;
   decoding_->committed += 1;
   counters_.tokens_decoded += 1;
+  counters_.max_steps_in_flight = std::max<uint64_t>(counters_.max_steps_in_flight, decoding_->in_flight.size());
 }
 
 std::optional<uint32_t> Engine::decode_next() {

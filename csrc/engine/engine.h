@@ -22,6 +22,7 @@ struct Counters {
   uint64_t last_step_dispatches = 0;
   uint64_t cpu_waits = 0;        // CommandBuffer::wait calls
   uint64_t tokens_decoded = 0;   // decode steps
+  uint64_t max_steps_in_flight = 0;  // decode steps committed and not yet waited for (2 = pipelined)
   uint64_t weight_bytes_per_token = 0;  // weights a decode step streams
   uint64_t weight_bytes_copied = 0;     // at load, where the file could not be wrapped
 };
