@@ -66,7 +66,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
                              std::vector<LayerWeights>& layers) {
   // A multiple of 8: prefill attention reads q in 8-row tiles.
   max_rows = uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8);
-  max_splits = 32;
+  max_splits = 32;  // flash-decode splits: enough threadgroups to fill a GPU at any context length
   const size_t R = max_rows, H = size_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
   const size_t nv = size_t(d.lin_v_heads), C = size_t(2 * d.lin_k_heads) * D + nv * D;
   const size_t nq = size_t(d.heads), nkv = size_t(d.kv_heads), I = size_t(d.intermediate), V = size_t(d.vocab);
@@ -92,7 +92,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
   up = floats(R * I);
   act = floats(R * I);
   logits = floats(R * V);
-  argmax_chunk = 4096;
+  argmax_chunk = 4096;  // logits per stage-1 argmax threadgroup: ~61 of them for a 248320 vocabulary
   argmax_partials = uint32_t((V + argmax_chunk - 1) / argmax_chunk);
   partials = floats(R * argmax_partials * 2);
   no_snapshots = floats(4);
