@@ -187,3 +187,16 @@ def test_cli_demo_generate_and_chat(demo, tmp_path):
     assert "decode: " in out.stderr and out.stdout.strip()
     out = _cli("chat", "-m", demo, "--device", "cpu", "--max-tokens", "4", stdin="hi\nmore\n\n")
     assert out.stderr.count("tok/s") >= 2  # one report per turn
+
+
+def test_long_context_decode_splits_the_cache_and_matches_mlx_lm(converted, device):
+    """Past 128 positions decode attention splits the context across threadgroups and
+    merges the partials (attn_decode_combine); prefill runs several GEMM chunks."""
+    path = converted("base")[1]
+    ids = prompt(1000, 300, seed=9)
+    m = metalqwen.load(path, device=device, max_context=320, kv_bits=16, progress=False)
+    want = mf.reference_greedy(path, ids, 8)
+    eos = set(m.eos_token_ids)
+    if any(t in eos for t in want):
+        want = want[: next(i for i, t in enumerate(want) if t in eos)]
+    assert m.generate(ids, max_tokens=8).tokens == want
