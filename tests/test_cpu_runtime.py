@@ -270,7 +270,7 @@ kernel void take(device float* y [[buffer(0)]], constant Big& b [[buffer(1)]]) {
 """)
     k = lib.kernel("take")
     y = cpu.empty(4)
-    with pytest.raises(gpu.GpuError, match="exceed the limit of 4096"):
+    with pytest.raises(gpu.GpuError, match=r"exceed the limit of 4096; use a buffer \(kernel 'take'\)"):
         k.dispatch({0: y, 1: np.zeros(1025, np.float32)}, threadgroups=(1,), threads=(1,))
     with pytest.raises(gpu.GpuError, match=r"argument 'b' \[\[buffer\(1\)\]\] needs 32 bytes, 16 are bound"):
         k.dispatch({0: y, 1: np.zeros(4, np.float32)}, threadgroups=(1,), threads=(1,))

@@ -192,17 +192,18 @@ class CpuCommandBuffer final : public CommandBuffer {
   }
   void set_buffer(uint32_t index, const std::shared_ptr<Buffer>& buffer, size_t offset) override {
     check_index(index);
-    if (!buffer) throw GpuError("[cpu] set_buffer: null buffer at index " + std::to_string(index));
+    if (!buffer) throw GpuError("[cpu] set_buffer: null buffer at index " + std::to_string(index) + for_kernel());
     if (offset > buffer->size())
       throw GpuError("[cpu] set_buffer: offset " + std::to_string(offset) + " is past the end of a " +
-                     std::to_string(buffer->size()) + "-byte buffer (index " + std::to_string(index) + ")");
+                     std::to_string(buffer->size()) + "-byte buffer (index " + std::to_string(index) + ")" +
+                     for_kernel());
     bindings_[index] = Binding{buffer, offset, nullptr};
   }
   void set_bytes(uint32_t index, const void* data, size_t size) override {
     check_index(index);
     if (size > mq_abi::kMaxSetBytes)
       throw GpuError("[cpu] set_bytes: " + std::to_string(size) + " bytes at index " + std::to_string(index) +
-                     " exceed the limit of " + std::to_string(mq_abi::kMaxSetBytes) + "; use a buffer");
+                     " exceed the limit of " + std::to_string(mq_abi::kMaxSetBytes) + "; use a buffer" + for_kernel());
     auto copy = std::make_shared<std::vector<unsigned char>>(size + 16);  // slack: never a zero-size vector
     std::memcpy(copy->data(), data, size);
     copy->resize(size);
@@ -240,6 +241,8 @@ class CpuCommandBuffer final : public CommandBuffer {
   }
 
  private:
+  // Names the kernel being encoded in argument errors, when one is set.
+  std::string for_kernel() const { return kernel_ ? " (kernel '" + kernel_->name() + "')" : ""; }
   void check_open() const {
     if (committed_) throw GpuError("[cpu] the command buffer was already committed");
   }
