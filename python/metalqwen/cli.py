@@ -64,7 +64,7 @@ def _print_stream(model, prompt, options: dict, chat: bool) -> list[int]:
 
 
 def _report(model) -> None:
-    s = model._stats
+    s = model.last_stats
     print(f"prompt: {s.prompt_tokens} tokens, {s.prompt_tokens_per_second:.1f} tok/s | "
           f"decode: {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s | "
           f"{s.engine.get('dispatches_last_step', 0)} dispatches per step", file=sys.stderr)

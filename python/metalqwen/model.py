@@ -75,6 +75,8 @@ class Model:
         self.device = device
         self._engine = engine
         self.eos_token_ids = sorted(set(self.config.eos_token_ids) | {tokenizer.eos_token_id} - {None})
+        # Statistics of the latest generate/stream (complete once the stream is exhausted).
+        self.last_stats: GenerationStats | None = None
 
     @property
     def max_context(self) -> int:
@@ -110,7 +112,7 @@ class Model:
             text.append(chunk.text)
             if chunk.token is not None:
                 tokens.append(chunk.token)
-        return Generation(tokens=tokens, text="".join(text), finish_reason=self._finish, stats=self._stats)
+        return Generation(tokens=tokens, text="".join(text), finish_reason=self._finish, stats=self.last_stats)
 
     def stream(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None,
@@ -131,7 +133,7 @@ class Model:
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
         sampling = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), seed=int(seed))
-        stats = self._stats = GenerationStats(prompt_tokens=len(ids))
+        stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
         self._finish = "length"
 
         start = time.perf_counter()

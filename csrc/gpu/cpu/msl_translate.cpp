@@ -149,10 +149,8 @@ class LineMap {
     }
   }
   std::string where(size_t offset) const {
-    auto it = std::upper_bound(lines_.begin(), lines_.end(), offset,
-                               [](size_t o, const Line& l) { return o < l.start; });
-    const Line& l = *(it - 1);
-    return l.file + ":" + std::to_string(l.line);
+    auto [file, line] = file_line(offset);
+    return file + ":" + std::to_string(line);
   }
   std::pair<std::string, unsigned> file_line(size_t offset) const {
     auto it = std::upper_bound(lines_.begin(), lines_.end(), offset,
