@@ -58,8 +58,9 @@ struct RuntimeApi {
   // same address for every thread of a group, filled with NaN before the group.
   void* (*threadgroup_alloc)(const void* site_key, size_t size, size_t align);
   // Stops the dispatch with this message (raised from CommandBuffer::wait); never returns.
-  // Only a kernel's own thread may call it, never a CollectiveFn.
-  void (*fail)(const char* message) __attribute__((noreturn));
+  // Only a kernel's own thread may call it, never a CollectiveFn. The pointer type is
+  // not noreturn: clang does not convert a lambda to one (callers add unreachable).
+  void (*fail)(const char* message);
 };
 
 enum class ParamKind : uint32_t {

@@ -31,7 +31,7 @@ struct mq_message {
 };
 [[noreturn]] inline void mq_fail(const mq_message& m) {
   mq_runtime->fail(m.text);
-  __builtin_unreachable();  // fail never returns, whether or not its pointer type says so
+  __builtin_unreachable();  // fail never returns; its pointer type cannot say so portably
 }
 
 namespace metal {
