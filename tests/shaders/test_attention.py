@@ -121,6 +121,9 @@ PREP_CASES = [
     ("f16", 8, 2, 33, 31, 1e6),
     ("q8", 2, 1, 3, 100000, 1e7),  # large positions: float32 angles would be off by ~1e-2 rad
     ("f16", 2, 1, 2, 100000, 1e6),
+    # rows * (nq + 2 nkv) not a multiple of the SIMD-groups per threadgroup: the last group is partial
+    ("q8", 3, 1, 3, 9, 1e6),
+    ("f16", 5, 1, 1, 2, 1e7),
 ]
 
 
