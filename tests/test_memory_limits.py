@@ -145,18 +145,19 @@ def test_a_model_beyond_the_working_set_is_refused_before_loading(monkeypatch, d
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
-def test_a_refused_model_leaves_nothing_loaded(monkeypatch, demo):
+def test_a_refused_model_loads_nothing_and_leaves_nothing_mapped(monkeypatch, demo, tmp_path, capsys):
     import gc
 
-    gc.collect()
-    shard = os.path.join(demo, "model.safetensors")
-    assert not _mapped(shard)
+    private = shutil.copytree(demo, tmp_path / "private")  # other tests keep models of `demo` loaded
+    shard = private / "model.safetensors"
     with pytest.raises(gpu.GpuError, match="does not fit"):
-        load(demo, device=_cpu(monkeypatch, working_set=4096), max_context=512, progress=False)
+        load(private, device=_cpu(monkeypatch, working_set=4096), max_context=512, progress=True)
+    assert "loading onto" not in capsys.readouterr().err, "refused only after placing weights"
     gc.collect()
-    assert not _mapped(shard), "the refused load mapped the checkpoint"
-    # The control: a load that is admitted maps it, so the check above can fail.
-    model = load(demo, device=_cpu(monkeypatch), max_context=512, progress=False)
+    assert not _mapped(shard), "the refused load left the checkpoint mapped"
+    # The control: an admitted load reports progress and maps the file, so both checks can fail.
+    model = load(private, device=_cpu(monkeypatch), max_context=512, progress=True)
+    assert "loading onto" in capsys.readouterr().err
     assert _mapped(shard)
     del model
 
