@@ -63,6 +63,11 @@ struct Workspace {
   uint32_t argmax_chunk, argmax_partials;
 };
 
+// Bytes of one attention layer's K (or V) cache at max_context.
+size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
+// Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.
+uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
+
 std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
 // Bytes of weights one decode step streams (every projection once, the lm_head, norms).
 uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers,

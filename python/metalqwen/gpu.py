@@ -1,7 +1,8 @@
 """The low-level GPU API: compile MSL, make buffers, dispatch kernels.
 
 ``Device()`` is Metal where available, else the CPU runtime that runs the same MSL
-on the CPU; ``Device("cpu")`` forces the CPU runtime.
+on the CPU; ``Device("cpu")`` forces the CPU runtime. On Apple silicon ``Device()``
+never falls back silently: if Metal cannot be opened it raises GpuError saying why.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 from . import _core
 from .errors import CompileError, GpuError
 
-__all__ = ["Device", "Buffer", "Library", "Kernel", "CommandBuffer", "GpuError", "CompileError", "available_kinds"]
+__all__ = ["Device", "Buffer", "Library", "Kernel", "CommandBuffer", "GpuError", "CompileError", "available_kinds",
+           "metal_unavailable_reason"]
 
 MAX_ARGUMENT_INDEX = 30  # Metal's argument table has 31 slots
 
@@ -21,6 +23,11 @@ MAX_ARGUMENT_INDEX = 30  # Metal's argument table has 31 slots
 def available_kinds() -> list[str]:
     """Device kinds this build and machine offer, best first."""
     return list(_core.available_device_kinds())
+
+
+def metal_unavailable_reason() -> str | None:
+    """Why Metal cannot be used on this machine and build, or None when it can."""
+    return _core.metal_unavailable_reason() or None
 
 
 def _size3(value, what: str) -> tuple[int, int, int]:
@@ -169,7 +176,8 @@ class Library:
 
 
 class Device:
-    """A GPU: ``Device()`` picks Metal where available, else the CPU runtime."""
+    """A GPU: ``Device()`` picks Metal where available, else the CPU runtime (on Apple silicon
+    it raises GpuError with the reason instead)."""
 
     def __init__(self, kind: str | None = None):
         if kind not in (None, "metal", "cpu"):
@@ -183,6 +191,16 @@ class Device:
     @property
     def name(self) -> str:
         return self._native.name
+
+    @property
+    def max_buffer_length(self) -> int:
+        """Bytes of the largest single buffer (Metal: maxBufferLength)."""
+        return self._native.max_buffer_length
+
+    @property
+    def recommended_working_set(self) -> int:
+        """Bytes the GPU may use in all (Metal: recommendedMaxWorkingSetSize)."""
+        return self._native.recommended_working_set
 
     def compile(self, source: str, name: str = "<source>") -> Library:
         """Compiles MSL text; raises CompileError carrying the compiler's diagnostics."""

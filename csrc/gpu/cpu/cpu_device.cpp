@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>  // sysconf
+
 #include "kernel_compiler.h"
 #include "threadgroup_runner.h"
 #include "worker_pool.h"
@@ -300,13 +302,35 @@ class CpuCommandBuffer final : public CommandBuffer {
   std::shared_ptr<CommandQueue::Completion> completion_;
 };
 
+// A memory limit: the machine's RAM unless the environment variable lowers it (tests
+// simulate a small Mac with METALQWEN_CPU_MAX_BUFFER_BYTES / METALQWEN_CPU_WORKING_SET_BYTES).
+uint64_t memory_limit(const char* variable) {
+  const uint64_t ram = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return ram;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || value == 0 || text[0] == '-')
+    throw GpuError(std::string("[cpu] ") + variable + "='" + text + "' is not a positive number of bytes");
+  return std::min<uint64_t>(value, ram);
+}
+
 class CpuDevice final : public Device {
  public:
-  CpuDevice() : queue_(std::make_shared<CommandQueue>()) {}
+  CpuDevice()
+      : queue_(std::make_shared<CommandQueue>()),
+        max_buffer_length_(size_t(memory_limit("METALQWEN_CPU_MAX_BUFFER_BYTES"))),
+        working_set_(memory_limit("METALQWEN_CPU_WORKING_SET_BYTES")) {}
   std::string kind() const override { return "cpu"; }
   std::string name() const override { return "metalqwen CPU runtime"; }
-  std::shared_ptr<Buffer> new_buffer(size_t size) override { return std::make_shared<CpuBuffer>(size); }
+  size_t max_buffer_length() const override { return max_buffer_length_; }
+  uint64_t recommended_working_set() const override { return working_set_; }
+  std::shared_ptr<Buffer> new_buffer(size_t size) override {
+    check_buffer_length("cpu", name(), size, max_buffer_length_);
+    return std::make_shared<CpuBuffer>(size);
+  }
   std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
+    check_buffer_length("cpu", name(), size, max_buffer_length_);
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
   }
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
@@ -316,6 +340,8 @@ class CpuDevice final : public Device {
 
  private:
   std::shared_ptr<CommandQueue> queue_;
+  size_t max_buffer_length_;
+  uint64_t working_set_;
 };
 
 }  // namespace
