@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "division_fault.h"
 #include "kernel_compiler.h"
 #include "threadgroup_runner.h"
 #include "worker_pool.h"
@@ -96,10 +97,12 @@ void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t str
                      grid = d.launch.threads_per_grid;
   const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes, &schedule, stream};
   const size_t count = size_t(groups.x) * groups.y * groups.z;
+  cpu::install_division_fault_handler();
   std::vector<uint32_t> group_order(count);
   cpu::ScheduleOrder(schedule, stream).permute(0, uint32_t(count), group_order.data());
   cpu::WorkerPool::instance().run(count, [&](size_t i) {
     const size_t g = group_order[i];
+    const cpu::KernelDivisionScope in_kernel;
     mq_abi::Dim3 pos = {uint32_t(g % groups.x), uint32_t(g / groups.x % groups.y), uint32_t(g / groups.x / groups.y)};
     // Edge groups of a dispatch_threads grid hold only the threads inside the grid.
     mq_abi::Dim3 size = {std::min(tpg.x, grid.x - pos.x * tpg.x), std::min(tpg.y, grid.y - pos.y * tpg.y),
