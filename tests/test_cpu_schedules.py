@@ -60,6 +60,18 @@ kernel void arrival_order(device uint* order [[buffer(0)]], uint tid [[thread_in
     const uint t = atomic_fetch_add_explicit(&tickets, 1u, memory_order_relaxed);
     order[group * n + t] = tid;
 }
+// Lane 0 of each SIMD-group takes a ticket before each of 4 collectives:
+//   order [4 * simdgroups]: sg * 4 + step of the t-th ticket.
+kernel void step_order(device uint* order [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                       uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
+    threadgroup atomic_uint tickets;
+    if (tid == 0) atomic_store_explicit(&tickets, 0u, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint step = 0; step < 4; step++) {
+        if (lane == 0) order[atomic_fetch_add_explicit(&tickets, 1u, memory_order_relaxed)] = sg * 4 + step;
+        simdgroup_barrier(mem_flags::mem_none);
+    }
+}
 // order[t]: the group that started t-th.
 kernel void group_order(device atomic_uint* next [[buffer(0)]], device uint* order [[buffer(1)]],
                         uint group [[threadgroup_position_in_grid]]) {
@@ -89,6 +101,23 @@ def test_random_order_is_reproducible_per_seed_and_varies_between_groups():
     assert len({tuple(row[::32] // 32) for row in first}) > 1, "SIMD-groups should run in varying orders"
     dev = device("random:7")
     assert (lane_order(dev, 96) != lane_order(dev, 96)).any(), "successive dispatches should differ"
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_simdgroups_run_one_after_another_or_interleave_at_collectives(schedule):
+    dev = device(schedule)
+    order = dev.buffer(np.full(16, 0xFFFFFFFF, np.uint32))
+    build(dev, ORDER_SRC).kernel("step_order").dispatch({0: order}, threadgroups=(1,), threads=(128,))
+    got = order.numpy(np.uint32)
+    assert sorted(got.tolist()) == list(range(16))
+    for sg in range(4):  # each SIMD-group's own steps stay in program order
+        assert [t % 4 for t in got if t // 4 == sg] == [0, 1, 2, 3]
+    if schedule == "forward":
+        assert got.tolist() == list(range(16))
+    elif schedule == "reverse":
+        assert (got // 4).tolist() == [3] * 4 + [2] * 4 + [1] * 4 + [0] * 4
+    else:
+        assert (np.diff(got // 4) != 0).sum() > 3, "random should interleave SIMD-groups between collectives"
 
 
 @pytest.mark.parametrize("schedule", ["forward", "reverse"])
