@@ -137,7 +137,10 @@ void ThreadgroupRunner::check_lane_ops(uint32_t first, uint32_t end, uint32_t si
                           describe(first_differs ? t.first_lane_op_site : t.last_lane_op_site));
     }
   }
-  for (uint32_t i = first; i < end; ++i) threads_[i]->lane_ops = 0, threads_[i]->lane_op_trace = 0;
+  for (uint32_t i = first; i < end; ++i) {
+    threads_[i]->lane_ops = 0;
+    threads_[i]->lane_op_trace = 0;
+  }
 }
 
 bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
