@@ -76,8 +76,12 @@ void ThreadgroupRunner::yield_current(State state) {
 void ThreadgroupRunner::fail(const std::string& message) {
   // A CollectiveFn runs on the scheduler's stack: there is no fiber to park.
   if (!in_fiber_) throw gpu::GpuError("[cpu] kernel '" + std::string(work_->kernel->name) + "': " + message);
-  error_ = "[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " + dim3(group_position_) +
-           ", thread " + std::to_string(current_) + "): " + message;
+  // Lanes failing in the same step report the lowest one, whatever the schedule.
+  if (error_.empty() || current_ < failed_thread_) {
+    error_ = "[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " + dim3(group_position_) +
+             ", thread " + std::to_string(current_) + "): " + message;
+    failed_thread_ = current_;
+  }
   yield_current(State::failed);
   __builtin_unreachable();
 }
@@ -148,11 +152,13 @@ bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
   const uint32_t end = std::min(thread_count_, first + mq_abi::kSimdWidth);
   uint32_t lanes_in_order[mq_abi::kSimdWidth];
   order_->permute(first, end - first, lanes_in_order);
+  bool failed = false;
   for (uint32_t k = 0; k < end - first; ++k) {
     const uint32_t i = lanes_in_order[k];
     if (threads_[i]->state == State::runnable) resume(i);
-    if (threads_[i]->state == State::failed) throw gpu::GpuError(error_);
+    failed |= threads_[i]->state == State::failed;
   }
+  if (failed) throw gpu::GpuError(error_);
   check_lane_ops(first, end, simdgroup);
   const Thread* collective = nullptr;
   const Thread* at_barrier = nullptr;

@@ -71,6 +71,7 @@ class ThreadgroupRunner {
   mq_abi::Dim3 group_position_{};
   ScheduleOrder* order_ = nullptr;  // this group's schedule decisions
   std::string error_;
+  uint32_t failed_thread_ = 0;  // whose message error_ holds
 
   // Threadgroup memory: one arena per runner, offsets assigned per declaration site.
   std::vector<unsigned char> arena_;
