@@ -122,16 +122,24 @@ void set_results(greg_t* gregs, int bits, uint64_t quotient, uint64_t remainder)
   }
 }
 
+void take_default_action(int sig) {
+  signal(sig, SIG_DFL);
+  raise(sig);  // delivered once the handler returns (a hardware fault also repeats then)
+}
+
 void chain_to_previous(int sig, siginfo_t* info, void* context) {
+  // A previous handler that chains back to us (it saved ours) would loop forever.
+  static __attribute__((tls_model("initial-exec"))) thread_local bool chaining = false;
+  if (chaining) return take_default_action(sig);
+  chaining = true;
   if (g_previous.sa_flags & SA_SIGINFO) {
     g_previous.sa_sigaction(sig, info, context);
   } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
     g_previous.sa_handler(sig);
   } else {
-    // Default action (a SIGFPE cannot be ignored usefully: the fault would repeat forever).
-    signal(sig, SIG_DFL);
-    raise(sig);
+    take_default_action(sig);  // also for SIG_IGN: an ignored division fault would repeat forever
   }
+  chaining = false;
 }
 
 void on_sigfpe(int sig, siginfo_t* info, void* context) {
