@@ -65,7 +65,8 @@ def first_failure(dev, lib, checks):
     return None
 
 
-@pytest.mark.parametrize("file,anchor,checks", MUTANTS, ids=[f"{f}:{a.splitlines()[-1].strip()}" for f, a, _ in MUTANTS])
+@pytest.mark.parametrize("file,anchor,checks", MUTANTS,
+                         ids=[f"{file}:{anchor.splitlines()[-1].strip()}" for file, anchor, _ in MUTANTS])
 def test_removing_the_barrier_fails_a_test_under_a_ci_schedule(file, anchor, checks):
     for schedule in CI_SCHEDULES:
         dev = gpu.Device("cpu", schedule=schedule)

@@ -332,7 +332,8 @@ class CpuDevice final : public Device {
 }  // namespace
 
 std::shared_ptr<Device> open_cpu_device(const std::string& schedule) {
-  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment() : cpu::Schedule::parse(schedule));
+  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment()
+                                                      : cpu::Schedule::parse(schedule));
 }
 
 }  // namespace mq::gpu

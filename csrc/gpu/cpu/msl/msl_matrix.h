@@ -57,7 +57,8 @@ simdgroup_matrix<T, Cols, Rows>::simdgroup_matrix(T diagonal, mq_abi::Site site)
 // or, transposed, at memory[(origin.x + c) * elements_per_row + origin.y + r].
 inline ulong mq_matrix_offset(int lane, int k, ulong elements_per_row, ulong2 origin, bool transpose) {
   const ulong r = ulong(mq_fragment_row(lane)), c = ulong(mq_fragment_col(lane) + k);
-  return transpose ? (origin.x + c) * elements_per_row + origin.y + r : (origin.y + r) * elements_per_row + origin.x + c;
+  return transpose ? (origin.x + c) * elements_per_row + origin.y + r
+                   : (origin.y + r) * elements_per_row + origin.x + c;
 }
 
 // Device and threadgroup pointers are both plain pointers here: one overload serves both.
