@@ -114,3 +114,14 @@ def test_faults_outside_kernels_reach_the_previous_handler():
     assert "python handler: [True]" in proc.stdout
     assert "survived" not in proc.stdout
     assert proc.returncode == -signal.SIGFPE, (proc.returncode, proc.stderr)
+
+
+def test_divisions_by_zero_on_every_worker_at_once():
+    dev = gpu.Device("cpu")
+    groups, threads = 64, 32
+    a = np.arange(groups * threads, dtype=np.int32) - 1000
+    b = np.where(np.arange(a.size) % 3 == 0, 0, 7).astype(np.int32)
+    out = dev.empty(a.nbytes * 4)
+    dev.compile(DIVIDE_SRC, "divide.metal").kernel("divide32").dispatch(
+        {0: dev.buffer(a), 1: dev.buffer(b), 2: out}, threadgroups=(groups,), threads=(threads,))
+    np.testing.assert_array_equal(out.numpy(np.int32, (a.size, 4)), expected(a, b, np.int32))
