@@ -50,7 +50,7 @@ def test_environment_variable_selects_and_validates(monkeypatch):
 # ---------------------------------------------------------------- the orders themselves
 
 ORDER_SRC = """
-// Each thread takes a ticket when it first runs: the tickets give the order threads ran in.
+// Each thread takes a ticket once past the barrier: the tickets give the order threads ran in.
 //   order [groups][threads]: thread index of the t-th arrival in each group.
 kernel void arrival_order(device uint* order [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
                           uint group [[threadgroup_position_in_grid]], uint n [[threads_per_threadgroup]]) {
