@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "engine/shader_source.h"
+#include "gpu/cpu/cpu_device.h"
 #include "gpu/device.h"
 
 namespace py = pybind11;
@@ -21,6 +22,7 @@ void bind_gpu(py::module_& m) {
   m.def("available_device_kinds", &available_device_kinds);
   m.def("metal_unavailable_reason", &metal_unavailable_reason);
   m.def("open_device", &open_device, py::arg("kind"));
+  m.def("open_cpu_device", &open_cpu_device, py::arg("schedule"));
 
   py::class_<Buffer, std::shared_ptr<Buffer>>(m, "Buffer", py::buffer_protocol())
       .def_property_readonly("nbytes", &Buffer::size)

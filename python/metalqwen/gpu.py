@@ -179,10 +179,14 @@ class Device:
     """A GPU: ``Device()`` picks Metal where available, else the CPU runtime (on Apple silicon
     it raises GpuError with the reason instead)."""
 
-    def __init__(self, kind: str | None = None):
+    def __init__(self, kind: str | None = None, *, schedule: str | None = None):
+        """``schedule`` (CPU runtime only): "forward", "reverse" or "random:SEED", the order in
+        which lanes, SIMD-groups and threadgroups run; default METALQWEN_CPU_SCHEDULE, else forward."""
         if kind not in (None, "metal", "cpu"):
             raise ValueError(f'device kind must be "metal", "cpu" or None, got {kind!r}')
-        self._native = _core.open_device(kind or "")
+        if schedule is not None and kind != "cpu":
+            raise ValueError('schedule= needs the CPU runtime: Device("cpu", schedule=...)')
+        self._native = _core.open_device(kind or "") if schedule is None else _core.open_cpu_device(schedule)
 
     @property
     def kind(self) -> str:

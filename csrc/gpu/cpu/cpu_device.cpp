@@ -11,6 +11,7 @@
 
 #include <unistd.h>  // sysconf
 
+#include "division_fault.h"
 #include "kernel_compiler.h"
 #include "threadgroup_runner.h"
 #include "worker_pool.h"
@@ -91,12 +92,19 @@ struct Dispatch {
   bool barrier_before = false;
 };
 
-void run_dispatch(const Dispatch& d) {
+// `stream` seeds the schedule's decisions for this dispatch (threadgroup order, then
+// SIMD-group and lane order inside each group).
+void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t stream) {
   const mq_abi::Dim3 groups = d.launch.threadgroups_per_grid, tpg = d.launch.dispatch_threads_per_threadgroup,
                      grid = d.launch.threads_per_grid;
-  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes};
+  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes, &schedule, stream};
   const size_t count = size_t(groups.x) * groups.y * groups.z;
-  cpu::WorkerPool::instance().run(count, [&](size_t g) {
+  cpu::install_division_fault_handler();
+  std::vector<uint32_t> group_order(count);
+  cpu::ScheduleOrder(schedule, stream).permute(0, uint32_t(count), group_order.data());
+  cpu::WorkerPool::instance().run(count, [&](size_t i) {
+    const size_t g = group_order[i];
+    const cpu::KernelDivisionScope in_kernel;
     mq_abi::Dim3 pos = {uint32_t(g % groups.x), uint32_t(g / groups.x % groups.y), uint32_t(g / groups.x / groups.y)};
     // Edge groups of a dispatch_threads grid hold only the threads inside the grid.
     mq_abi::Dim3 size = {std::min(tpg.x, grid.x - pos.x * tpg.x), std::min(tpg.y, grid.y - pos.y * tpg.y),
@@ -115,7 +123,7 @@ class CommandQueue {
     std::exception_ptr error;
   };
 
-  CommandQueue() : thread_([this] { loop(); }) {}
+  explicit CommandQueue(cpu::Schedule schedule) : schedule_(schedule), thread_([this] { loop(); }) {}
   ~CommandQueue() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -141,11 +149,12 @@ class CommandQueue {
 
   // Dispatches between two barriers run last-first: a legal GPU order that
   // exposes a missing barrier, which plain in-order execution would hide.
-  static void execute(const std::vector<Dispatch>& work) {
+  void execute(const std::vector<Dispatch>& work) {
     for (size_t begin = 0; begin < work.size();) {
       size_t end = begin + 1;
       while (end < work.size() && !work[end].barrier_before) ++end;
-      for (size_t i = end; i-- > begin;) run_dispatch(work[i]);
+      for (size_t i = end; i-- > begin;)
+        run_dispatch(work[i], schedule_, cpu::schedule_substream(schedule_.seed, dispatches_run_++));
       begin = end;
     }
   }
@@ -174,6 +183,8 @@ class CommandQueue {
     }
   }
 
+  const cpu::Schedule schedule_;
+  uint64_t dispatches_run_ = 0;  // numbers the dispatches: each gets its own random stream
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
@@ -317,8 +328,8 @@ uint64_t memory_limit(const char* variable) {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice()
-      : queue_(std::make_shared<CommandQueue>()),
+  explicit CpuDevice(cpu::Schedule schedule)
+      : queue_(std::make_shared<CommandQueue>(schedule)),
         max_buffer_length_(size_t(memory_limit("METALQWEN_CPU_MAX_BUFFER_BYTES"))),
         working_set_(memory_limit("METALQWEN_CPU_WORKING_SET_BYTES")) {}
   std::string kind() const override { return "cpu"; }
@@ -346,6 +357,9 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::shared_ptr<Device> open_cpu_device() { return std::make_shared<CpuDevice>(); }
+std::shared_ptr<Device> open_cpu_device(const std::string& schedule) {
+  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment()
+                                                      : cpu::Schedule::parse(schedule));
+}
 
 }  // namespace mq::gpu

@@ -1,9 +1,12 @@
 // The CPU runtime's Device (see DESIGN.md section 3).
 #pragma once
 #include <memory>
+#include <string>
 
 #include "../device.h"
 
 namespace mq::gpu {
-std::shared_ptr<Device> open_cpu_device();
+// `schedule`: "forward", "reverse" or "random:SEED" (see schedule.h); empty means
+// METALQWEN_CPU_SCHEDULE, else forward.
+std::shared_ptr<Device> open_cpu_device(const std::string& schedule = "");
 }
