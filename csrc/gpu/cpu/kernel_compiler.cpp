@@ -42,7 +42,7 @@ void compile_object(const Toolchain& tools, const std::string& cpp_source, const
   write_file_atomically(src_path, cpp_source);
   const std::string tmp_so = base + ".tmp" + std::to_string(getpid()) + ".so";
   auto [status, diagnostics] =
-      run_command(shell_quote(tools.cxx) + " " + kCompileFlags + " -I" + shell_quote(tools.include_dir + "/msl") +
+      run_command(shell_quote(tools.cxx) + " " + kCompileFlags + " " + tools.cxx_flags + " -I" + shell_quote(tools.include_dir + "/msl") +
                   " -o " + shell_quote(tmp_so) + " " + shell_quote(src_path));
   if (status != 0) {
     std::remove(tmp_so.c_str());
@@ -73,7 +73,7 @@ std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, cons
   std::lock_guard<std::mutex> lock(mutex);
 
   const Toolchain tools = toolchain();
-  const uint64_t toolchain_key = fnv1a(tools.identity + kCompileFlags + tools.include_dir);
+  const uint64_t toolchain_key = fnv1a(tools.identity + kCompileFlags + tools.cxx_flags + tools.include_dir);
   // What a raw source becomes also depends on its name (it is in the line markers), the
   // preprocessing flags and this runtime's translator; `<key>.ref` holds the object key.
   const uint64_t source_key =
