@@ -11,7 +11,7 @@ struct Toolchain {
   std::string cxx;          // the compiler command
   std::string identity;     // its --version text, part of every cache key
   std::string cache_dir;    // sources, objects and headers live here
-  std::string include_dir;  // the compatibility headers: abi.h, msl/metal_stdlib, ...
+  std::string include_dir;  // abi.h, msl/metal_stdlib, ... and the MSL check's msl_strict/
   std::string standin_dir;  // an empty file named like each msl/ header
 };
 
