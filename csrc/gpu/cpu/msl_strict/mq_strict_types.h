@@ -34,6 +34,15 @@ typedef double mq_strict_double __attribute__((unavailable("Metal has no double;
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wkeyword-macro"
 #define double mq_strict_double
+// C++ that MSL leaves out (the MSL specification's "Restrictions" section); exceptions and
+// RTTI are off by compiler flag (msl_check.cpp).
+#define MQ_STRICT_UNSUPPORTED(what) _Pragma(MQ_STRICT_STRING(GCC error what " are not supported in Metal"))
+#define MQ_STRICT_STRING(text) #text
+#define virtual MQ_STRICT_UNSUPPORTED("virtual functions")
+#define goto MQ_STRICT_UNSUPPORTED("goto statements")
+#define new MQ_STRICT_UNSUPPORTED("new expressions")
+#define thread_local MQ_STRICT_UNSUPPORTED("thread_local variables")
+#define register MQ_STRICT_UNSUPPORTED("register variables")
 #pragma clang diagnostic pop
 
 // bfloat (MSL 3.1) as clang's storage-only __fp16: a distinct 2-byte type whose arithmetic
