@@ -5,10 +5,10 @@
 #include <set>
 #include <vector>
 
+#include "msl_text.h"
+
 namespace mq::cpu {
 namespace {
-
-bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
 // Attributes the MSL specification defines (functions, arguments, kernel builtins);
 // anything else in [[...]] stays for clang, which rejects it (-Werror=unknown-attributes).
@@ -32,24 +32,6 @@ const std::set<std::string>& vector_element_types() {
   return names;
 }
 
-// The text with string and character literals blanked, same length, so scans skip them.
-std::string mask_literals(const std::string& s) {
-  std::string m = s;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '"' && s[i] != '\'') continue;
-    size_t e = i + 1;
-    while (e < s.size() && s[e] != s[i] && s[e] != '\n') e += s[e] == '\\' ? 2 : 1;
-    for (size_t k = i + 1; k < e && k < s.size(); ++k) m[k] = ' ';
-    i = e;
-  }
-  return m;
-}
-
-size_t skip_space(const std::string& m, size_t i) {
-  while (i < m.size() && std::isspace(static_cast<unsigned char>(m[i]))) ++i;
-  return i;
-}
-
 // Index of the bracket closing the one at `open`, or npos.
 size_t closing_bracket(const std::string& m, size_t open) {
   int depth = 0;
@@ -58,14 +40,6 @@ size_t closing_bracket(const std::string& m, size_t open) {
     if (depth == 0) return i;
   }
   return std::string::npos;
-}
-
-std::vector<size_t> find_word(const std::string& m, const std::string& word) {
-  std::vector<size_t> hits;
-  for (size_t i = m.find(word); i != std::string::npos; i = m.find(word, i + 1))
-    if ((i == 0 || !is_ident_char(m[i - 1])) && (i + word.size() >= m.size() || !is_ident_char(m[i + word.size()])))
-      hits.push_back(i);
-  return hits;
 }
 
 void blank(std::string& m, size_t begin, size_t end) {
@@ -216,7 +190,7 @@ void mark_upper_case_half_literals(const std::string& m, std::vector<Edit>& edit
 
 std::string strict_check_source(const std::string& preprocessed_msl) {
   std::string out = preprocessed_msl;
-  std::string m = mask_literals(out);
+  std::string m = mask_comments_and_strings(out);
   const std::vector<size_t> bracketed_kernels = remove_metal_attributes(out, m);
   std::vector<Edit> edits;
   mark_threadgroup_variables(out, m, kernel_bodies(m, bracketed_kernels), edits);
