@@ -162,8 +162,8 @@ void mark_vector_constructors(const std::string& m, std::vector<Edit>& edits) {
                         vector_element_types().count(word.substr(0, word.size() - 1));
     size_t before = i;
     while (before > 0 && std::isspace(static_cast<unsigned char>(m[before - 1]))) --before;
-    const bool member = before > 0 && (m[before - 1] == '.' || m[before - 1] == ':' ||
-                                       (before > 1 && m.compare(before - 2, 2, "->") == 0));
+    const bool member = before > 0 && (m[before - 1] == '.' || (before > 1 && (m.compare(before - 2, 2, "::") == 0 ||
+                                                                               m.compare(before - 2, 2, "->") == 0)));
     const size_t next = skip_space(m, end);
     if (vector && !member && next < m.size() && m[next] == '(') edits.push_back({i, 0, "mq_make_"});
     i = end;
