@@ -59,10 +59,17 @@ void run_check(const std::string& source, const std::string& source_name, const 
                             shell_quote(tools.include_dir + "/msl_strict") + " " + shell_quote(path))
               : std::pair<int, std::string>{-1, "cannot write " + path};
   std::remove(path.c_str());
-  if (status != 0)
-    throw gpu::CompileError("[msl-check] " + source_name +
-                                ": Apple's Metal compiler would reject this MSL (METALQWEN_CHECK_MSL=0 skips the check)",
-                            diagnostics);
+  if (status == 0) return;
+  // clang's C++ cannot copy a struct between address spaces, which Metal allows: say so.
+  const bool struct_copy = diagnostics.find("expects object in generic address space") != std::string::npos ||
+                           diagnostics.find("construct an object in address space") != std::string::npos;
+  throw gpu::CompileError(
+      "[msl-check] " + source_name + ": Apple's Metal compiler would reject this MSL" +
+          (struct_copy ? " (except a whole-struct copy between address spaces, which only this check refuses: "
+                         "copy such a struct field by field)"
+                       : "") +
+          " (METALQWEN_CHECK_MSL=0 skips the check)",
+      diagnostics);
 }
 
 }  // namespace
