@@ -36,6 +36,8 @@ MQ_STRICT_EACH_INTEGER(MQ_STRICT_INTEGER)
 #undef MQ_STRICT_FLOAT_ONLY
 #undef MQ_STRICT_COMMON
 #undef MQ_STRICT_INTEGER
+#undef MQ_STRICT_EACH_FLOAT
+#undef MQ_STRICT_EACH_INTEGER
 
 template <class T> using mq_if_float = enable_if_t<mq_scalar_of<T>::floating, T>;
 template <class T> using mq_if_arith = enable_if_t<mq_scalar_of<T>::arithmetic, T>;

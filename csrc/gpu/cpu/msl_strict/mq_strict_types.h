@@ -6,8 +6,7 @@
 #define constant const __attribute__((address_space(2)))
 #define threadgroup __attribute__((address_space(3)))
 #define thread
-#define kernel
-
+#define kernel  // a kernel is a plain function here; msl_strict_source.h finds its body
 
 typedef unsigned char uchar;
 typedef unsigned short ushort;
