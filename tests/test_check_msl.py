@@ -170,6 +170,16 @@ kernel void k(device float* x [[buffer(0)]], constant float* c [[buffer(1)]]) {
 }""",
         r"no matching function for call to 'first'",
     ),
+    "kernel pointer parameter without an address space": (
+        """
+kernel void k(device float* x [[buffer(0)]], constant float& scale [[buffer(1)]]) { x[0] *= scale; }""",
+        """
+kernel void k(float* x [[buffer(0)]],  // <- rejected here
+              constant float& scale [[buffer(1)]]) {
+    x[0] *= scale;
+}""",
+        r"a kernel's pointer and reference parameters need device, constant or threadgroup",
+    ),
     "write through a constant pointer": (
         """
 kernel void k(device float* x [[buffer(0)]], constant float* c [[buffer(1)]]) {

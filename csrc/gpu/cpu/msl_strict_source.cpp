@@ -82,18 +82,46 @@ std::vector<size_t> remove_metal_attributes(std::string& out, std::string& m) {
   return kernels;
 }
 
-// [begin, end) of each kernel body; `starts` are the positions of `kernel` / [[kernel]].
-std::vector<std::pair<size_t, size_t>> kernel_bodies(const std::string& m, std::vector<size_t> starts) {
+// A kernel's parameter list (its brackets) and body (its braces; npos for a declaration).
+struct KernelSpan {
+  size_t params_open, params_close, body_open, body_close;
+};
+
+// `starts` are the positions of [[kernel]]; `kernel` keywords are found here.
+std::vector<KernelSpan> find_kernels(const std::string& m, std::vector<size_t> starts) {
   for (size_t at : find_word(m, "kernel")) starts.push_back(at);
-  std::vector<std::pair<size_t, size_t>> bodies;
+  std::vector<KernelSpan> kernels;
   for (size_t at : starts) {
     const size_t params = m.find('(', at);
     const size_t params_end = params == std::string::npos ? params : closing_bracket(m, params);
     if (params_end == std::string::npos) continue;
     const size_t body = skip_space(m, params_end + 1);
-    if (body < m.size() && m[body] == '{') bodies.push_back({body, closing_bracket(m, body)});
+    const bool defined = body < m.size() && m[body] == '{';
+    kernels.push_back({params, params_end, defined ? body : std::string::npos,
+                       defined ? closing_bracket(m, body) : std::string::npos});
   }
-  return bodies;
+  return kernels;
+}
+
+// Metal requires an address space on every pointer or reference parameter of a kernel.
+void mark_unqualified_kernel_pointers(const std::string& m, const std::vector<KernelSpan>& kernels,
+                                      std::vector<Edit>& edits) {
+  for (const KernelSpan& k : kernels) {
+    for (size_t begin = k.params_open + 1; begin < k.params_close;) {
+      size_t end = begin;
+      for (int depth = 0; end < k.params_close && !(depth == 0 && m[end] == ','); ++end)
+        depth += (m[end] == '(' || m[end] == '<' || m[end] == '[') - (m[end] == ')' || m[end] == '>' || m[end] == ']');
+      const std::string param = m.substr(begin, end - begin);
+      const bool indirect = param.find_first_of("*&") != std::string::npos;
+      const bool qualified = !find_word(param, "device").empty() || !find_word(param, "constant").empty() ||
+                             !find_word(param, "threadgroup").empty();
+      if (indirect && !qualified)
+        edits.push_back({skip_space(m, begin), 0,
+                         "_Pragma(\"GCC error \\\"a kernel's pointer and reference parameters need device, constant or "
+                         "threadgroup\\\"\") "});
+      begin = end + 1;
+    }
+  }
 }
 
 // Where the declaration of a threadgroup variable starting at `at` ends (its ';'), or npos
@@ -135,13 +163,14 @@ std::string threadgroup_reference(const std::string& text, size_t at, size_t end
   return out;
 }
 
-void mark_threadgroup_variables(const std::string& text, const std::string& m,
-                                const std::vector<std::pair<size_t, size_t>>& bodies, std::vector<Edit>& edits) {
+void mark_threadgroup_variables(const std::string& text, const std::string& m, const std::vector<KernelSpan>& kernels,
+                                std::vector<Edit>& edits) {
   for (size_t at : find_word(m, "threadgroup")) {
     bool simple = false;
     const size_t end = threadgroup_variable_end(m, at, simple);
     if (end == std::string::npos) continue;
-    const bool in_kernel = std::any_of(bodies.begin(), bodies.end(), [&](auto b) { return b.first < at && at < b.second; });
+    const bool in_kernel =
+        std::any_of(kernels.begin(), kernels.end(), [&](const KernelSpan& k) { return k.body_open < at && at < k.body_close; });
     if (!in_kernel)
       edits.push_back({at, 0, "_Pragma(\"GCC error \\\"a threadgroup variable must be declared in a kernel function\\\"\") "});
     else if (simple)
@@ -192,8 +221,10 @@ std::string strict_check_source(const std::string& preprocessed_msl) {
   std::string out = preprocessed_msl;
   std::string m = mask_comments_and_strings(out);
   const std::vector<size_t> bracketed_kernels = remove_metal_attributes(out, m);
+  const std::vector<KernelSpan> kernels = find_kernels(m, bracketed_kernels);
   std::vector<Edit> edits;
-  mark_threadgroup_variables(out, m, kernel_bodies(m, bracketed_kernels), edits);
+  mark_unqualified_kernel_pointers(m, kernels, edits);
+  mark_threadgroup_variables(out, m, kernels, edits);
   mark_vector_constructors(m, edits);
   mark_upper_case_half_literals(m, edits);
   std::sort(edits.begin(), edits.end(), [](const Edit& a, const Edit& b) { return a.pos > b.pos; });
