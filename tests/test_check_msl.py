@@ -91,7 +91,8 @@ kernel void idioms(device float4* v [[buffer(0)]], device atomic_uint* hits [[bu
     simdgroup_load(mat, tile);
     simdgroup_multiply_accumulate(mat, mat, mat, mat);
     simdgroup_store(mat, m);
-    v[lane] = fma(w, 0.5f, w) + max(w, float4(0.0f)) + as_type<float>(as_type<uint>(bias));
+    packed_float3 p3 = packed_float3(w.x, w.y, 1.0f);
+    v[lane] = fma(w, 0.5f, w) + max(w, float4(0.0f)) + as_type<float>(as_type<uint>(bias)) + float4(float3(p3), 0.0f);
 }
 """
 

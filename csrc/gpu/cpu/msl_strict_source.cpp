@@ -185,8 +185,9 @@ void mark_vector_constructors(const std::string& m, std::vector<Edit>& edits) {
     if (!is_ident_char(m[i]) || (i > 0 && is_ident_char(m[i - 1]))) continue;
     size_t end = i;
     while (end < m.size() && is_ident_char(m[end])) ++end;
-    const std::string word = m.substr(i, end - i);
-    const char last = word.back();
+    const size_t packed = m.compare(i, 7, "packed_") == 0 ? 7 : 0;  // packed_float3(...) as float3(...)
+    const std::string word = m.substr(i + packed, end - i - packed);
+    const char last = word.empty() ? ' ' : word.back();
     const bool vector = word.size() > 1 && last >= '2' && last <= '4' &&
                         vector_element_types().count(word.substr(0, word.size() - 1));
     size_t before = i;
@@ -194,7 +195,7 @@ void mark_vector_constructors(const std::string& m, std::vector<Edit>& edits) {
     const bool member = before > 0 && (m[before - 1] == '.' || (before > 1 && (m.compare(before - 2, 2, "::") == 0 ||
                                                                                m.compare(before - 2, 2, "->") == 0)));
     const size_t next = skip_space(m, end);
-    if (vector && !member && next < m.size() && m[next] == '(') edits.push_back({i, 0, "mq_make_"});
+    if (vector && !member && next < m.size() && m[next] == '(') edits.push_back({i, packed, "mq_make_"});
     i = end;
   }
 }

@@ -48,11 +48,15 @@ typedef double mq_strict_double __attribute__((unavailable("Metal has no double;
 // happens in float (clang 14/16 have no arithmetic __bf16).
 typedef __fp16 bfloat;
 
-// Metal's bool2..4 are left out: clang 14/16 have no bool ext_vector_type.
+// Metal's bool2..4 are left out: clang 14/16 have no bool ext_vector_type. Packed vectors
+// differ only in alignment, which a syntax check does not see: they are the same types.
 #define MQ_STRICT_VECTORS(T)                             \
   typedef T T##2 __attribute__((ext_vector_type(2)));    \
   typedef T T##3 __attribute__((ext_vector_type(3)));    \
-  typedef T T##4 __attribute__((ext_vector_type(4)));
+  typedef T T##4 __attribute__((ext_vector_type(4)));    \
+  typedef T##2 packed_##T##2;                            \
+  typedef T##3 packed_##T##3;                            \
+  typedef T##4 packed_##T##4;
 MQ_STRICT_VECTORS(char)
 MQ_STRICT_VECTORS(uchar)
 MQ_STRICT_VECTORS(short)
