@@ -54,10 +54,12 @@ void run_check(const std::string& source, const std::string& source_name, const 
   if (fd < 0) throw gpu::GpuError("[msl-check] cannot create a file in " + tools.cache_dir);
   const bool written = write(fd, text.data(), text.size()) == ssize_t(text.size());
   close(fd);
-  auto [status, diagnostics] =
-      written ? run_command(shell_quote(clang().command) + " " + kStrictFlags + " -I" +
-                            shell_quote(tools.include_dir + "/msl_strict") + " " + shell_quote(path))
-              : std::pair<int, std::string>{-1, "cannot write " + path};
+  if (!written) {
+    std::remove(path.c_str());
+    throw gpu::GpuError("[msl-check] cannot write " + path);
+  }
+  auto [status, diagnostics] = run_command(shell_quote(clang().command) + " " + kStrictFlags + " -I" +
+                                           shell_quote(tools.include_dir + "/msl_strict") + " " + shell_quote(path));
   std::remove(path.c_str());
   if (status == 0) return;
   // clang's C++ cannot copy a struct between address spaces, which Metal allows: say so.
