@@ -38,10 +38,13 @@ def marked_line(source: str) -> int:
     return lines[0]
 
 
-def checkout_library() -> str:
+def checkout_files() -> dict[str, str]:
     shaders = Path(__file__).resolve().parents[1] / "shaders"
-    files = {str(p.relative_to(shaders)): p.read_text() for p in sorted(shaders.rglob("*")) if p.suffix in (".metal", ".h")}
-    return _core.shader_library_source(files)
+    return {str(p.relative_to(shaders)): p.read_text() for p in sorted(shaders.rglob("*")) if p.suffix in (".metal", ".h")}
+
+
+def checkout_library() -> str:
+    return _core.shader_library_source(checkout_files())
 
 
 def test_seed_library_passes():
@@ -53,6 +56,16 @@ def test_seed_library_passes():
 def test_our_shader_library_passes():
     gpu.check_msl(checkout_library(), "metalqwen-shaders")
     gpu.check_msl(_core.shader_library_source(), "metalqwen-shaders (built in)")
+
+
+def test_an_error_in_the_assembled_library_names_its_shader_file_and_line():
+    files = checkout_files()
+    text = files["norm.metal"].rstrip("\n") + "\n"
+    bad_line = text.count("\n") + 2
+    files["norm.metal"] = text + "\ninline float widen(float v) { double d = v; return d; }\n"
+    with pytest.raises(gpu.CompileError) as info:
+        gpu.check_msl(_core.shader_library_source(files), "metalqwen-shaders")
+    assert re.search(rf"^shaders/norm\.metal:{bad_line}:\d+: error: .*Metal has no double", info.value.diagnostics, re.M)
 
 
 # Metal that plain C++ cannot say, or that the check rewrites: all of it must pass.
