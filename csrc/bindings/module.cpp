@@ -7,6 +7,7 @@
 
 #include "engine/shader_source.h"
 #include "gpu/cpu/cpu_device.h"
+#include "gpu/cpu/msl_check.h"
 #include "gpu/device.h"
 
 namespace py = pybind11;
@@ -64,6 +65,9 @@ void bind_gpu(py::module_& m) {
       .def("new_buffer", &Device::new_buffer, py::arg("nbytes"))
       .def("compile", &Device::compile, py::arg("source"), py::arg("name"), py::call_guard<py::gil_scoped_release>())
       .def("new_command_buffer", &Device::new_command_buffer);
+
+  m.def("check_msl", &mq::cpu::check_msl, py::arg("source"), py::arg("name"),
+        py::call_guard<py::gil_scoped_release>());
 }
 
 void bind_shaders(py::module_& m) {

@@ -15,7 +15,7 @@ from . import _core
 from .errors import CompileError, GpuError
 
 __all__ = ["Device", "Buffer", "Library", "Kernel", "CommandBuffer", "GpuError", "CompileError", "available_kinds",
-           "metal_unavailable_reason"]
+           "metal_unavailable_reason", "check_msl"]
 
 MAX_ARGUMENT_INDEX = 30  # Metal's argument table has 31 slots
 
@@ -28,6 +28,16 @@ def available_kinds() -> list[str]:
 def metal_unavailable_reason() -> str | None:
     """Why Metal cannot be used on this machine and build, or None when it can."""
     return _core.metal_unavailable_reason() or None
+
+
+def check_msl(source: str, name: str = "<source>") -> None:
+    """Judges MSL as Apple's compiler would, on any machine: clang compiles it as C++14 against a
+    stub metal_stdlib whose address spaces are distinct. Raises CompileError with clang's
+    diagnostics (``name``:line) for what Metal rejects; GpuError when no clang >= 14 is found
+    (``METALQWEN_CLANG`` names one). The CPU runtime runs this on every compile."""
+    if not isinstance(source, str):
+        raise TypeError(f"source must be MSL text (str), got {type(source).__name__}")
+    _core.check_msl(source, name)
 
 
 def _size3(value, what: str) -> tuple[int, int, int]:

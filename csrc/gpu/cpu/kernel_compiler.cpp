@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "../device.h"
+#include "msl_check.h"
 #include "msl_preprocess.h"
 #include "msl_translate.h"
 #include "threadgroup_runner.h"
@@ -78,6 +79,7 @@ std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, cons
   // preprocessing flags and this runtime's translator; `<key>.ref` holds the object key.
   const uint64_t source_key =
       fnv1a(msl_source, fnv1a(source_name + '\0' + kMslPreprocessFlags + '\0' + kRuntimeBuild, toolchain_key));
+  check_msl_for_compile(msl_source, source_name, tools, source_key);
   const std::string source_ref = tools.cache_dir + "/" + hex(source_key) + ".ref";
   std::string object = read_file(source_ref);
   if (object.size() != 16 || !file_exists(tools.cache_dir + "/" + object + ".so")) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "../device.h"
+#include "msl_text.h"
 
 namespace mq::cpu {
 namespace {
@@ -13,42 +14,6 @@ namespace {
 [[noreturn]] void refuse(const std::string& where, const std::string& what) {
   std::string message = "[cpu] " + where + ": " + what;
   throw gpu::CompileError(message, message);
-}
-
-bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
-
-// The source with comments and string/char literals blanked (newlines kept), so
-// pattern scans never look inside them. Same length as the input.
-std::string mask_comments_and_strings(const std::string& s) {
-  std::string m = s;
-  size_t i = 0;
-  auto blank = [&](size_t a, size_t b) {
-    for (size_t k = a; k < b && k < m.size(); ++k)
-      if (m[k] != '\n') m[k] = ' ';
-  };
-  while (i < s.size()) {
-    if (s.compare(i, 2, "//") == 0) {
-      size_t e = s.find('\n', i);
-      if (e == std::string::npos) e = s.size();
-      blank(i, e);
-      i = e;
-    } else if (s.compare(i, 2, "/*") == 0) {
-      size_t e = s.find("*/", i + 2);
-      e = e == std::string::npos ? s.size() : e + 2;
-      blank(i, e);
-      i = e;
-    } else if (s[i] == '"' || s[i] == '\'') {
-      char q = s[i];
-      size_t e = i + 1;
-      while (e < s.size() && s[e] != q && s[e] != '\n') e += s[e] == '\\' ? 2 : 1;
-      blank(i + 1, std::min(e, s.size()));
-      i = e + 1;
-    } else {
-      ++i;
-    }
-  }
-  return m;
 }
 
 struct Edit {
@@ -81,16 +46,6 @@ std::string trim(const std::string& s) {
   return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
 }
 
-size_t skip_space(const std::string& m, size_t i) {
-  while (i < m.size() && std::isspace(static_cast<unsigned char>(m[i]))) ++i;
-  return i;
-}
-
-size_t ident_end(const std::string& m, size_t i) {
-  while (i < m.size() && is_ident_char(m[i])) ++i;
-  return i;
-}
-
 // Index just past the bracket matching the one at `open`.
 size_t match_bracket(const std::string& m, size_t open, const std::string& where) {
   int depth = 0;
@@ -102,17 +57,6 @@ size_t match_bracket(const std::string& m, size_t open, const std::string& where
     }
   }
   refuse(where, "unbalanced brackets");
-}
-
-// Positions of whole-word occurrences of `word` in the masked text.
-std::vector<size_t> find_word(const std::string& m, const std::string& word) {
-  std::vector<size_t> hits;
-  for (size_t i = m.find(word); i != std::string::npos; i = m.find(word, i + 1)) {
-    bool left = i == 0 || !is_ident_char(m[i - 1]);
-    bool right = i + word.size() >= m.size() || !is_ident_char(m[i + word.size()]);
-    if (left && right) hits.push_back(i);
-  }
-  return hits;
 }
 
 // Maps text offsets to MSL (file, line), following `#line N "file"` directives and the
