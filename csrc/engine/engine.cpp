@@ -47,6 +47,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
   counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
   counters_.weight_bytes_copied = weights_.copied_bytes();
+  kernels_.create(kernel_needs());
   reset();
 }
 
