@@ -35,10 +35,9 @@ void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows
   const uint32_t H = uint32_t(model_.dims.hidden);
   const RmsNormParams p{H, H, H, H, model_.dims.eps};
   if (add_residual)
-    enc.dispatch("rms_norm_residual", {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)}, {rows},
-                 {kernels_.threads("rms_norm_residual")});
+    enc.dispatch("rms_norm_residual", {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)}, {rows});
   else
-    enc.dispatch("rms_norm", {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows}, {kernels_.threads("rms_norm")});
+    enc.dispatch("rms_norm", {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
 void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
@@ -61,8 +60,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
                  {2 * nk + nv}, {rows == 1 ? uint32_t(MQ_SIMD_WIDTH) : kernels_.threads(conv)});
     const DeltaScanParams sp{nk, nv, rows, 0, nv * D, 0, 1, d.eps};
     enc.dispatch("delta_scan_norm",
-                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv},
-                 {kernels_.threads("delta_scan_norm")});
+                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;
@@ -91,8 +89,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
       enc.dispatch(decode, {w.q, l.k_cache, l.v_cache, w.part_o, w.part_ms, w.attn, Arg::value(ap)},
                    {ap.n_splits, nkv * ceil_div(rep, heads), ceil_div(rows, per_group)}, {heads * MQ_SIMD_WIDTH});
       if (ap.n_splits > 1)
-        enc.dispatch("attn_decode_combine", {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows},
-                     {kernels_.threads("attn_decode_combine")});
+        enc.dispatch("attn_decode_combine", {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
     } else {
       // Each SIMD-group owns 8 rows of one query head; a threadgroup all rep heads of a
       // kv head for 8 * rb rows, or, when they do not fit, `max_sg` of them for 8 rows.
@@ -111,8 +108,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
   encode_projection(enc, l.gate_proj, w.xn, H, w.gate, I, rows);
   encode_projection(enc, l.up_proj, w.xn, H, w.up, I, rows, true);
   const SiluMulParams sm{I, rows, I, I, I};
-  enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows},
-                       {kernels_.threads("silu_mul")});
+  enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows});
   encode_projection(enc, l.down_proj, w.act, I, w.mix, H, rows);
 }
 
@@ -121,13 +117,12 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
   const Arg logits(ws_->logits, size_t(logit_row) * V * 4);
   if (s.temperature <= 0.0f) {
     const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
-    enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, 1},
-                 {kernels_.threads("argmax_partial")});
-    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1}, {kernels_.threads("argmax_final")});
+    enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, 1});
+    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1});
   } else {
     const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos};
-    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p)}, {1}, {kernels_.threads("sample_top_kp")});
+    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p)}, {1});
   }
 }
 

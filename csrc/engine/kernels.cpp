@@ -49,10 +49,13 @@ void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> arg
   cb_->dispatch_threadgroups(groups, threads);
 }
 
-void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
-                               gpu::Size3 threads) {
+void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups) {
+  dispatch(kernel, args, groups, {kernels_.threads(kernel)});
+}
+
+void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid) {
   bind(kernel, args, false);
-  cb_->dispatch_threads(grid, threads);
+  cb_->dispatch_threads(grid, {kernels_.threads(kernel)});
 }
 
 }  // namespace mq::engine

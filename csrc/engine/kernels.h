@@ -63,9 +63,10 @@ class Encoder {
   Encoder(gpu::Device& device, Kernels& kernels) : kernels_(kernels), cb_(device.new_command_buffer()) {}
   void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
                 bool overlap = false);
-  // A grid of threads (edge threadgroups partial).
-  void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
-                        gpu::Size3 threads);
+  // Threadgroups of the size chosen for `kernel` at load.
+  void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups);
+  // A grid of threads (edge threadgroups partial) in threadgroups of the chosen size.
+  void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid);
   std::unique_ptr<gpu::CommandBuffer> finish() { return std::move(cb_); }
   uint32_t dispatches() const { return dispatches_; }
 
