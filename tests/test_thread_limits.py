@@ -78,8 +78,21 @@ def many_heads(tmp_path_factory):
                                  num_attention_heads=16, num_key_value_heads=1)
 
 
-def load(path, dev, **options):
-    return metalqwen.load(path, device=dev, max_context=200, progress=False, **options)
+def load(path, dev):
+    return metalqwen.load(path, device=dev, max_context=140, kv_bits=16, progress=False)
+
+
+# 132 tokens: prefill chunks of 64 rows, then decode past 128 positions (split flash-decode).
+PROMPT = [int(t) for t in np.random.default_rng(1).integers(0, 1000, 132)]
+GREEDY = dict(max_tokens=4, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def uncapped(many_heads):
+    """(logits at every position, greedy tokens) of the engine without a cap."""
+    with pytest.MonkeyPatch.context() as mp:
+        model = load(many_heads, capped_device(mp, None))
+    return model.score(PROMPT), model.generate(PROMPT, **GREEDY).tokens
 
 
 def test_load_fails_naming_each_kernel_whose_limit_is_too_small(monkeypatch, many_heads):
@@ -96,32 +109,24 @@ def test_load_fails_naming_each_kernel_whose_limit_is_too_small(monkeypatch, man
 
 
 @pytest.mark.parametrize("cap", ["256", "384"])
-def test_engine_under_a_cap_gives_the_same_bits(monkeypatch, many_heads, cap):
+def test_engine_under_a_cap_gives_the_same_bits(monkeypatch, many_heads, uncapped, cap):
     """Under a cap the attention splits the 16 heads into blocks (of 8, or 12 + 4), the scan
     takes several row blocks per SIMD-group (16 over 8 or 12): each output is computed in
-    the same order, so the logits are bit-identical to the uncapped engine's. 150 tokens
-    run prefill chunks of 64 rows and reach the split flash-decode (> 128 positions)."""
-    ids = [int(t) for t in np.random.default_rng(1).integers(0, 1000, 150)]
-    full = load(many_heads, capped_device(monkeypatch, None))
-    small = load(many_heads, capped_device(monkeypatch, cap))
-    np.testing.assert_array_equal(small.score(ids), full.score(ids))
-    greedy = dict(max_tokens=12, temperature=0.0)
-    assert small.generate(ids, **greedy).tokens == full.generate(ids, **greedy).tokens
+    the same order, so the logits are bit-identical to the uncapped engine's."""
+    model = load(many_heads, capped_device(monkeypatch, cap))
+    np.testing.assert_array_equal(model.score(PROMPT), uncapped[0])
+    assert model.generate(PROMPT, **GREEDY).tokens == uncapped[1]
     # The sampler shrinks from 1024 threads: a draw is reproducible under the cap.
-    sampled = dict(max_tokens=6, temperature=0.8, top_k=20, seed=3)
-    assert small.generate(ids, **sampled).tokens == small.generate(ids, **sampled).tokens
+    sampled = dict(max_tokens=3, temperature=0.8, top_k=20, seed=3)
+    assert model.generate(PROMPT, **sampled).tokens == model.generate(PROMPT, **sampled).tokens
 
 
-def test_engine_under_a_cap_below_the_norm_size_stays_close(monkeypatch, many_heads):
+def test_engine_under_a_cap_below_the_norm_size_stays_close(monkeypatch, many_heads, uncapped):
     """At 128 threads the RMSNorms (256 by default) also shrink and sum in another order:
-    f32 rounding only (measured 7e-6 of the largest logit with the f16 cache), and the
-    same greedy tokens."""
-    ids = [int(t) for t in np.random.default_rng(2).integers(0, 1000, 150)]
-    full = load(many_heads, capped_device(monkeypatch, None), kv_bits=16)
-    small = load(many_heads, capped_device(monkeypatch, "128"), kv_bits=16)
-    want, got = full.score(ids), small.score(ids)
+    f32 rounding only (measured 7e-6 of the largest logit), and the same greedy tokens."""
+    model = load(many_heads, capped_device(monkeypatch, "128"))
+    got, want = model.score(PROMPT), uncapped[0]
     assert np.isfinite(got).all()
     err = np.abs(got - want).max() / np.abs(want).max()
     assert 0 < err < 5e-5, f"logits differ by {err:.3g} under a 128-thread cap"
-    greedy = dict(max_tokens=12, temperature=0.0)
-    assert small.generate(ids, **greedy).tokens == full.generate(ids, **greedy).tokens
+    assert model.generate(PROMPT, **GREEDY).tokens == uncapped[1]
