@@ -50,6 +50,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   counters_.weight_bytes_copied = weights_.copied_bytes();
   counters_.weight_buffers = weights_.buffer_count();
   counters_.memory_estimate = memory_.total();
+  kernels_.create(kernel_needs());
   reset();
 }
 

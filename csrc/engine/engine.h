@@ -2,8 +2,9 @@
 // step (prefill chunk | decode | verify), token ids kept on the GPU.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +74,8 @@ class Engine {
   const Counters& counters() const { return counters_; }
 
  private:
+  // Every kernel encode_step may dispatch for this model, with its threadgroup needs.
+  std::map<std::string, ThreadgroupNeed> kernel_needs() const;
   void check_room(size_t extra) const;
   // Encodes the model over `rows` tokens at position_ (ids[position_ ..]): logits of
   // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token

@@ -2,6 +2,8 @@
 // the system C++ compiler, command buffers executed in order on a queue thread.
 #include "cpu_device.h"
 
+#include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -43,14 +45,27 @@ class CpuBuffer final : public Buffer {
   std::shared_ptr<void> keep_alive_;
 };
 
+// METALQWEN_CPU_MAX_THREADS=N caps every pipeline's thread limit at N, the way register
+// pressure lowers maxTotalThreadsPerThreadgroup on Metal. A declared
+// [[max_total_threads_per_threadgroup]] is only a maximum there (MSL spec 5.1.3), so the
+// cap applies to it too.
+uint32_t pipeline_thread_cap() {
+  const char* env = std::getenv("METALQWEN_CPU_MAX_THREADS");
+  if (env == nullptr || *env == '\0') return mq_abi::kMaxThreadsPerThreadgroup;
+  char* end = nullptr;
+  const unsigned long n = std::isdigit(static_cast<unsigned char>(*env)) ? std::strtoul(env, &end, 10) : 0;
+  if (n < 1 || n > mq_abi::kMaxThreadsPerThreadgroup || *end != '\0')
+    throw GpuError(std::string("[cpu] METALQWEN_CPU_MAX_THREADS must be an integer in 1..1024, got '") + env + "'");
+  return uint32_t(n);
+}
+
 class CpuKernel final : public Kernel {
  public:
-  CpuKernel(std::shared_ptr<LoadedLibrary> library, const mq_abi::KernelInfo& info)
-      : library_(std::move(library)), info_(info), name_(info.name) {}
+  CpuKernel(std::shared_ptr<LoadedLibrary> library, const mq_abi::KernelInfo& info, uint32_t thread_cap)
+      : library_(std::move(library)), info_(info), name_(info.name),
+        max_threads_(std::min({info.max_total_threads_per_threadgroup, mq_abi::kMaxThreadsPerThreadgroup, thread_cap})) {}
   const std::string& name() const override { return name_; }
-  uint32_t max_threads_per_threadgroup() const override {
-    return std::min(info_.max_total_threads_per_threadgroup, mq_abi::kMaxThreadsPerThreadgroup);
-  }
+  uint32_t max_threads_per_threadgroup() const override { return max_threads_; }
   uint32_t thread_execution_width() const override { return mq_abi::kSimdWidth; }
   const mq_abi::KernelInfo& info() const { return info_; }
 
@@ -58,20 +73,23 @@ class CpuKernel final : public Kernel {
   std::shared_ptr<LoadedLibrary> library_;  // keeps the code loaded
   const mq_abi::KernelInfo& info_;
   std::string name_;
+  uint32_t max_threads_;
 };
 
 class CpuLibrary final : public Library {
  public:
-  explicit CpuLibrary(std::shared_ptr<LoadedLibrary> library) : library_(std::move(library)) {}
+  CpuLibrary(std::shared_ptr<LoadedLibrary> library, uint32_t thread_cap)
+      : library_(std::move(library)), thread_cap_(thread_cap) {}
   std::shared_ptr<Kernel> kernel(const std::string& name) override {
     const auto& exports = library_->exports();
     for (uint32_t i = 0; i < exports.kernel_count; ++i)
-      if (name == exports.kernels[i].name) return std::make_shared<CpuKernel>(library_, exports.kernels[i]);
+      if (name == exports.kernels[i].name) return std::make_shared<CpuKernel>(library_, exports.kernels[i], thread_cap_);
     throw GpuError("[cpu] library has no kernel function '" + name + "'");
   }
 
  private:
   std::shared_ptr<LoadedLibrary> library_;
+  uint32_t thread_cap_;
 };
 
 // One argument-table slot as bound at encode time.
@@ -331,7 +349,8 @@ class CpuDevice final : public Device {
   explicit CpuDevice(cpu::Schedule schedule)
       : queue_(std::make_shared<CommandQueue>(schedule)),
         max_buffer_length_(size_t(memory_limit("METALQWEN_CPU_MAX_BUFFER_BYTES"))),
-        working_set_(memory_limit("METALQWEN_CPU_WORKING_SET_BYTES")) {}
+        working_set_(memory_limit("METALQWEN_CPU_WORKING_SET_BYTES")),
+        thread_cap_(pipeline_thread_cap()) {}
   std::string kind() const override { return "cpu"; }
   std::string name() const override { return "metalqwen CPU runtime"; }
   size_t max_buffer_length() const override { return max_buffer_length_; }
@@ -345,7 +364,7 @@ class CpuDevice final : public Device {
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
   }
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
-    return std::make_shared<CpuLibrary>(cpu::build_library(source, name));
+    return std::make_shared<CpuLibrary>(cpu::build_library(source, name), thread_cap_);
   }
   std::unique_ptr<CommandBuffer> new_command_buffer() override { return std::make_unique<CpuCommandBuffer>(queue_); }
 
@@ -353,6 +372,7 @@ class CpuDevice final : public Device {
   std::shared_ptr<CommandQueue> queue_;
   size_t max_buffer_length_;
   uint64_t working_set_;
+  uint32_t thread_cap_;
 };
 
 }  // namespace
