@@ -246,6 +246,9 @@ bool follows_template_header(const std::string& m, size_t end) {
 std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::vector<KernelDecl>& kernels) {
   const std::string m = mask_comments_and_strings(text);
   std::vector<Edit> edits;
+  // A template definition's [[max_total_threads_per_threadgroup]] applies to its
+  // instantiations (as on Metal) unless one declares its own.
+  std::map<std::string, std::string> template_max_threads;
   for (size_t at : find_word(m, "kernel")) {
     const std::string where = lines.where(at);
     size_t keyword_end = at + 6;
@@ -256,7 +259,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
     KernelDecl k;
     std::tie(k.file, k.line) = lines.file_line(at);
     // Attributes in front: [[max_total_threads_per_threadgroup(N)]], [[host_name("x")]].
-    std::string host_name;
+    std::string host_name, own_max_threads;
     size_t before = keyword_begin;
     for (;;) {
       while (before > 0 && std::isspace(static_cast<unsigned char>(m[before - 1]))) --before;
@@ -266,7 +269,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
       size_t p0 = attr.find('('), p1 = attr.rfind(')');
       std::string attr_name = trim(attr.substr(0, p0)), arg = p0 == std::string::npos ? "" : trim(attr.substr(p0 + 1, p1 - p0 - 1));
       if (attr_name == "max_total_threads_per_threadgroup") {
-        k.max_threads = "(" + arg + ")";
+        own_max_threads = "(" + arg + ")";
       } else if (attr_name == "host_name") {
         host_name = string_literal_text(arg);
         if (host_name.empty() || !std::all_of(host_name.begin(), host_name.end(), is_ident_char))
@@ -316,7 +319,14 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
         edits.push_back({s, e - s, blanked(text.substr(s, e - s))});
       }
     }
-    if (!template_definition) kernels.push_back(std::move(k));
+    if (template_definition) {
+      if (!own_max_threads.empty()) template_max_threads[function] = own_max_threads;
+      continue;
+    }
+    if (!own_max_threads.empty()) k.max_threads = own_max_threads;
+    else if (auto inherited = template_max_threads.find(function); inherited != template_max_threads.end())
+      k.max_threads = inherited->second;
+    kernels.push_back(std::move(k));
   }
   return apply_edits(text, std::move(edits));
 }
