@@ -19,7 +19,7 @@ Size3 size3(const std::tuple<uint32_t, uint32_t, uint32_t>& t) {
 
 void bind_gpu(py::module_& m) {
   m.def("available_device_kinds", &available_device_kinds);
-  m.def("open_device", &open_device, py::arg("kind"));
+  m.def("open_device", &open_device, py::arg("kind"), py::arg("checks") = std::vector<std::string>{});
 
   py::class_<Buffer, std::shared_ptr<Buffer>>(m, "Buffer", py::buffer_protocol())
       .def_property_readonly("nbytes", &Buffer::size)

@@ -16,9 +16,10 @@ std::vector<std::string> available_device_kinds() {
   return kinds;
 }
 
-std::shared_ptr<Device> open_device(const std::string& kind) {
+std::shared_ptr<Device> open_device(const std::string& kind, const std::vector<std::string>& checks) {
   const std::string chosen = kind.empty() ? available_device_kinds().front() : kind;
-  if (chosen == "cpu") return open_cpu_device();
+  if (chosen == "cpu") return open_cpu_device(checks);
+  if (!checks.empty()) throw GpuError("[gpu] checks= is a CPU-runtime feature; open Device(\"cpu\", checks=...)");
 #if MQ_HAVE_METAL
   if (chosen == "metal") return open_metal_device();
 #endif

@@ -98,7 +98,8 @@ class Device {
 };
 
 // "metal", "cpu", or "" for the best available. Throws GpuError if unavailable.
-std::shared_ptr<Device> open_device(const std::string& kind);
+// `checks` turns on the CPU runtime's checking mode ("races", "bounds"; cpu/access_checker.h).
+std::shared_ptr<Device> open_device(const std::string& kind, const std::vector<std::string>& checks = {});
 std::vector<std::string> available_device_kinds();
 
 }  // namespace mq::gpu

@@ -169,12 +169,19 @@ class Library:
 
 
 class Device:
-    """A GPU: ``Device()`` picks Metal where available, else the CPU runtime."""
+    """A GPU: ``Device()`` picks Metal where available, else the CPU runtime.
 
-    def __init__(self, kind: str | None = None):
+    ``checks`` (CPU runtime only) turns on its checking mode: ``"races"`` reports
+    unsynchronised conflicting accesses between threads, ``"bounds"`` out-of-bounds
+    accesses, each as a ``GpuError`` at ``wait()``. By default it comes from the
+    environment variable ``METALQWEN_CPU_CHECKS`` (e.g. ``races,bounds``)."""
+
+    def __init__(self, kind: str | None = None, checks: Sequence[str] | None = None):
         if kind not in (None, "metal", "cpu"):
             raise ValueError(f'device kind must be "metal", "cpu" or None, got {kind!r}')
-        self._native = _core.open_device(kind or "")
+        if isinstance(checks, str) or not all(isinstance(c, str) for c in checks or ()):
+            raise TypeError(f'checks must be a sequence of names such as ("races", "bounds"), got {checks!r}')
+        self._native = _core.open_device(kind or "", list(checks or ()))
 
     @property
     def kind(self) -> str:

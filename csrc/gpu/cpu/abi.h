@@ -50,17 +50,23 @@ struct Site {
   unsigned line;
 };
 
+enum class AccessKind : uint32_t { read, write };
+
 // Services the runtime gives compiled kernels (bound once per loaded library).
 struct RuntimeApi {
   void (*simd_collective)(CollectiveFn fn, void* lane_data, Site site);
   void (*threadgroup_barrier)(Site site);
   // Threadgroup memory for declaration `site_key` of the running kernel: the
   // same address for every thread of a group, filled with NaN before the group.
+  // The key is a unique object per declaration holding the variable's name (a C string).
   void* (*threadgroup_alloc)(const void* site_key, size_t size, size_t align);
   // Stops the dispatch with this message (raised from CommandBuffer::wait); never returns.
   // Only a kernel's own thread may call it, never a CollectiveFn. The pointer type is
   // not noreturn: clang does not convert a lambda to one (callers add unreachable).
   void (*fail)(const char* message);
+  // Checking variant only (msl/mq_access_hooks.h): the running thread is about to read or
+  // write `size` bytes at `address`; `pc` is the kernel instruction doing it. May call fail.
+  void (*check_access)(const void* address, size_t size, AccessKind kind, const void* pc);
 };
 
 enum class ParamKind : uint32_t {
@@ -96,7 +102,7 @@ struct LibraryExports {
   void (*bind_runtime)(const RuntimeApi* api);
 };
 
-constexpr uint32_t kAbiVersion = 1;
+constexpr uint32_t kAbiVersion = 2;
 constexpr const char* kExportsSymbol = "mq_library_exports";
 
 }  // namespace mq_abi

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "access_checker.h"
 #include "kernel_compiler.h"
 #include "threadgroup_runner.h"
 #include "worker_pool.h"
@@ -85,22 +87,29 @@ struct Dispatch {
   std::shared_ptr<CpuKernel> kernel;
   mq_abi::Launch launch{};
   size_t threadgroup_arg_bytes[mq_abi::kMaxBufferIndex] = {};
+  size_t buffer_bytes[mq_abi::kMaxBufferIndex] = {};  // bytes each bound argument may reach
   std::vector<Binding> keep;  // buffers referenced by `launch`
   bool barrier_before = false;
 };
 
-void run_dispatch(const Dispatch& d) {
+void run_dispatch(const Dispatch& d, const cpu::DispatchChecks* checks) {
   const mq_abi::Dim3 groups = d.launch.threadgroups_per_grid, tpg = d.launch.dispatch_threads_per_threadgroup,
                      grid = d.launch.threads_per_grid;
-  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes};
+  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes, checks};
   const size_t count = size_t(groups.x) * groups.y * groups.z;
-  cpu::WorkerPool::instance().run(count, [&](size_t g) {
+  auto run_group = [&](size_t g) {
     mq_abi::Dim3 pos = {uint32_t(g % groups.x), uint32_t(g / groups.x % groups.y), uint32_t(g / groups.x / groups.y)};
     // Edge groups of a dispatch_threads grid hold only the threads inside the grid.
     mq_abi::Dim3 size = {std::min(tpg.x, grid.x - pos.x * tpg.x), std::min(tpg.y, grid.y - pos.y * tpg.y),
                          std::min(tpg.z, grid.z - pos.z * tpg.z)};
     cpu::ThreadgroupRunner::for_this_thread().run(work, pos, size);
-  });
+  };
+  // The checker's device shadow is not shared between OS threads: checked groups run one by one.
+  if (checks) {
+    for (size_t g = 0; g < count; ++g) run_group(g);
+  } else {
+    cpu::WorkerPool::instance().run(count, run_group);
+  }
 }
 
 // Runs committed command buffers one after another, like a Metal command queue.
@@ -113,7 +122,7 @@ class CommandQueue {
     std::exception_ptr error;
   };
 
-  CommandQueue() : thread_([this] { loop(); }) {}
+  explicit CommandQueue(cpu::CheckSet checks) : checks_(checks), thread_([this] { loop(); }) {}
   ~CommandQueue() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -139,11 +148,16 @@ class CommandQueue {
 
   // Dispatches between two barriers run last-first: a legal GPU order that
   // exposes a missing barrier, which plain in-order execution would hide.
-  static void execute(const std::vector<Dispatch>& work) {
+  // The checking mode keeps one device-memory shadow per barrier-free run.
+  void execute(const std::vector<Dispatch>& work) const {
     for (size_t begin = 0; begin < work.size();) {
       size_t end = begin + 1;
       while (end < work.size() && !work[end].barrier_before) ++end;
-      for (size_t i = end; i-- > begin;) run_dispatch(work[i]);
+      std::optional<cpu::RunChecker> run;
+      if (checks_.any()) run.emplace(checks_);
+      for (size_t i = end; i-- > begin;)
+        run_dispatch(work[i], run ? &run->add_dispatch(work[i].kernel->info(), work[i].launch, work[i].buffer_bytes)
+                                  : nullptr);
       begin = end;
     }
   }
@@ -172,6 +186,7 @@ class CommandQueue {
     }
   }
 
+  const cpu::CheckSet checks_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
@@ -282,6 +297,7 @@ class CpuCommandBuffer final : public CommandBuffer {
         throw GpuError(who + slot + " needs " + std::to_string(param.bytes) + " bytes, " +
                        std::to_string(b.available()) + " are bound");
       d.launch.buffers[param.index] = b.address();
+      d.buffer_bytes[param.index] = b.available();
       d.keep.push_back(b);
     }
     d.launch.threadgroups_per_grid = to_dim3(groups);
@@ -302,7 +318,7 @@ class CpuCommandBuffer final : public CommandBuffer {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice() : queue_(std::make_shared<CommandQueue>()) {}
+  explicit CpuDevice(cpu::CheckSet checks) : checks_(checks), queue_(std::make_shared<CommandQueue>(checks)) {}
   std::string kind() const override { return "cpu"; }
   std::string name() const override { return "metalqwen CPU runtime"; }
   std::shared_ptr<Buffer> new_buffer(size_t size) override { return std::make_shared<CpuBuffer>(size); }
@@ -310,16 +326,19 @@ class CpuDevice final : public Device {
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
   }
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
-    return std::make_shared<CpuLibrary>(cpu::build_library(source, name));
+    return std::make_shared<CpuLibrary>(cpu::build_library(source, name, checks_.any()));
   }
   std::unique_ptr<CommandBuffer> new_command_buffer() override { return std::make_unique<CpuCommandBuffer>(queue_); }
 
  private:
+  const cpu::CheckSet checks_;
   std::shared_ptr<CommandQueue> queue_;
 };
 
 }  // namespace
 
-std::shared_ptr<Device> open_cpu_device() { return std::make_shared<CpuDevice>(); }
+std::shared_ptr<Device> open_cpu_device(const std::vector<std::string>& checks) {
+  return std::make_shared<CpuDevice>(cpu::parse_checks(checks));
+}
 
 }  // namespace mq::gpu

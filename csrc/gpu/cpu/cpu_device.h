@@ -1,9 +1,13 @@
 // The CPU runtime's Device (see DESIGN.md section 3).
 #pragma once
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "../device.h"
 
 namespace mq::gpu {
-std::shared_ptr<Device> open_cpu_device();
+// `checks`: "races", "bounds" (the checking mode, cpu/access_checker.h); none means
+// METALQWEN_CPU_CHECKS.
+std::shared_ptr<Device> open_cpu_device(const std::vector<std::string>& checks = {});
 }

@@ -406,8 +406,10 @@ std::string rewrite_threadgroup_arrays(const std::string& text, const LineMap& l
     std::string name = head.substr(name_begin), type = trim(head.substr(0, name_begin));
     if (name.empty() || type.empty()) refuse(lines.where(at), "cannot read threadgroup declaration '" + decl + "'");
     std::string key = "mq_tg_key_" + name, alias = "mq_tg_type_" + name;
-    std::string replacement = "static const char " + key + " = 0; using " + alias + " = " + type + " " + dim_text +
-                              "; " + alias + "& " + name + " = *static_cast<" + alias + "*>(mq_tg_alloc(&" + key +
+    // The key is the variable's name: a unique object per declaration that error reports can print.
+    std::string replacement = "static const char " + key + "[] = \"" + name + "\"; using " + alias + " = " + type +
+                              " " + dim_text + "; " + alias + "& " + name + " = *static_cast<" + alias +
+                              "*>(mq_tg_alloc(" + key +
                               ", sizeof(" + alias + "), alignof(" + alias + ")));";
     std::string original = text.substr(at, end + 1 - at);
     replacement += std::string(std::count(original.begin(), original.end(), '\n'), '\n');
@@ -485,7 +487,7 @@ std::string entry_points(const std::vector<KernelDecl>& kernels) {
   std::ostringstream o;
   o << "\n#line 1 \"<metalqwen kernel entry points>\"\n";
   for (const KernelDecl& k : kernels) {
-    o << "extern \"C\" void mq_entry_" << k.name << "(const mq_abi::Launch* L, const mq_abi::ThreadIds* T) {\n  "
+    o << "extern \"C\" MQ_UNCHECKED void mq_entry_" << k.name << "(const mq_abi::Launch* L, const mq_abi::ThreadIds* T) {\n  "
       << k.call << "(";
     for (size_t i = 0; i < k.params.size(); ++i) o << (i ? ",\n    " : "") << k.params[i].call_arg;
     o << ");\n  (void)L; (void)T;\n}\n";

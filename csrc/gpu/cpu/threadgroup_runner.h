@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "abi.h"
+#include "access_checker.h"
 #include "fiber.h"
 
 namespace mq::cpu {
@@ -15,6 +16,7 @@ struct GroupLaunch {
   const mq_abi::KernelInfo* kernel;
   const mq_abi::Launch* launch;
   const size_t* threadgroup_arg_bytes;  // [kMaxBufferIndex]: [[threadgroup(n)]] sizes, 0 = unbound
+  const DispatchChecks* checks = nullptr;  // the checking mode's view of the dispatch, or none
 };
 
 class ThreadgroupRunner {
@@ -47,6 +49,7 @@ class ThreadgroupRunner {
   void* threadgroup_alloc(const void* key, size_t size, size_t align);
   [[noreturn]] void fail(const std::string& message);
   std::string describe(const mq_abi::Site& site) const;
+  void check_access(const void* address, size_t size, mq_abi::AccessKind kind, const void* pc);
 
   Fiber scheduler_;
   std::vector<std::unique_ptr<Thread>> threads_;
@@ -58,6 +61,8 @@ class ThreadgroupRunner {
   mq_abi::Launch group_launch_{};  // the dispatch's launch plus this group's threadgroup arguments
   mq_abi::Dim3 group_position_{};
   std::string error_;
+  GroupChecker* checker_ = nullptr;  // the checking mode, when the dispatch asks for it
+  std::unique_ptr<GroupChecker> checker_storage_;
 
   // Threadgroup memory: one arena per runner, offsets assigned per declaration site.
   std::vector<unsigned char> arena_;

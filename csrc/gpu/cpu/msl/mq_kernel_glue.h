@@ -35,4 +35,14 @@ inline void* mq_tg_alloc(const void* site_key, size_t size, size_t align) {
   return mq_runtime->threadgroup_alloc(site_key, size, align);
 }
 
-static void mq_glue_bind_runtime(const mq_abi::RuntimeApi* api) { mq_runtime = api; }
+// The library keeps its own copy of the services, so the checking mode sees kernels read
+// only their own image. Unchecked: it runs at load, before the hooks have a runtime to call.
+__attribute__((visibility("hidden"))) inline mq_abi::RuntimeApi mq_runtime_copy{};
+static MQ_UNCHECKED void mq_glue_bind_runtime(const mq_abi::RuntimeApi* api) {
+  mq_runtime_copy = *api;
+  mq_runtime = &mq_runtime_copy;
+}
+
+#if MQ_CHECK_ACCESSES
+#include "mq_access_hooks.h"
+#endif
