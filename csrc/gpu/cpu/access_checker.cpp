@@ -15,9 +15,10 @@ namespace mq::cpu {
 namespace {
 
 // A thread's identity in a run: dispatch (16 bits), threadgroup (37 bits), thread (11 bits).
-constexpr unsigned kThreadBits = 11;
+constexpr unsigned kThreadBits = 11, kGroupBits = 37;
 uint64_t thread_identity(uint64_t group_identity, uint32_t thread) { return group_identity | thread; }
-uint64_t group_of(uint64_t who) { return who >> kThreadBits; }
+uint64_t group_of(uint64_t who) { return who >> kThreadBits; }  // dispatch and threadgroup
+uint32_t dispatch_of(uint64_t who) { return uint32_t(who >> (kThreadBits + kGroupBits)) - 1; }
 uint32_t thread_of(uint64_t who) { return uint32_t(who & ((1u << kThreadBits) - 1)); }
 uint32_t simdgroup_of(uint64_t who) { return thread_of(who) / mq_abi::kSimdWidth; }
 
@@ -135,7 +136,7 @@ void GroupChecker::begin_group(const DispatchChecks& dispatch, mq_abi::Dim3 grou
   group_position_ = group_position;
   const mq_abi::Dim3 g = dispatch.groups;
   const uint64_t linear = group_position.x + uint64_t(g.x) * (group_position.y + uint64_t(g.y) * group_position.z);
-  group_identity_ = (uint64_t(dispatch.number + 1) << 48 | linear) << kThreadBits;
+  group_identity_ = (uint64_t(dispatch.number + 1) << kGroupBits | linear) << kThreadBits;
   arena_ = reinterpret_cast<uintptr_t>(arena);
   stacks_ = &stacks;
   barrier_epoch_ = 0;
@@ -288,8 +289,8 @@ bool GroupChecker::out_of_bounds(const std::string& what, size_t size, bool writ
 std::string GroupChecker::describe_thread(uint64_t who) const {
   const std::string thread = "thread " + std::to_string(thread_of(who));
   if (group_of(who) == group_of(group_identity_)) return thread;
-  const DispatchChecks& d = dispatch_->run->dispatch(uint32_t(group_of(who) >> 37) - 1);
-  const uint64_t linear = group_of(who) & ((uint64_t(1) << 37) - 1);
+  const DispatchChecks& d = dispatch_->run->dispatch(dispatch_of(who));
+  const uint64_t linear = group_of(who) & ((uint64_t(1) << kGroupBits) - 1);
   const mq_abi::Dim3 pos = {uint32_t(linear % d.groups.x), uint32_t(linear / d.groups.x % d.groups.y),
                             uint32_t(linear / d.groups.x / d.groups.y)};
   std::string text = thread + " of threadgroup " + dim3(pos);
@@ -298,7 +299,7 @@ std::string GroupChecker::describe_thread(uint64_t who) const {
 }
 
 std::string GroupChecker::why_unordered(const AccessRecord& earlier, const AccessRecord& now) const {
-  if ((group_of(earlier.who) >> 37) != (group_of(now.who) >> 37))
+  if (dispatch_of(earlier.who) != dispatch_of(now.who))
     return "dispatches with no barrier between them may run in any order";
   if (group_of(earlier.who) != group_of(now.who)) return "threadgroups of a dispatch are not ordered";
   if (simdgroup_of(earlier.who) != simdgroup_of(now.who))
