@@ -279,6 +279,26 @@ def test_out_of_bounds_set_bytes_read(checked):
     np.testing.assert_array_equal(out.numpy(np.float32), table)
 
 
+def test_block_copies_are_checked(checked):
+    """Whole-struct copies compile to memcpy (g++: __tsan_read_range/__tsan_write_range around
+    it; clang: __tsan_memcpy) and zero-filling to memset: both must be checked too."""
+    body = """
+struct Block { float v[32]; };
+kernel void copy_blocks(device const Block* in [[buffer(0)]], device Block* out [[buffer(1)]],
+                        uint i [[thread_position_in_grid]]) {
+    out[i] = in[i + SHIFT];
+    Block zero = {};
+    if (i == ZEROER) out[0] = zero;
+}
+"""
+    text = report(checked, body.replace("SHIFT", "1").replace("ZEROER", "0"), "copy_blocks", {0: checked.empty(4 * 128), 1: checked.empty(4 * 128)},
+                  threads=4)
+    assert re.search(r"out-of-bounds read of \d+ bytes at byte 512 of buffer\(0\) 'in'", text)
+    text = report(checked, body.replace("SHIFT", "0").replace("ZEROER", "1"), "copy_blocks", {0: checked.empty(4 * 128), 1: checked.empty(4 * 128)},
+                  threads=4)
+    assert "data race (write after write) on byte 0 of buffer(1) 'out'" in text
+
+
 # --- selecting checks ---------------------------------------------------------------------
 
 

@@ -2,6 +2,10 @@
 // the system C++ compiler, command buffers executed in order on a queue thread.
 #include "cpu_device.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -20,26 +24,38 @@ namespace {
 
 using cpu::LoadedLibrary;
 
+// The checking mode puts an inaccessible gap at least this large (and as large as the
+// buffer) after each new buffer, so an overrun lands in no other buffer and is reported.
+constexpr size_t kCheckedBufferGap = size_t(64) << 20;
+
 class CpuBuffer final : public Buffer {
  public:
   // New memory, filled with 0xFF so reads of never-written data show up as NaN.
-  explicit CpuBuffer(size_t size) : size_(size), owned_(nullptr, &std::free) {
-    void* p = nullptr;
-    if (posix_memalign(&p, 256, size ? size : 1) != 0) throw GpuError("[cpu] out of memory for a buffer of " + std::to_string(size) + " bytes");
+  CpuBuffer(size_t size, bool gap_after) : size_(size) {
+    void* p = gap_after ? map_with_gap(size) : nullptr;
+    if (!gap_after && posix_memalign(&p, 256, size ? size : 1) == 0) keep_alive_.reset(p, &std::free);
+    if (!p) throw GpuError("[cpu] out of memory for a buffer of " + std::to_string(size) + " bytes");
     std::memset(p, 0xFF, size);
-    owned_.reset(p);
     data_ = p;
   }
   CpuBuffer(void* data, size_t size, std::shared_ptr<void> keep_alive)
-      : data_(data), size_(size), owned_(nullptr, &std::free), keep_alive_(std::move(keep_alive)) {}
+      : data_(data), size_(size), keep_alive_(std::move(keep_alive)) {}
   void* contents() override { return data_; }
   size_t size() const override { return size_; }
 
  private:
+  void* map_with_gap(size_t size) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE)), used = (size + page - 1) / page * page;
+    const size_t total = used + std::max(used, kCheckedBufferGap);
+    void* p = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    keep_alive_.reset(p, [total](void* q) { munmap(q, total); });
+    return used == 0 || mprotect(p, used, PROT_READ | PROT_WRITE) == 0 ? p : nullptr;
+  }
+
   void* data_ = nullptr;
   size_t size_;
-  std::unique_ptr<void, decltype(&std::free)> owned_;
-  std::shared_ptr<void> keep_alive_;
+  std::shared_ptr<void> keep_alive_;  // the memory, or whatever keeps wrapped memory alive
 };
 
 class CpuKernel final : public Kernel {
@@ -321,7 +337,7 @@ class CpuDevice final : public Device {
   explicit CpuDevice(cpu::CheckSet checks) : checks_(checks), queue_(std::make_shared<CommandQueue>(checks)) {}
   std::string kind() const override { return "cpu"; }
   std::string name() const override { return "metalqwen CPU runtime"; }
-  std::shared_ptr<Buffer> new_buffer(size_t size) override { return std::make_shared<CpuBuffer>(size); }
+  std::shared_ptr<Buffer> new_buffer(size_t size) override { return std::make_shared<CpuBuffer>(size, checks_.bounds); }
   std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
   }
