@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "toolchain.h"
 
@@ -18,22 +19,33 @@ std::string hex_offset(uintptr_t v) {
   return text;
 }
 
-// addr2line -i prints one "file:line" per inlined frame, innermost first.
+// The MSL frames of addr2line -i's output ("file:line" per inlined frame, innermost first):
+// compatibility headers and the generated entry glue are left out.
+std::vector<std::string> msl_frames(const std::string& addr2line_output) {
+  const Toolchain tools = toolchain();
+  const std::string compiled_in = tools.cache_dir + "/";  // kernel_compiler.cpp compiles there
+  std::vector<std::string> frames;
+  std::istringstream lines(addr2line_output);
+  for (std::string frame; std::getline(lines, frame);) {
+    frame = frame.substr(0, frame.find(" (discriminator"));
+    const bool header = frame.rfind(tools.include_dir, 0) == 0 || frame.find("<metalqwen") != std::string::npos;
+    const bool unknown = frame.rfind("??", 0) == 0 || frame.size() < 2 || frame.substr(frame.size() - 2) == ":0" ||
+                         frame.back() == '?';
+    if (header || unknown) continue;
+    frames.push_back(frame.rfind(compiled_in, 0) == 0 ? frame.substr(compiled_in.size()) : frame);
+  }
+  return frames;
+}
+
+// "line" or, inside an inlined MSL helper, "line (inlined into kernel line)".
 std::string lookup(const std::string& library, uintptr_t offset) {
-  const std::string include_dir = toolchain().include_dir;
   for (const char* tool : {"addr2line", "llvm-addr2line"}) {
     auto [status, output] =
         run_command(std::string(tool) + " -i -e " + shell_quote(library) + " " + hex_offset(offset));
     if (status != 0) continue;
-    std::istringstream frames(output);
-    for (std::string frame; std::getline(frames, frame);) {
-      const bool header = frame.rfind(include_dir, 0) == 0 || frame.find("<metalqwen") != std::string::npos;
-      frame = frame.substr(0, frame.find(" (discriminator"));
-      const bool unknown = frame.rfind("??", 0) == 0 || frame.size() < 2 || frame.substr(frame.size() - 2) == ":0" ||
-                           frame.back() == '?';
-      const std::string compiled_in = toolchain().cache_dir + "/";  // kernel_compiler.cpp compiles there
-      if (!header && !unknown) return frame.rfind(compiled_in, 0) == 0 ? frame.substr(compiled_in.size()) : frame;
-    }
+    const std::vector<std::string> frames = msl_frames(output);
+    if (frames.empty()) return "";
+    return frames.size() == 1 ? frames[0] : frames.front() + " (inlined at " + frames.back() + ")";
   }
   return "";
 }

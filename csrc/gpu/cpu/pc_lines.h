@@ -6,7 +6,8 @@
 
 namespace mq::cpu {
 
-// "file.metal:line" of the innermost inlined frame that is not a compatibility header,
+// "file.metal:line" of the innermost inlined MSL frame (not a compatibility header), with
+// the kernel's own line when that frame is an inlined helper: "a.metal:44 (inlined at a.metal:218)";
 // or "<library>+0x<offset>" when no line is known. Slow (runs a tool); memoised.
 std::string msl_line_of(const void* pc);
 
