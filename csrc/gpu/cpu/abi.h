@@ -80,6 +80,7 @@ struct ParamInfo {
   ParamKind kind;
   uint32_t index;
   uint32_t bytes;  // sizeof(T)
+  uint32_t read_only;  // const device / constant: the kernel does not write through it
 };
 
 using KernelEntry = void (*)(const Launch* launch, const ThreadIds* ids);

@@ -98,11 +98,24 @@ const DispatchChecks& RunChecker::add_dispatch(const mq_abi::KernelInfo& kernel,
   for (uint32_t i = 0; i < mq_abi::kMaxBufferIndex; ++i)
     if (buffer_bytes[i]) {
       const auto begin = reinterpret_cast<uintptr_t>(launch.buffers[i]);
-      d->bindings.push_back({begin, begin + buffer_bytes[i], i});
+      bool writable = false;
+      for (uint32_t p = 0; p < kernel.param_count; ++p)
+        writable |= kernel.params[p].kind != mq_abi::ParamKind::threadgroup_pointer && kernel.params[p].index == i &&
+                    !kernel.params[p].read_only;
+      d->bindings.push_back({begin, begin + buffer_bytes[i], i, writable});
     }
   std::tie(d->image_begin, d->image_end) = image_of(reinterpret_cast<const void*>(kernel.entry));
   dispatches_.push_back(std::move(d));
   return *dispatches_.back();
+}
+
+void RunChecker::find_read_only_memory() {
+  for (auto& d : dispatches_)
+    for (auto& b : d->bindings) {
+      b.shared_with_writer = false;
+      for (const auto& other : dispatches_)
+        for (const auto& w : other->bindings) b.shared_with_writer |= w.writable && w.begin < b.end && b.begin < w.end;
+    }
 }
 
 WordShadow& RunChecker::device_word(uintptr_t address) {
@@ -231,7 +244,7 @@ bool GroupChecker::threadgroup_access(size_t offset, size_t size, bool write, co
 
 bool GroupChecker::device_access(const DispatchChecks::Binding& binding, uintptr_t address, size_t size, bool write,
                                  const void* pc) {
-  if (!dispatch_->checks.races) return true;
+  if (!dispatch_->checks.races || (!write && !binding.shared_with_writer)) return true;
   for (uintptr_t byte = address; byte < address + size;) {
     const uintptr_t end = std::min<uintptr_t>(address + size, (byte & ~uintptr_t(3)) + 4);
     const uint8_t mask = uint8_t(((1u << (end - byte)) - 1) << (byte % 4));

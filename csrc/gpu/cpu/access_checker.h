@@ -51,6 +51,8 @@ struct DispatchChecks {
   struct Binding {
     uintptr_t begin, end;  // the bound bytes: buffer base + offset .. buffer end
     uint32_t index;        // [[buffer(index)]]
+    bool writable;         // some parameter bound here is not const
+    bool shared_with_writer = true;  // a writable binding of the run overlaps it: reads need shadow
   };
   CheckSet checks;
   RunChecker* run;
@@ -69,6 +71,9 @@ class RunChecker {
   // `buffer_bytes[i]` is how many bytes argument i has bound (0 = none).
   const DispatchChecks& add_dispatch(const mq_abi::KernelInfo& kernel, const mq_abi::Launch& launch,
                                      const size_t* buffer_bytes);
+  // After the run's last add_dispatch: memory that no dispatch of the run may write (weights,
+  // mostly) cannot race, so reads of it skip the shadow.
+  void find_read_only_memory();
   WordShadow& device_word(uintptr_t address);
   const DispatchChecks& dispatch(uint32_t number) const { return *dispatches_[number]; }
 

@@ -170,10 +170,14 @@ class CommandQueue {
       size_t end = begin + 1;
       while (end < work.size() && !work[end].barrier_before) ++end;
       std::optional<cpu::RunChecker> run;
-      if (checks_.any()) run.emplace(checks_);
-      for (size_t i = end; i-- > begin;)
-        run_dispatch(work[i], run ? &run->add_dispatch(work[i].kernel->info(), work[i].launch, work[i].buffer_bytes)
-                                  : nullptr);
+      std::vector<const cpu::DispatchChecks*> checks(end - begin, nullptr);
+      if (checks_.any()) {
+        run.emplace(checks_);
+        for (size_t i = begin; i < end; ++i)
+          checks[i - begin] = &run->add_dispatch(work[i].kernel->info(), work[i].launch, work[i].buffer_bytes);
+        run->find_read_only_memory();
+      }
+      for (size_t i = end; i-- > begin;) run_dispatch(work[i], checks[i - begin]);
       begin = end;
     }
   }

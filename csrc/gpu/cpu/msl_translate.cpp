@@ -250,10 +250,11 @@ KernelParam parse_param(const std::string& text, const std::string& kernel, cons
     std::string idx = index_of();
     if (pointer) {
       p.call_arg = "(" + p.type + ")L->buffers[" + idx + "]";
-      p.info = "{" + q + ", mq_abi::ParamKind::buffer_pointer, " + idx + ", 0}";
+      p.info = "{" + q + ", mq_abi::ParamKind::buffer_pointer, " + idx + ", 0, mq_glue_read_only<" + p.type + ">}";
     } else if (reference) {
       p.call_arg = "mq_glue_ref<" + p.type + ">(L->buffers[" + idx + "])";
-      p.info = "{" + q + ", mq_abi::ParamKind::buffer_reference, " + idx + ", sizeof(mq_glue_pointee_t<" + p.type + ">)}";
+      p.info = "{" + q + ", mq_abi::ParamKind::buffer_reference, " + idx + ", sizeof(mq_glue_pointee_t<" + p.type +
+               ">), mq_glue_read_only<" + p.type + ">}";
     } else {
       refuse(ctx, "buffer parameter '" + p.name + "' must be a pointer or a reference");
     }
@@ -261,7 +262,7 @@ KernelParam parse_param(const std::string& text, const std::string& kernel, cons
     std::string idx = index_of();
     if (!pointer) refuse(ctx, "threadgroup parameter '" + p.name + "' must be a pointer");
     p.call_arg = "(" + p.type + ")L->threadgroup_buffers[" + idx + "]";
-    p.info = "{" + q + ", mq_abi::ParamKind::threadgroup_pointer, " + idx + ", 0}";
+    p.info = "{" + q + ", mq_abi::ParamKind::threadgroup_pointer, " + idx + ", 0, 0}";
   } else {
     auto it = builtin_expressions().find(attr);
     if (it == builtin_expressions().end())

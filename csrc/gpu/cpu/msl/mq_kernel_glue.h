@@ -19,6 +19,12 @@ template <class T> struct mq_glue_pointee { using type = T; };
 template <class T> struct mq_glue_pointee<T&> { using type = T; };
 template <class T> using mq_glue_pointee_t = typename mq_glue_pointee<T>::type;
 
+// Whether a buffer argument's type lets the kernel write through it (`constant` is const here).
+template <class T> struct mq_glue_pointer_target { using type = mq_glue_pointee_t<T>; };
+template <class T> struct mq_glue_pointer_target<T*> { using type = T; };
+template <class T>
+constexpr uint32_t mq_glue_read_only = metal::is_const_v<typename mq_glue_pointer_target<T>::type> ? 1 : 0;
+
 // Binds a `constant T& p [[buffer(n)]]` argument.
 template <class R> inline R mq_glue_ref(void* p) { return *static_cast<mq_glue_pointee_t<R>*>(p); }
 
