@@ -299,6 +299,35 @@ kernel void copy_blocks(device const Block* in [[buffer(0)]], device Block* out 
     assert "data race (write after write) on byte 0 of buffer(1) 'out'" in text
 
 
+def test_constant_tables_and_threadgroup_arguments_are_in_bounds(checked):
+    """Program-scope constants live in the kernel's library, [[threadgroup(n)]] arguments in
+    threadgroup memory: reading them is fine; past a threadgroup argument's length is not."""
+    body = """
+constant float table[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+kernel void lookup(device float* out [[buffer(0)]], threadgroup float* scratch [[threadgroup(0)]],
+                   uint i [[thread_index_in_threadgroup]]) {
+    scratch[i] = table[i % 4];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[i] = scratch[(i + 1) % LENGTH];
+}
+"""
+    lib = compile_kernels(checked, body.replace("LENGTH", "64"))
+    out = checked.empty(256)
+    cb = checked.command_buffer()
+    cb._native.set_threadgroup_memory(0, 256)
+    cb.dispatch(lib.kernel("lookup"), {0: out}, 1, 64)
+    cb.commit()
+    cb.wait()
+    np.testing.assert_array_equal(out.numpy(np.float32), (np.arange(1, 65) % 4) + 1)
+    cb = checked.command_buffer()
+    cb._native.set_threadgroup_memory(0, 128)
+    cb.dispatch(compile_kernels(checked, body.replace("LENGTH", "64")).kernel("lookup"), {0: out}, 1, 64)
+    cb.commit()
+    with pytest.raises(gpu.GpuError, match=r"out-of-bounds write of 4 bytes at byte 128 of threadgroup variable "
+                                           r"'\[\[threadgroup\(0\)\]\]' \(128 bytes\)"):
+        cb.wait()
+
+
 # --- selecting checks ---------------------------------------------------------------------
 
 

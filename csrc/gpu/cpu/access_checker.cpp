@@ -1,7 +1,6 @@
 #include "access_checker.h"
 
 #include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -38,27 +37,27 @@ bool unordered(const AccessRecord& earlier, const AccessRecord& now) {
 
 const char* access_name(bool write) { return write ? "write" : "read"; }
 
-// The loaded image (all segments) of the shared object holding `code`: its constant data.
-std::pair<uintptr_t, uintptr_t> image_of(const void* code) {
+// The load address of the shared object holding `address`, or 0.
+uintptr_t image_base_of(const void* address) {
   Dl_info info{};
-  if (!dladdr(code, &info)) return {0, 0};
-  struct Search {
-    uintptr_t base, begin = ~uintptr_t(0), end = 0;
-  } search{reinterpret_cast<uintptr_t>(info.dli_fbase)};
-  dl_iterate_phdr(
-      [](dl_phdr_info* object, size_t, void* data) {
-        auto* s = static_cast<Search*>(data);
-        if (object->dlpi_addr != s->base) return 0;
-        for (int i = 0; i < object->dlpi_phnum; ++i) {
-          const auto& segment = object->dlpi_phdr[i];
-          if (segment.p_type != PT_LOAD) continue;
-          s->begin = std::min<uintptr_t>(s->begin, object->dlpi_addr + segment.p_vaddr);
-          s->end = std::max<uintptr_t>(s->end, object->dlpi_addr + segment.p_vaddr + segment.p_memsz);
-        }
-        return 1;
-      },
-      &search);
-  return {search.begin, search.end};
+  return dladdr(address, &info) ? reinterpret_cast<uintptr_t>(info.dli_fbase) : 0;
+}
+
+// The calling OS thread's stack, where collectives run and keep their lane pointers.
+std::pair<uintptr_t, uintptr_t> this_thread_stack() {
+#if defined(__APPLE__)
+  const auto top = reinterpret_cast<uintptr_t>(pthread_get_stackaddr_np(pthread_self()));
+  return {top - pthread_get_stacksize_np(pthread_self()), top};
+#else
+  pthread_attr_t attr;
+  void* base = nullptr;
+  size_t size = 0;
+  if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+    pthread_attr_getstack(&attr, &base, &size);
+    pthread_attr_destroy(&attr);
+  }
+  return {reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base) + size};
+#endif
 }
 
 }  // namespace
@@ -104,7 +103,7 @@ const DispatchChecks& RunChecker::add_dispatch(const mq_abi::KernelInfo& kernel,
                     !kernel.params[p].read_only;
       d->bindings.push_back({begin, begin + buffer_bytes[i], i, writable});
     }
-  std::tie(d->image_begin, d->image_end) = image_of(reinterpret_cast<const void*>(kernel.entry));
+  d->image_base = image_base_of(reinterpret_cast<const void*>(kernel.entry));
   dispatches_.push_back(std::move(d));
   return *dispatches_.back();
 }
@@ -130,21 +129,14 @@ WordShadow& RunChecker::device_word(uintptr_t address) {
 }
 
 GroupChecker::GroupChecker() : threadgroup_shadow_(mq_abi::kMaxThreadgroupMemory / 4) {
-  pthread_attr_t attr;
-  if (pthread_getattr_np(pthread_self(), &attr) == 0) {
-    void* base = nullptr;
-    size_t size = 0;
-    pthread_attr_getstack(&attr, &base, &size);
-    os_stack_begin_ = reinterpret_cast<uintptr_t>(base);
-    os_stack_end_ = os_stack_begin_ + size;
-    pthread_attr_destroy(&attr);
-  }
+  std::tie(os_stack_begin_, os_stack_end_) = this_thread_stack();
 }
 
 GroupChecker::~GroupChecker() = default;
 
 void GroupChecker::begin_group(const DispatchChecks& dispatch, mq_abi::Dim3 group_position,
                                const unsigned char* arena, const std::vector<std::unique_ptr<FiberStack>>& stacks) {
+  image_pages_.clear();  // libraries come and go between groups
   dispatch_ = &dispatch;
   group_position_ = group_position;
   const mq_abi::Dim3 g = dispatch.groups;
@@ -202,7 +194,13 @@ bool GroupChecker::access(const void* address, size_t size, mq_abi::AccessKind k
 
 bool GroupChecker::is_private(uintptr_t a) {
   if (a - os_stack_begin_ < os_stack_end_ - os_stack_begin_) return true;  // collectives' lane records
-  if (a - dispatch_->image_begin < dispatch_->image_end - dispatch_->image_begin) return true;
+  // The kernel library's own globals (constant tables, its runtime table): known pages, else dladdr.
+  const uintptr_t page = a >> 12;
+  if (std::find(image_pages_.begin(), image_pages_.end(), page) != image_pages_.end()) return true;
+  if (dispatch_->image_base && image_base_of(reinterpret_cast<const void*>(a)) == dispatch_->image_base) {
+    image_pages_.push_back(page);
+    return true;
+  }
   if (sorted_stacks_.size() != stacks_->size()) {
     sorted_stacks_.clear();
     for (const auto& s : *stacks_)

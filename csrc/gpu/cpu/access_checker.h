@@ -60,7 +60,7 @@ struct DispatchChecks {
   const mq_abi::KernelInfo* kernel;
   mq_abi::Dim3 groups;
   std::vector<Binding> bindings;
-  uintptr_t image_begin = 0, image_end = 0;  // the kernel library's loaded image (its constants)
+  uintptr_t image_base = 0;  // where the kernel's library is loaded (dladdr's dli_fbase)
 };
 
 // A barrier-free run of dispatches: the device-memory shadow its dispatches share.
@@ -133,6 +133,7 @@ class GroupChecker {
   std::vector<std::pair<uintptr_t, uintptr_t>> sorted_stacks_;  // rebuilt when the runner grows
   uintptr_t stack_begin_ = 0, stack_size_ = 0;                  // the running thread's stack
   uintptr_t os_stack_begin_ = 0, os_stack_end_ = 0;             // the scheduler's stack
+  std::vector<uintptr_t> image_pages_;  // 4 KiB pages found inside the kernel's library
   uint32_t thread_ = 0;
   uint32_t barrier_epoch_ = 0;
   uint32_t simd_epochs_[mq_abi::kMaxThreadsPerThreadgroup / mq_abi::kSimdWidth] = {};
