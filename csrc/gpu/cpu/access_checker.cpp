@@ -193,14 +193,7 @@ bool GroupChecker::access(const void* address, size_t size, mq_abi::AccessKind k
 }
 
 bool GroupChecker::is_private(uintptr_t a) {
-  if (a - os_stack_begin_ < os_stack_end_ - os_stack_begin_) return true;  // collectives' lane records
-  // The kernel library's own globals (constant tables, its runtime table): known pages, else dladdr.
-  const uintptr_t page = a >> 12;
-  if (std::find(image_pages_.begin(), image_pages_.end(), page) != image_pages_.end()) return true;
-  if (dispatch_->image_base && image_base_of(reinterpret_cast<const void*>(a)) == dispatch_->image_base) {
-    image_pages_.push_back(page);
-    return true;
-  }
+  if (a - os_stack_begin_ < os_stack_end_ - os_stack_begin_) return true;  // collectives' lane pointers
   if (sorted_stacks_.size() != stacks_->size()) {
     sorted_stacks_.clear();
     for (const auto& s : *stacks_)
@@ -208,7 +201,15 @@ bool GroupChecker::is_private(uintptr_t a) {
     std::sort(sorted_stacks_.begin(), sorted_stacks_.end());
   }
   auto it = std::upper_bound(sorted_stacks_.begin(), sorted_stacks_.end(), std::make_pair(a, ~uintptr_t(0)));
-  return it != sorted_stacks_.begin() && a < std::prev(it)->second;  // another lane's stack
+  if (it != sorted_stacks_.begin() && a < std::prev(it)->second) return true;  // another lane's stack
+  // The kernel library's own globals (constant tables, its runtime table): known pages, else dladdr.
+  const uintptr_t page = a >> 12;
+  if (std::find(image_pages_.begin(), image_pages_.end(), page) != image_pages_.end()) return true;
+  if (dispatch_->image_base && image_base_of(reinterpret_cast<const void*>(a)) == dispatch_->image_base) {
+    image_pages_.push_back(page);
+    return true;
+  }
+  return false;
 }
 
 const GroupChecker::Variable* GroupChecker::variable_near(size_t offset) const {
