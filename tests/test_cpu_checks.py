@@ -45,6 +45,8 @@ def report(device, body, kernel, args, groups=1, threads=64):
     return str(info.value)
 
 
+BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+
 # --- threadgroup memory -----------------------------------------------------------------
 
 BROADCAST = """
@@ -69,7 +71,7 @@ def test_broadcast_without_barrier_is_a_race(checked):
 
 def test_broadcast_with_barrier_is_clean(checked):
     out = checked.empty(256)
-    run(checked, BROADCAST.replace("BARRIER", "threadgroup_barrier(mem_flags::mem_threadgroup);"), "broadcast", {0: out})
+    run(checked, BROADCAST.replace("BARRIER", BARRIER), "broadcast", {0: out})
     np.testing.assert_array_equal(out.numpy(np.float32), np.full(64, 3.0, np.float32))
 
 
@@ -91,13 +93,14 @@ kernel void neighbour(device float* out [[buffer(0)]], uint i [[thread_index_in_
 def test_write_after_read_without_barrier_is_a_race(checked):
     body = NEIGHBOUR.replace("BARRIER", "")
     text = report(checked, body, "neighbour", {0: checked.empty(256)})
-    assert re.search(r"data race \((write after read|read after write)\) on byte \d+ of threadgroup variable 'values'", text)
+    assert re.search(r"data race \((write after read|read after write)\) on byte \d+ of threadgroup variable 'values'",
+                     text)
     assert f"checks.metal:{line_of(body, '// READ')}" in text and f"checks.metal:{line_of(body, '// WRITE')}" in text
 
 
 def test_write_after_read_with_barrier_is_clean(checked):
     out = checked.empty(256)
-    run(checked, NEIGHBOUR.replace("BARRIER", "threadgroup_barrier(mem_flags::mem_threadgroup);"), "neighbour", {0: out})
+    run(checked, NEIGHBOUR.replace("BARRIER", BARRIER), "neighbour", {0: out})
     np.testing.assert_array_equal(out.numpy(np.float32), (np.arange(64) + 1) % 64)
 
 
@@ -171,7 +174,8 @@ def test_two_threads_writing_one_device_word_race(checked):
 
 
 def test_threads_of_different_threadgroups_race(checked):
-    text = report(checked, WRITE_ONE.replace("INDEX", "i % 32"), "write_one", {0: checked.empty(256)}, groups=2, threads=32)
+    body = WRITE_ONE.replace("INDEX", "i % 32")
+    text = report(checked, body, "write_one", {0: checked.empty(256)}, groups=2, threads=32)
     assert re.search(r"by thread \d+ of threadgroup \([01], 0, 0\)", text)
     assert "threadgroups of a dispatch are not ordered" in text
 
@@ -280,6 +284,10 @@ def test_out_of_bounds_set_bytes_read(checked):
     np.testing.assert_array_equal(out.numpy(np.float32), table)
 
 
+def two_blocks(device):
+    return {0: device.empty(4 * 128), 1: device.empty(4 * 128)}  # four 128-byte Blocks each
+
+
 def test_block_copies_are_checked(checked):
     """Whole-struct copies compile to memcpy (g++: __tsan_read_range/__tsan_write_range around
     it; clang: __tsan_memcpy) and zero-filling to memset: both must be checked too."""
@@ -292,11 +300,9 @@ kernel void copy_blocks(device const Block* in [[buffer(0)]], device Block* out 
     if (i == ZEROER) out[0] = zero;
 }
 """
-    text = report(checked, body.replace("SHIFT", "1").replace("ZEROER", "0"), "copy_blocks", {0: checked.empty(4 * 128), 1: checked.empty(4 * 128)},
-                  threads=4)
+    text = report(checked, body.replace("SHIFT", "1").replace("ZEROER", "0"), "copy_blocks", two_blocks(checked), threads=4)
     assert re.search(r"out-of-bounds read of \d+ bytes at byte 512 of buffer\(0\) 'in'", text)
-    text = report(checked, body.replace("SHIFT", "0").replace("ZEROER", "1"), "copy_blocks", {0: checked.empty(4 * 128), 1: checked.empty(4 * 128)},
-                  threads=4)
+    text = report(checked, body.replace("SHIFT", "0").replace("ZEROER", "1"), "copy_blocks", two_blocks(checked), threads=4)
     assert "data race (write after write) on byte 0 of buffer(1) 'out'" in text
 
 
@@ -380,7 +386,8 @@ def test_tg_exclusive_scan_back_to_back_is_race_free(checked):
     call's writes from overtaking this call's reads in other SIMD-groups."""
     from tests.shaders.conftest import checkout_shader_files
 
-    files = {path: text for path, text in checkout_shader_files().items() if path.endswith(".h") or path == "sampling.metal"}
+    files = {path: text for path, text in checkout_shader_files().items()
+             if path.endswith(".h") or path == "sampling.metal"}
     files["sampling.metal"] += SCAN_TWICE
     lib = checked.compile(_core.shader_library_source(files), "metalqwen-shaders")
     out = checked.empty(256 * 4)

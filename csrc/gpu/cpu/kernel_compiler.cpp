@@ -39,7 +39,9 @@ std::string hash_this_module() {
 }
 const std::string kRuntimeBuild = hash_this_module();
 
-std::string compile_flags(bool checked) { return checked ? std::string(kCompileFlags) + " " + kCheckedFlags : kCompileFlags; }
+std::string compile_flags(bool checked) {
+  return checked ? std::string(kCompileFlags) + " " + kCheckedFlags : kCompileFlags;
+}
 
 // Compiles translated C++ into `base`.so (keeping `base`.cpp to read) unless it is there.
 void compile_object(const Toolchain& tools, const std::string& cpp_source, const std::string& base, bool checked) {
