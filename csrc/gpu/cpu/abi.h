@@ -50,12 +50,15 @@ struct Site {
   unsigned line;
 };
 
+enum class AccessKind : uint32_t { read, write };
+
 // Services the runtime gives compiled kernels (bound once per loaded library).
 struct RuntimeApi {
   void (*simd_collective)(CollectiveFn fn, void* lane_data, Site site);
   void (*threadgroup_barrier)(Site site);
   // Threadgroup memory for declaration `site_key` of the running kernel: the
   // same address for every thread of a group, filled with NaN before the group.
+  // The key is a unique object per declaration holding the variable's name (a C string).
   void* (*threadgroup_alloc)(const void* site_key, size_t size, size_t align);
   // Stops the dispatch with this message (raised from CommandBuffer::wait); never returns.
   // Only a kernel's own thread may call it, never a CollectiveFn. The pointer type is
@@ -65,6 +68,9 @@ struct RuntimeApi {
   // for its SIMD-group (simdgroup_load/store); the runtime checks that every lane ran the same
   // ones when the SIMD-group next waits. Returns the lane's index in its SIMD-group.
   uint32_t (*simd_lane_op)(const char* name, Site site);
+  // Checking variant only (msl/mq_access_hooks.h): the running thread is about to read or
+  // write `size` bytes at `address`; `pc` is the kernel instruction doing it. May call fail.
+  void (*check_access)(const void* address, size_t size, AccessKind kind, const void* pc);
 };
 
 enum class ParamKind : uint32_t {
@@ -78,6 +84,7 @@ struct ParamInfo {
   ParamKind kind;
   uint32_t index;
   uint32_t bytes;  // sizeof(T)
+  uint32_t read_only;  // const device / constant: the kernel does not write through it
 };
 
 using KernelEntry = void (*)(const Launch* launch, const ThreadIds* ids);
@@ -100,7 +107,7 @@ struct LibraryExports {
   void (*bind_runtime)(const RuntimeApi* api);
 };
 
-constexpr uint32_t kAbiVersion = 2;
+constexpr uint32_t kAbiVersion = 3;
 constexpr const char* kExportsSymbol = "mq_library_exports";
 
 }  // namespace mq_abi

@@ -2,6 +2,9 @@
 // the system C++ compiler, command buffers executed in order on a queue thread.
 #include "cpu_device.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>
@@ -9,10 +12,10 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
-#include <unistd.h>  // sysconf
-
+#include "access_checker.h"
 #include "division_fault.h"
 #include "kernel_compiler.h"
 #include "threadgroup_runner.h"
@@ -23,26 +26,38 @@ namespace {
 
 using cpu::LoadedLibrary;
 
+// The checking mode puts an inaccessible gap at least this large (and as large as the
+// buffer) after each new buffer, so an overrun lands in no other buffer and is reported.
+constexpr size_t kCheckedBufferGap = size_t(64) << 20;
+
 class CpuBuffer final : public Buffer {
  public:
   // New memory, filled with 0xFF so reads of never-written data show up as NaN.
-  explicit CpuBuffer(size_t size) : size_(size), owned_(nullptr, &std::free) {
-    void* p = nullptr;
-    if (posix_memalign(&p, 256, size ? size : 1) != 0) throw GpuError("[cpu] out of memory for a buffer of " + std::to_string(size) + " bytes");
+  CpuBuffer(size_t size, bool gap_after) : size_(size) {
+    void* p = gap_after ? map_with_gap(size) : nullptr;
+    if (!gap_after && posix_memalign(&p, 256, size ? size : 1) == 0) keep_alive_.reset(p, &std::free);
+    if (!p) throw GpuError("[cpu] out of memory for a buffer of " + std::to_string(size) + " bytes");
     std::memset(p, 0xFF, size);
-    owned_.reset(p);
     data_ = p;
   }
   CpuBuffer(void* data, size_t size, std::shared_ptr<void> keep_alive)
-      : data_(data), size_(size), owned_(nullptr, &std::free), keep_alive_(std::move(keep_alive)) {}
+      : data_(data), size_(size), keep_alive_(std::move(keep_alive)) {}
   void* contents() override { return data_; }
   size_t size() const override { return size_; }
 
  private:
+  void* map_with_gap(size_t size) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE)), used = (size + page - 1) / page * page;
+    const size_t total = used + std::max(used, kCheckedBufferGap);
+    void* p = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    keep_alive_.reset(p, [total](void* q) { munmap(q, total); });
+    return used == 0 || mprotect(p, used, PROT_READ | PROT_WRITE) == 0 ? p : nullptr;
+  }
+
   void* data_ = nullptr;
   size_t size_;
-  std::unique_ptr<void, decltype(&std::free)> owned_;
-  std::shared_ptr<void> keep_alive_;
+  std::shared_ptr<void> keep_alive_;  // the memory, or whatever keeps wrapped memory alive
 };
 
 // METALQWEN_CPU_MAX_THREADS=N caps every pipeline's thread limit at N, the way register
@@ -106,21 +121,23 @@ struct Dispatch {
   std::shared_ptr<CpuKernel> kernel;
   mq_abi::Launch launch{};
   size_t threadgroup_arg_bytes[mq_abi::kMaxBufferIndex] = {};
+  size_t buffer_bytes[mq_abi::kMaxBufferIndex] = {};  // bytes each bound argument may reach
   std::vector<Binding> keep;  // buffers referenced by `launch`
   bool barrier_before = false;
 };
 
 // `stream` seeds the schedule's decisions for this dispatch (threadgroup order, then
-// SIMD-group and lane order inside each group).
-void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t stream) {
+// SIMD-group and lane order inside each group); `checks` is the checking mode's view of it.
+void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t stream,
+                  const cpu::DispatchChecks* checks) {
   const mq_abi::Dim3 groups = d.launch.threadgroups_per_grid, tpg = d.launch.dispatch_threads_per_threadgroup,
                      grid = d.launch.threads_per_grid;
-  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes, &schedule, stream};
+  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes, &schedule, stream, checks};
   const size_t count = size_t(groups.x) * groups.y * groups.z;
   cpu::install_division_fault_handler();
   std::vector<uint32_t> group_order(count);
   cpu::ScheduleOrder(schedule, stream).permute(0, uint32_t(count), group_order.data());
-  cpu::WorkerPool::instance().run(count, [&](size_t i) {
+  auto run_group = [&](size_t i) {
     const size_t g = group_order[i];
     const cpu::KernelDivisionScope in_kernel;
     mq_abi::Dim3 pos = {uint32_t(g % groups.x), uint32_t(g / groups.x % groups.y), uint32_t(g / groups.x / groups.y)};
@@ -128,7 +145,13 @@ void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t str
     mq_abi::Dim3 size = {std::min(tpg.x, grid.x - pos.x * tpg.x), std::min(tpg.y, grid.y - pos.y * tpg.y),
                          std::min(tpg.z, grid.z - pos.z * tpg.z)};
     cpu::ThreadgroupRunner::for_this_thread().run(work, pos, size);
-  });
+  };
+  // The checker's device shadow is not shared between OS threads: checked groups run one by one.
+  if (checks) {
+    for (size_t g = 0; g < count; ++g) run_group(g);
+  } else {
+    cpu::WorkerPool::instance().run(count, run_group);
+  }
 }
 
 // Runs committed command buffers one after another, like a Metal command queue.
@@ -141,7 +164,8 @@ class CommandQueue {
     std::exception_ptr error;
   };
 
-  explicit CommandQueue(cpu::Schedule schedule) : schedule_(schedule), thread_([this] { loop(); }) {}
+  CommandQueue(cpu::Schedule schedule, cpu::CheckSet checks)
+      : schedule_(schedule), checks_(checks), thread_([this] { loop(); }) {}
   ~CommandQueue() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -167,12 +191,21 @@ class CommandQueue {
 
   // Dispatches between two barriers run last-first: a legal GPU order that
   // exposes a missing barrier, which plain in-order execution would hide.
+  // The checking mode keeps one device-memory shadow per barrier-free run.
   void execute(const std::vector<Dispatch>& work) {
     for (size_t begin = 0; begin < work.size();) {
       size_t end = begin + 1;
       while (end < work.size() && !work[end].barrier_before) ++end;
+      std::optional<cpu::RunChecker> run;
+      std::vector<const cpu::DispatchChecks*> checks(end - begin, nullptr);
+      if (checks_.any()) {
+        run.emplace(checks_);
+        for (size_t i = begin; i < end; ++i)
+          checks[i - begin] = &run->add_dispatch(work[i].kernel->info(), work[i].launch, work[i].buffer_bytes);
+        run->find_read_only_memory();
+      }
       for (size_t i = end; i-- > begin;)
-        run_dispatch(work[i], schedule_, cpu::schedule_substream(schedule_.seed, dispatches_run_++));
+        run_dispatch(work[i], schedule_, cpu::schedule_substream(schedule_.seed, dispatches_run_++), checks[i - begin]);
       begin = end;
     }
   }
@@ -203,6 +236,7 @@ class CommandQueue {
 
   const cpu::Schedule schedule_;
   uint64_t dispatches_run_ = 0;  // numbers the dispatches: each gets its own random stream
+  const cpu::CheckSet checks_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
@@ -313,6 +347,7 @@ class CpuCommandBuffer final : public CommandBuffer {
         throw GpuError(who + slot + " needs " + std::to_string(param.bytes) + " bytes, " +
                        std::to_string(b.available()) + " are bound");
       d.launch.buffers[param.index] = b.address();
+      d.buffer_bytes[param.index] = b.available();
       d.keep.push_back(b);
     }
     d.launch.threadgroups_per_grid = to_dim3(groups);
@@ -346,8 +381,9 @@ uint64_t memory_limit(const char* variable) {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(cpu::Schedule schedule)
-      : queue_(std::make_shared<CommandQueue>(schedule)),
+  CpuDevice(cpu::Schedule schedule, cpu::CheckSet checks)
+      : checks_(checks),
+        queue_(std::make_shared<CommandQueue>(schedule, checks)),
         max_buffer_length_(size_t(memory_limit("METALQWEN_CPU_MAX_BUFFER_BYTES"))),
         working_set_(memory_limit("METALQWEN_CPU_WORKING_SET_BYTES")),
         thread_cap_(pipeline_thread_cap()) {}
@@ -357,18 +393,19 @@ class CpuDevice final : public Device {
   uint64_t recommended_working_set() const override { return working_set_; }
   std::shared_ptr<Buffer> new_buffer(size_t size) override {
     check_buffer_length("cpu", name(), size, max_buffer_length_);
-    return std::make_shared<CpuBuffer>(size);
+    return std::make_shared<CpuBuffer>(size, checks_.bounds);
   }
   std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
     check_buffer_length("cpu", name(), size, max_buffer_length_);
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
   }
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
-    return std::make_shared<CpuLibrary>(cpu::build_library(source, name), thread_cap_);
+    return std::make_shared<CpuLibrary>(cpu::build_library(source, name, checks_.any()), thread_cap_);
   }
   std::unique_ptr<CommandBuffer> new_command_buffer() override { return std::make_unique<CpuCommandBuffer>(queue_); }
 
  private:
+  const cpu::CheckSet checks_;
   std::shared_ptr<CommandQueue> queue_;
   size_t max_buffer_length_;
   uint64_t working_set_;
@@ -377,9 +414,9 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::shared_ptr<Device> open_cpu_device(const std::string& schedule) {
-  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment()
-                                                      : cpu::Schedule::parse(schedule));
+std::shared_ptr<Device> open_cpu_device(const std::string& schedule, const std::vector<std::string>& checks) {
+  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment() : cpu::Schedule::parse(schedule),
+                                     cpu::parse_checks(checks));
 }
 
 }  // namespace mq::gpu

@@ -22,6 +22,11 @@ namespace {
 const char* kCompileFlags =
     "-std=c++20 -O2 -fPIC -shared -fsigned-char -fno-strict-aliasing -ffp-contract=off -fno-fast-math "
     "-Wno-unknown-pragmas -Wno-attributes -Wno-unused";
+// The checking variant (access_checker.h): every load and store calls a __tsan_* hook
+// (msl/mq_access_hooks.h); debug info maps the instruction back to its MSL line. It is
+// compiled (-c) and linked in two steps so the driver does not link the sanitizer runtime,
+// in the cache folder, which debug info then names as the folder of relative MSL file names.
+const char* kCheckedFlags = "-fsanitize=thread -g -DMQ_CHECK_ACCESSES=1";
 
 // This build of the runtime, whose translator decides what a raw source becomes: a hash
 // of the loaded module, taken at load time, before a reinstall could replace the file.
@@ -35,16 +40,25 @@ std::string hash_this_module() {
 }
 const std::string kRuntimeBuild = hash_this_module();
 
+std::string compile_flags(const Toolchain& tools, bool checked) {
+  return std::string(kCompileFlags) + " " + tools.cxx_flags + (checked ? std::string(" ") + kCheckedFlags : "");
+}
+
 // Compiles translated C++ into `base`.so (keeping `base`.cpp to read) unless it is there.
-void compile_object(const Toolchain& tools, const std::string& cpp_source, const std::string& base) {
+void compile_object(const Toolchain& tools, const std::string& cpp_source, const std::string& base, bool checked) {
   const std::string so_path = base + ".so";
   if (file_exists(so_path)) return;
   const std::string src_path = base + ".cpp";
   write_file_atomically(src_path, cpp_source);
-  const std::string tmp_so = base + ".tmp" + std::to_string(getpid()) + ".so";
+  const std::string tmp = base + ".tmp" + std::to_string(getpid()), tmp_so = tmp + ".so", tmp_o = tmp + ".o";
+  const std::string compile = shell_quote(tools.cxx) + " " + compile_flags(tools, checked) + " -I" +
+                              shell_quote(tools.include_dir + "/msl") + " " + shell_quote(src_path);
   auto [status, diagnostics] =
-      run_command(shell_quote(tools.cxx) + " " + kCompileFlags + " " + tools.cxx_flags + " -I" + shell_quote(tools.include_dir + "/msl") +
-                  " -o " + shell_quote(tmp_so) + " " + shell_quote(src_path));
+      checked ? run_command("cd " + shell_quote(tools.cache_dir) + " && " + compile + " -c -o " + shell_quote(tmp_o) +
+                            " && " + shell_quote(tools.cxx) + " -shared -o " + shell_quote(tmp_so) + " " +
+                            shell_quote(tmp_o))
+              : run_command(compile + " -o " + shell_quote(tmp_so));
+  std::remove(tmp_o.c_str());
   if (status != 0) {
     std::remove(tmp_so.c_str());
     throw gpu::CompileError("[cpu] MSL compilation failed (translated source: " + src_path + ")", diagnostics);
@@ -68,13 +82,14 @@ std::shared_ptr<LoadedLibrary> load(const std::string& so_path) {
 
 LoadedLibrary::~LoadedLibrary() { dlclose(handle_); }
 
-std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, const std::string& source_name) {
+std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, const std::string& source_name,
+                                             bool checked) {
   static std::mutex mutex;
   static std::map<std::string, std::weak_ptr<LoadedLibrary>> loaded;  // by object key
   std::lock_guard<std::mutex> lock(mutex);
 
   const Toolchain tools = toolchain();
-  const uint64_t toolchain_key = fnv1a(tools.identity + kCompileFlags + tools.cxx_flags + tools.include_dir);
+  const uint64_t toolchain_key = fnv1a(tools.identity + compile_flags(tools, checked) + tools.include_dir);
   // What a raw source becomes also depends on its name (it is in the line markers), the
   // preprocessing flags and this runtime's translator; `<key>.ref` holds the object key.
   const uint64_t source_key =
@@ -85,7 +100,7 @@ std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, cons
   if (object.size() != 16 || !file_exists(tools.cache_dir + "/" + object + ".so")) {
     const std::string cpp = translate_msl(preprocess_msl(msl_source, source_name, tools), source_name).cpp;
     object = hex(fnv1a(cpp, toolchain_key));
-    compile_object(tools, cpp, tools.cache_dir + "/" + object);
+    compile_object(tools, cpp, tools.cache_dir + "/" + object, checked);
     write_file_atomically(source_ref, object);
   }
   if (auto lib = loaded[object].lock()) return lib;

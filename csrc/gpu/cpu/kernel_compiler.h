@@ -25,7 +25,10 @@ class LoadedLibrary {
 // Shared objects are cached on disk (toolchain.h) by the translated C++; a known raw
 // source also skips preprocessing and translation. `source_name` is the name
 // diagnostics and runtime errors give the MSL text.
-// Throws gpu::CompileError with the preprocessor's or compiler's diagnostics.
-std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, const std::string& source_name);
+// `checked` builds the variant whose loads and stores go through the access checker
+// (a separate cached object). Throws gpu::CompileError with the preprocessor's or
+// compiler's diagnostics.
+std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, const std::string& source_name,
+                                             bool checked = false);
 
 }  // namespace mq::cpu

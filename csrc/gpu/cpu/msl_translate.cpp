@@ -194,10 +194,11 @@ KernelParam parse_param(const std::string& text, const std::string& kernel, cons
     std::string idx = index_of();
     if (pointer) {
       p.call_arg = "(" + p.type + ")L->buffers[" + idx + "]";
-      p.info = "{" + q + ", mq_abi::ParamKind::buffer_pointer, " + idx + ", 0}";
+      p.info = "{" + q + ", mq_abi::ParamKind::buffer_pointer, " + idx + ", 0, mq_glue_read_only<" + p.type + ">}";
     } else if (reference) {
       p.call_arg = "mq_glue_ref<" + p.type + ">(L->buffers[" + idx + "])";
-      p.info = "{" + q + ", mq_abi::ParamKind::buffer_reference, " + idx + ", sizeof(mq_glue_pointee_t<" + p.type + ">)}";
+      p.info = "{" + q + ", mq_abi::ParamKind::buffer_reference, " + idx + ", sizeof(mq_glue_pointee_t<" + p.type +
+               ">), mq_glue_read_only<" + p.type + ">}";
     } else {
       refuse(ctx, "buffer parameter '" + p.name + "' must be a pointer or a reference");
     }
@@ -205,7 +206,7 @@ KernelParam parse_param(const std::string& text, const std::string& kernel, cons
     std::string idx = index_of();
     if (!pointer) refuse(ctx, "threadgroup parameter '" + p.name + "' must be a pointer");
     p.call_arg = "(" + p.type + ")L->threadgroup_buffers[" + idx + "]";
-    p.info = "{" + q + ", mq_abi::ParamKind::threadgroup_pointer, " + idx + ", 0}";
+    p.info = "{" + q + ", mq_abi::ParamKind::threadgroup_pointer, " + idx + ", 0, 0}";
   } else {
     auto it = builtin_expressions().find(attr);
     if (it == builtin_expressions().end())
@@ -360,8 +361,10 @@ std::string rewrite_threadgroup_arrays(const std::string& text, const LineMap& l
     std::string name = head.substr(name_begin), type = trim(head.substr(0, name_begin));
     if (name.empty() || type.empty()) refuse(lines.where(at), "cannot read threadgroup declaration '" + decl + "'");
     std::string key = "mq_tg_key_" + name, alias = "mq_tg_type_" + name;
-    std::string replacement = "static const char " + key + " = 0; using " + alias + " = " + type + " " + dim_text +
-                              "; " + alias + "& " + name + " = *static_cast<" + alias + "*>(mq_tg_alloc(&" + key +
+    // The key is the variable's name: a unique object per declaration that error reports can print.
+    std::string replacement = "static const char " + key + "[] = \"" + name + "\"; using " + alias + " = " + type +
+                              " " + dim_text + "; " + alias + "& " + name + " = *static_cast<" + alias +
+                              "*>(mq_tg_alloc(" + key +
                               ", sizeof(" + alias + "), alignof(" + alias + ")));";
     std::string original = text.substr(at, end + 1 - at);
     replacement += std::string(std::count(original.begin(), original.end(), '\n'), '\n');
@@ -439,7 +442,7 @@ std::string entry_points(const std::vector<KernelDecl>& kernels) {
   std::ostringstream o;
   o << "\n#line 1 \"<metalqwen kernel entry points>\"\n";
   for (const KernelDecl& k : kernels) {
-    o << "extern \"C\" void mq_entry_" << k.name << "(const mq_abi::Launch* L, const mq_abi::ThreadIds* T) {\n  "
+    o << "extern \"C\" MQ_UNCHECKED void mq_entry_" << k.name << "(const mq_abi::Launch* L, const mq_abi::ThreadIds* T) {\n  "
       << k.call << "(";
     for (size_t i = 0; i < k.params.size(); ++i) o << (i ? ",\n    " : "") << k.params[i].call_arg;
     o << ");\n  (void)L; (void)T;\n}\n";

@@ -44,12 +44,19 @@ const mq_abi::RuntimeApi& ThreadgroupRunner::runtime_api() {
       [](const void* key, size_t size, size_t align) { return t_active->threadgroup_alloc(key, size, align); },
       [](const char* message) { t_active->fail(message); },
       [](const char* name, mq_abi::Site site) { return t_active->note_lane_op(name, site); },
+      [](const void* address, size_t size, mq_abi::AccessKind kind, const void* pc) {
+        t_active->check_access(address, size, kind, pc);
+      },
   };
   return api;
 }
 
 std::string ThreadgroupRunner::describe(const mq_abi::Site& site) const {
   return std::string(site.file) + ":" + std::to_string(site.line);
+}
+
+void ThreadgroupRunner::check_access(const void* address, size_t size, mq_abi::AccessKind kind, const void* pc) {
+  if (checker_ && !checker_->access(address, size, kind, pc)) fail(checker_->message());
 }
 
 void ThreadgroupRunner::thread_main(void* arg) {
@@ -62,6 +69,7 @@ void ThreadgroupRunner::thread_main(void* arg) {
 
 void ThreadgroupRunner::resume(uint32_t index) {
   current_ = index;
+  if (checker_) checker_->set_thread(index);
   in_fiber_ = true;
   Fiber::switch_to(scheduler_, threads_[index]->fiber);
   in_fiber_ = false;
@@ -96,6 +104,7 @@ void* ThreadgroupRunner::threadgroup_alloc(const void* key, size_t size, size_t 
          std::to_string(mq_abi::kMaxThreadgroupMemory) + " bytes");
   arena_used_ = offset + size;
   arena_sites_.push_back({key, offset});
+  if (checker_) checker_->name_threadgroup_memory(static_cast<const char*>(key), offset, size);
   return arena_.data() + offset;
 }
 
@@ -184,7 +193,13 @@ bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
   void* lanes[mq_abi::kSimdWidth] = {};
   for (uint32_t i = first; i < end; ++i)
     if (threads_[i]->state == State::at_simd) lanes[i - first] = threads_[i]->collective_data;
+  // The collective acts for the SIMD-group after every lane's earlier accesses, before any later one.
+  if (checker_) {
+    checker_->simd_sync(simdgroup);
+    checker_->set_thread(collective->ids.thread_index_in_threadgroup);
+  }
   collective->collective(lanes);
+  if (checker_) checker_->simd_sync(simdgroup);
   for (uint32_t i = first; i < end; ++i)
     if (threads_[i]->state == State::at_simd) threads_[i]->state = State::runnable;
   return true;
@@ -216,6 +231,7 @@ void ThreadgroupRunner::release_barrier() {
     first = first ? first : &t;
     t.state = State::runnable;
   }
+  if (checker_) checker_->threadgroup_barrier();
 }
 
 void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position, mq_abi::Dim3 group_size) {
@@ -227,6 +243,12 @@ void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position
   std::memset(arena_.data(), kPoison, arena_used_);  // keep the arena poisoned at every group start
   arena_used_ = 0;
   arena_sites_.clear();
+  checker_ = nullptr;
+  if (work.checks) {
+    if (!checker_storage_) checker_storage_ = std::make_unique<GroupChecker>();
+    checker_ = checker_storage_.get();
+    checker_->begin_group(*work.checks, group_position, arena_.data(), stacks_);
+  }
 
   group_launch_ = *work.launch;
   for (uint32_t i = 0; i < mq_abi::kMaxBufferIndex; ++i) {
@@ -238,6 +260,7 @@ void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position
                           "': threadgroup arguments exceed the limit of " +
                           std::to_string(mq_abi::kMaxThreadgroupMemory) + " bytes");
     group_launch_.threadgroup_buffers[i] = arena_.data() + arena_used_;
+    if (checker_) checker_->name_threadgroup_memory("[[threadgroup(" + std::to_string(i) + ")]]", arena_used_, bytes);
     arena_used_ += (bytes + 15) / 16 * 16;
   }
 

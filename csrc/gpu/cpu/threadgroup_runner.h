@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "abi.h"
+#include "access_checker.h"
 #include "fiber.h"
 #include "schedule.h"
 
@@ -18,6 +19,7 @@ struct GroupLaunch {
   const size_t* threadgroup_arg_bytes;  // [kMaxBufferIndex]: [[threadgroup(n)]] sizes, 0 = unbound
   const Schedule* schedule;  // order of SIMD-groups and lanes
   uint64_t schedule_stream;  // the dispatch's stream (see ScheduleOrder)
+  const DispatchChecks* checks = nullptr;  // the checking mode's view of the dispatch, or none
 };
 
 class ThreadgroupRunner {
@@ -59,6 +61,7 @@ class ThreadgroupRunner {
   void* threadgroup_alloc(const void* key, size_t size, size_t align);
   [[noreturn]] void fail(const std::string& message);
   std::string describe(const mq_abi::Site& site) const;
+  void check_access(const void* address, size_t size, mq_abi::AccessKind kind, const void* pc);
 
   Fiber scheduler_;
   std::vector<std::unique_ptr<Thread>> threads_;
@@ -72,6 +75,8 @@ class ThreadgroupRunner {
   ScheduleOrder* order_ = nullptr;  // this group's schedule decisions
   std::string error_;
   uint32_t failed_thread_ = 0;  // whose message error_ holds
+  GroupChecker* checker_ = nullptr;  // the checking mode, when the dispatch asks for it
+  std::unique_ptr<GroupChecker> checker_storage_;
 
   // Threadgroup memory: one arena per runner, offsets assigned per declaration site.
   std::vector<unsigned char> arena_;

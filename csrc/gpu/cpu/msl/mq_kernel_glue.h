@@ -19,6 +19,12 @@ template <class T> struct mq_glue_pointee { using type = T; };
 template <class T> struct mq_glue_pointee<T&> { using type = T; };
 template <class T> using mq_glue_pointee_t = typename mq_glue_pointee<T>::type;
 
+// Whether a buffer argument's type lets the kernel write through it (`constant` is const here).
+template <class T> struct mq_glue_pointer_target { using type = mq_glue_pointee_t<T>; };
+template <class T> struct mq_glue_pointer_target<T*> { using type = T; };
+template <class T>
+constexpr uint32_t mq_glue_read_only = metal::is_const_v<typename mq_glue_pointer_target<T>::type> ? 1 : 0;
+
 // Binds a `constant T& p [[buffer(n)]]` argument.
 template <class R> inline R mq_glue_ref(void* p) { return *static_cast<mq_glue_pointee_t<R>*>(p); }
 
@@ -35,4 +41,14 @@ inline void* mq_tg_alloc(const void* site_key, size_t size, size_t align) {
   return mq_runtime->threadgroup_alloc(site_key, size, align);
 }
 
-static void mq_glue_bind_runtime(const mq_abi::RuntimeApi* api) { mq_runtime = api; }
+// The library keeps its own copy of the services, so the checking mode sees kernels read
+// only their own image. Unchecked: it runs at load, before the hooks have a runtime to call.
+__attribute__((visibility("hidden"))) inline mq_abi::RuntimeApi mq_runtime_copy{};
+static MQ_UNCHECKED void mq_glue_bind_runtime(const mq_abi::RuntimeApi* api) {
+  mq_runtime_copy = *api;
+  mq_runtime = &mq_runtime_copy;
+}
+
+#if MQ_CHECK_ACCESSES
+#include "mq_access_hooks.h"
+#endif

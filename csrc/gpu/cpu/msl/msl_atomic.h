@@ -1,5 +1,6 @@
 // MSL atomics on device and threadgroup memory. Threadgroups run concurrently on
-// several OS threads, so these are real atomic instructions on the object's storage.
+// several OS threads, so these are real atomic instructions on the object's storage;
+// the checking variant leaves them uninstrumented (MQ_UNCHECKED): atomics never race.
 #pragma once
 #include "msl_sync.h"
 #include "msl_traits.h"
@@ -21,37 +22,38 @@ typedef atomic<long> atomic_long;
 template <class T>
 using mq_operand_t = typename remove_cv<T>::type;  // keeps the operand from deducing T
 template <class T>
-T* mq_storage(volatile atomic<T>* object) {
+MQ_UNCHECKED T* mq_storage(volatile atomic<T>* object) {
   return const_cast<T*>(&object->mq_value);
 }
 
 template <class T>
-void atomic_store_explicit(volatile atomic<T>* object, mq_operand_t<T> desired, memory_order order) {
+MQ_UNCHECKED void atomic_store_explicit(volatile atomic<T>* object, mq_operand_t<T> desired, memory_order order) {
   __atomic_store(mq_storage(object), &desired, int(order));
 }
 template <class T>
-T atomic_load_explicit(volatile atomic<T>* object, memory_order order) {
+MQ_UNCHECKED T atomic_load_explicit(volatile atomic<T>* object, memory_order order) {
   T value;
   __atomic_load(mq_storage(object), &value, int(order));
   return value;
 }
 template <class T>
-T atomic_exchange_explicit(volatile atomic<T>* object, mq_operand_t<T> desired, memory_order order) {
+MQ_UNCHECKED T atomic_exchange_explicit(volatile atomic<T>* object, mq_operand_t<T> desired, memory_order order) {
   T old;
   __atomic_exchange(mq_storage(object), &desired, &old, int(order));
   return old;
 }
 // Implemented strong (never fails spuriously), which a weak exchange is allowed to be.
 template <class T>
-bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* object, T* expected, mq_operand_t<T> desired,
-                                           memory_order success, memory_order failure) {
+MQ_UNCHECKED bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* object, T* expected,
+                                                        mq_operand_t<T> desired, memory_order success,
+                                                        memory_order failure) {
   return __atomic_compare_exchange(mq_storage(object), expected, &desired, false, int(success), int(failure));
 }
 
 // Read-modify-write by compare-exchange loop, for what has no native instruction
 // (float arithmetic, min and max).
 template <class T, class F>
-T mq_atomic_update(volatile atomic<T>* object, memory_order order, F update) {
+MQ_UNCHECKED T mq_atomic_update(volatile atomic<T>* object, memory_order order, F update) {
   T old = atomic_load_explicit(object, memory_order_relaxed);
   for (;;) {
     T desired = update(old);
@@ -62,8 +64,8 @@ T mq_atomic_update(volatile atomic<T>* object, memory_order order, F update) {
 // Integers use the native instruction where there is one; everything else the loop.
 #define MQ_ATOMIC_FETCH(name, expr, native_integer)                                         \
   template <class T>                                                                        \
-  T atomic_fetch_##name##_explicit(volatile atomic<T>* object, mq_operand_t<T> operand,     \
-                                   memory_order order) {                                    \
+  MQ_UNCHECKED T atomic_fetch_##name##_explicit(volatile atomic<T>* object,                \
+                                                mq_operand_t<T> operand, memory_order order) { \
     if constexpr (mq_integer<T>) {                                                          \
       native_integer                                                                        \
     }                                                                                       \

@@ -7,6 +7,15 @@
 // dlclose from ever unloading a compiled library.
 __attribute__((visibility("hidden"))) inline const mq_abi::RuntimeApi* mq_runtime = nullptr;
 
+// Code the checking variant must not instrument (-fsanitize=thread): atomics, which may
+// race by design, the entry glue, which reads the runtime's launch records, and the hooks.
+// clang's no_sanitize("thread") still instruments atomics; its stronger attribute does not.
+#if defined(__clang__)
+#define MQ_UNCHECKED __attribute__((disable_sanitizer_instrumentation))
+#else
+#define MQ_UNCHECKED __attribute__((no_sanitize("thread")))
+#endif
+
 // Default argument of every synchronising call: evaluated at the caller, so the runtime
 // can name the MSL line (the generated C++ keeps #line). Keep it a bare braced list:
 // g++ 12 evaluates the builtins at the declaration once they are wrapped in Site{...}.
