@@ -7,5 +7,8 @@ target_compile_options(_core PRIVATE
   $<$<COMPILE_LANGUAGE:OBJCXX>:-fobjc-arc -Werror=objc-method-access -Werror=unguarded-availability-new>)
 find_library(MQ_METAL_FRAMEWORK Metal REQUIRED)
 find_library(MQ_FOUNDATION_FRAMEWORK Foundation REQUIRED)
-target_link_libraries(_core PRIVATE ${MQ_METAL_FRAMEWORK} ${MQ_FOUNDATION_FRAMEWORK})
+# Without CoreGraphics, MTLCreateSystemDefaultDevice returns nil in command-line processes
+# (Apple's documentation); tools/metal_check/run.sh checks this link stays.
+find_library(MQ_COREGRAPHICS_FRAMEWORK CoreGraphics REQUIRED)
+target_link_libraries(_core PRIVATE ${MQ_METAL_FRAMEWORK} ${MQ_FOUNDATION_FRAMEWORK} ${MQ_COREGRAPHICS_FRAMEWORK})
 target_compile_definitions(_core PRIVATE MQ_HAVE_METAL=1)

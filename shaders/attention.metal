@@ -168,8 +168,10 @@ template [[host_name("attn_qk_norm_rope_append_f16")]] [[kernel]] void attn_qk_n
 //   kc, vc:  this layer's caches; positions < pos_base + rows must be appended
 //   part_o:  [rows][nq][n_splits][HEAD_DIM] f32, part_ms: [rows][nq][n_splits] float2
 //   out:     [rows][out_stride] f32, written instead of the partials when n_splits == 1
-// Threadgroup (split, kv head, row group); SIMD-group = one query head of the kv head
-// (all of them read the same K/V rows). Lane holds dims 4 lane + 128 c (float4 chunks).
+// Threadgroup (split, kv head x head block, row group); SIMD-group = one query head of the
+// kv head's head block (all of them read the same K/V rows): n_sg SIMD-groups serve heads
+// [b n_sg, (b + 1) n_sg) of the kv head's n_rep, in ceil(n_rep / n_sg) blocks b.
+// Lane holds dims 4 lane + 128 c (float4 chunks).
 // Per position and row: one simd_sum for the score, then the online softmax update
 // m' = max(m, s), l' = l 2^(m - m') + 2^(s - m'), o' = o 2^(m - m') + 2^(s - m') v, in
 // position order. A row with no visible position in its split writes m = NO_SCORE, l = 0.
@@ -183,12 +185,16 @@ template <bool Q8, uint R>
                             constant AttnParams& p [[buffer(6)]],
                             uint3 tg [[threadgroup_position_in_grid]],
                             uint sg [[simdgroup_index_in_threadgroup]],
+                            uint n_sg [[simdgroups_per_threadgroup]],
                             uint lane [[thread_index_in_simdgroup]]) {
   using namespace mq_attn;
   constexpr uint NC = HD / 128;
   const uint n_rep = p.nq / p.nkv;
-  const uint kvh = tg.y;
-  const uint head = kvh * n_rep + sg;
+  const uint head_blocks = (n_rep + n_sg - 1) / n_sg;
+  const uint kvh = tg.y / head_blocks;
+  const uint rep = tg.y % head_blocks * n_sg + sg;
+  if (rep >= n_rep) return;  // whole SIMD-groups of the last head block
+  const uint head = kvh * n_rep + rep;
   const uint split = tg.x;
   const uint r0 = tg.z * R;
   const uint nr = min(R, p.rows - r0);
@@ -253,57 +259,67 @@ template <bool Q8, uint R>
   }
 }
 
-template [[host_name("attn_decode_q8_r1")]] [[kernel]] void attn_decode<true, 1>(
+template [[host_name("attn_decode_q8_r1")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<true, 1>(
     device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
     device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
     constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("attn_decode_q8_r4")]] [[kernel]] void attn_decode<true, 4>(
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_q8_r4")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<true, 4>(
     device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
     device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
     constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("attn_decode_f16_r1")]] [[kernel]] void attn_decode<false, 1>(
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_f16_r1")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<false, 1>(
     device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
     device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
     constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("attn_decode_f16_r4")]] [[kernel]] void attn_decode<false, 4>(
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_f16_r4")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<false, 4>(
     device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
     device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
     constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
 
 // Merges the n_splits partials of one (head, row) by log-sum-exp and applies the gate:
 // out = (sum_s 2^(m_s - M) o_s) / (sum_s 2^(m_s - M) l_s) * sigmoid(gate), M = max_s m_s,
 // summed in split order.
 //   q: [rows][q_stride] f32 (gate halves read), part_o / part_ms: as attn_decode wrote
 //   them, out: [rows][out_stride] f32.
-// Threadgroups (nq, rows) of MQ_ATTN_COMBINE_THREADS threads; thread = 4 dims.
+// Threadgroups (nq, rows) of any number of threads (MQ_ATTN_COMBINE_THREADS: one per 4 dims).
 [[kernel]] void attn_decode_combine(device const float* q [[buffer(0)]],
                                     device const float* part_o [[buffer(1)]],
                                     device const float2* part_ms [[buffer(2)]],
                                     device float* out [[buffer(3)]],
                                     constant AttnParams& p [[buffer(4)]],
                                     uint2 tg [[threadgroup_position_in_grid]],
-                                    uint tid [[thread_index_in_threadgroup]]) {
+                                    uint tid [[thread_index_in_threadgroup]],
+                                    uint tpg [[threads_per_threadgroup]]) {
   using namespace mq_attn;
-  if (tid >= HD / 4) return;
   const uint head = tg.x;
   const uint row = tg.y;
   const ulong base = ((ulong)row * p.nq + head) * p.n_splits;
   float mx = NO_SCORE;
   for (uint s = 0; s < p.n_splits; s++) mx = max(mx, part_ms[base + s].x);
-  float l = 0.0f;
-  float4 acc = float4(0.0f);
-  for (uint s = 0; s < p.n_splits; s++) {
-    const float2 ms = part_ms[base + s];
-    const float w = exp2(ms.x - mx);
-    l += w * ms.y;
-    acc += w * *(device const float4*)(part_o + (base + s) * HD + 4 * tid);
+  for (uint d4 = tid; d4 < HD / 4; d4 += tpg) {
+    float l = 0.0f;
+    float4 acc = float4(0.0f);
+    for (uint s = 0; s < p.n_splits; s++) {
+      const float2 ms = part_ms[base + s];
+      const float w = exp2(ms.x - mx);
+      l += w * ms.y;
+      acc += w * *(device const float4*)(part_o + (base + s) * HD + 4 * d4);
+    }
+    const float4 gate = *(device const float4*)(q + (ulong)row * p.q_stride + head * 2 * HD + HD + 4 * d4);
+    *(device float4*)(out + (ulong)row * p.out_stride + head * HD + 4 * d4) = acc / l * sigmoid(gate);
   }
-  const float4 gate = *(device const float4*)(q + (ulong)row * p.q_stride + head * 2 * HD + HD + 4 * tid);
-  *(device float4*)(out + (ulong)row * p.out_stride + head * HD + 4 * tid) = acc / l * sigmoid(gate);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -311,8 +327,9 @@ template [[host_name("attn_decode_f16_r4")]] [[kernel]] void attn_decode<false, 
 //   q:      [rows][q_stride] f32, readable for ceil(rows / 8) * 8 rows
 //   kc, vc: this layer's caches, positions < pos_base + rows appended
 //   out:    [rows][out_stride] f32, gated attention output
-// Threadgroup (row block, kv head); SIMD-group sg = one query head (sg % n_rep) of the kv
-// head and 8 rows (block 8 * (sg / n_rep)). Per tile of 8 positions the threadgroup
+// Threadgroup (row block, kv head x head block): hb = min(n_rep, n_sg) query heads of the
+// kv head (head block b of ceil(n_rep / hb): heads b hb ..) times rb = n_sg / hb blocks of
+// 8 rows; SIMD-group sg = head sg % hb of the block, rows 8 (sg / hb) ... Per tile of 8 positions the threadgroup
 // stages K and V in f32; each SIMD-group computes S = Q K^T (8x8, Q read from device),
 // the online softmax row by row (4 lanes per row), and O = diag(2^(m - m')) O + P V with
 // the rescale skipped when no row's maximum moved.
@@ -340,12 +357,16 @@ template <bool Q8>
   threadgroup float* scr = scratch + sg * 64;
 
   const uint n_rep = p.nq / p.nkv;
-  const uint kvh = tg.y;
-  const uint head = kvh * n_rep + sg % n_rep;
-  const uint tg_row0 = tg.x * 8 * (n_sg / n_rep);
-  const uint tg_rows_end = min(tg_row0 + 8 * (n_sg / n_rep), p.rows);
-  const uint row0 = tg_row0 + 8 * (sg / n_rep);
-  const bool active = row0 < p.rows;
+  const uint hb = min(n_rep, n_sg);
+  const uint rb = n_sg / hb;
+  const uint head_blocks = (n_rep + hb - 1) / hb;
+  const uint kvh = tg.y / head_blocks;
+  const uint rep = tg.y % head_blocks * hb + sg % hb;
+  const uint head = kvh * n_rep + rep;
+  const uint tg_row0 = tg.x * 8 * rb;
+  const uint tg_rows_end = min(tg_row0 + 8 * rb, p.rows);
+  const uint row0 = tg_row0 + 8 * (sg / hb);
+  const bool active = row0 < p.rows && rep < n_rep && sg < rb * hb;
   const uint kv_len = p.pos_base + tg_rows_end;                         // positions staged
   const uint kv_len_sg = active ? p.pos_base + min(row0 + 8, p.rows) : 0;  // positions this SIMD-group sees
   const uint kv_dim = p.nkv * HD;
@@ -445,13 +466,15 @@ template <bool Q8>
   }
 }
 
-template [[host_name("attn_prefill_q8")]] [[kernel]] void attn_prefill<true>(
+template [[host_name("attn_prefill_q8")]] [[max_total_threads_per_threadgroup(MQ_ATTN_PREFILL_THREADS)]]
+[[kernel]] void attn_prefill<true>(
     device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
     device float* out [[buffer(3)]], constant AttnParams& p [[buffer(4)]], uint2 tg [[threadgroup_position_in_grid]],
     uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("attn_prefill_f16")]] [[kernel]] void attn_prefill<false>(
+template [[host_name("attn_prefill_f16")]] [[max_total_threads_per_threadgroup(MQ_ATTN_PREFILL_THREADS)]]
+[[kernel]] void attn_prefill<false>(
     device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
     device float* out [[buffer(3)]], constant AttnParams& p [[buffer(4)]], uint2 tg [[threadgroup_position_in_grid]],
     uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],

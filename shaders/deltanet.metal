@@ -11,7 +11,7 @@ namespace mq_delta {
 
 constant constexpr uint D = MQ_DELTA_HEAD_DIM;
 constant constexpr uint SCAN_ROWS = MQ_DELTA_SCAN_ROWS;
-constant constexpr uint SCAN_SIMDGROUPS = MQ_DELTA_HEAD_DIM / MQ_DELTA_SCAN_ROWS;
+constant constexpr uint SCAN_BLOCKS = MQ_DELTA_HEAD_DIM / MQ_DELTA_SCAN_ROWS;
 
 // silu(x) = x * sigmoid(x); the exponent is clamped so fast math never forms inf/inf.
 inline float silu(float x) { return x / (1.0f + exp(min(-x, 88.0f))); }
@@ -127,19 +127,22 @@ template [[host_name("delta_conv_prep_alog_bf16")]] [[kernel]] void delta_conv_p
     uint block [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
 
-// The recurrent scan of one v-head over `rows` rows, fused with the gated output norm.
-// SIMD-group g keeps state rows g*R .. g*R+R-1 (R = MQ_DELTA_SCAN_ROWS) in registers,
-// lane l holding dk elements 4l..4l+3 of each. Per row t, using S_new q = decay (S_old q)
-// + delta (k.q), all 2R+1 dot products read the old state, so their SIMD reductions are
-// independent; then S = decay S + delta k elementwise. One threadgroup barrier per row
-// for the norm's sum over the head (double-buffered partials).
+// The recurrent scan of one v-head over `rows` rows, then the gated output norm.
+// The head's D dv rows form blocks of R = MQ_DELTA_SCAN_ROWS; SIMD-group g scans blocks
+// g, g + n_sg, ... one after another, each kept in registers for all rows, lane l holding
+// dk elements 4l..4l+3 of each block row. Per row t, using S_new q = decay (S_old q) +
+// delta (k.q), all 2R+1 dot products read the old state, so their SIMD reductions are
+// independent; then S = decay S + delta k elementwise. y goes to out; once every block is
+// done (one device barrier) each row is normalised in place by one SIMD-group.
 //   qkv [rows][C] from delta_conv_prep; gates float2 [rows][n_v]; z [rows][z_stride];
 //   norm_w bf16 [D]; state [n_v][D][D] read-write; out [rows][n_v*D];
 //   state_snaps planes of [n_v][D][D].
-// Grid: n_v threadgroups (threadgroup = v-head) of exactly MQ_DELTA_SCAN_THREADS threads.
+// Grid: n_v threadgroups (threadgroup = v-head) of any multiple of 32 threads up to
+// MQ_DELTA_SCAN_THREADS (one block per SIMD-group there).
 // Numerics (keep: verify rows must reproduce decode rows bit for bit, and they do
-// because every row runs the same code whatever `rows` is): the norm sums y^2 over a
-// SIMD-group's rows in order, then the SIMD-group partials in index order.
+// because every row runs the same code whatever `rows` is): a row's norm sums lane
+// partials of 4 y^2 each by simd_sum, whatever the threadgroup size.
+[[max_total_threads_per_threadgroup(MQ_DELTA_SCAN_THREADS)]]
 [[kernel]] void delta_scan_norm(device const float* qkv [[buffer(0)]],
                                 device const float2* gates [[buffer(1)]],
                                 device const float* z [[buffer(2)]],
@@ -150,71 +153,66 @@ template [[host_name("delta_conv_prep_alog_bf16")]] [[kernel]] void delta_conv_p
                                 constant DeltaScanParams& p [[buffer(7)]],
                                 uint head [[threadgroup_position_in_grid]],
                                 uint sg [[simdgroup_index_in_threadgroup]],
+                                uint n_sg [[simdgroups_per_threadgroup]],
                                 uint lane [[thread_index_in_simdgroup]]) {
   using namespace mq_delta;
-  threadgroup float partial[2][SCAN_SIMDGROUPS];
-
   const uint qk = p.n_k * D;
   const uint channels = 2 * qk + p.n_v * D;
   const uint vdim = p.n_v * D;
   const uint hk = head / (p.n_v / p.n_k);
-  const uint row0 = sg * SCAN_ROWS;
-  const ulong state_off = ((ulong)head * D + row0) * D + lane * 4;
 
-  float4 s[SCAN_ROWS];
-  for (uint r = 0; r < SCAN_ROWS; r++) s[r] = *(device const float4*)(state + state_off + r * D);
-  const float w_mine = lane < SCAN_ROWS ? (float)norm_w[row0 + lane] : 0.0f;
+  for (uint block = sg; block < SCAN_BLOCKS; block += n_sg) {
+    const uint row0 = block * SCAN_ROWS;
+    const ulong state_off = ((ulong)head * D + row0) * D + lane * 4;
+    float4 s[SCAN_ROWS];
+    for (uint r = 0; r < SCAN_ROWS; r++) s[r] = *(device const float4*)(state + state_off + r * D);
 
-  for (uint t = 0; t < p.rows; t++) {
-    device const float* row = qkv + (ulong)t * channels;
-    const float4 q4 = *(device const float4*)(row + hk * D + lane * 4);
-    const float4 k4 = *(device const float4*)(row + qk + hk * D + lane * 4);
-    device const float* v = row + 2 * qk + head * D + row0;
-    const float2 g = gates[(ulong)t * p.n_v + head];
-    const float decay = g.x;
-    const float beta = g.y;
+    for (uint t = 0; t < p.rows; t++) {
+      device const float* row = qkv + (ulong)t * channels;
+      const float4 q4 = *(device const float4*)(row + hk * D + lane * 4);
+      const float4 k4 = *(device const float4*)(row + qk + hk * D + lane * 4);
+      device const float* v = row + 2 * qk + head * D + row0;
+      const float2 g = gates[(ulong)t * p.n_v + head];
+      const float decay = g.x;
+      const float beta = g.y;
 
-    const float kq = simd_sum(dot(k4, q4));
-    float sk[SCAN_ROWS];
-    float sq[SCAN_ROWS];
-    for (uint r = 0; r < SCAN_ROWS; r++) {
-      sk[r] = simd_sum(dot(s[r], k4));
-      sq[r] = simd_sum(dot(s[r], q4));
-    }
-
-    float y_mine = 0.0f;  // lane r < R ends up with row r's output
-    float ss = 0.0f;
-    for (uint r = 0; r < SCAN_ROWS; r++) {
-      const float delta = (v[r] - decay * sk[r]) * beta;
-      s[r] = fma(k4, delta, s[r] * decay);
-      const float y = fma(decay, sq[r], delta * kq);
-      ss = fma(y, y, ss);
-      y_mine = lane == r ? y : y_mine;
-    }
-
-    const ulong o = (ulong)t * vdim + head * D + row0 + lane;
-    if (p.gated_norm != 0) {
-      threadgroup float* part = partial[t & 1];
-      if (lane == 0) part[sg] = ss;
-      threadgroup_barrier(mem_flags::mem_threadgroup);
-      float total = 0.0f;
-      for (uint i = 0; i < SCAN_SIMDGROUPS; i++) total += part[i];
-      const float inv = rsqrt(total / (float)D + p.norm_eps);
-      if (lane < SCAN_ROWS) {
-        const float zv = z[(ulong)t * p.z_stride + head * D + row0 + lane];
-        out[o] = y_mine * inv * w_mine * silu(zv);
+      const float kq = simd_sum(dot(k4, q4));
+      float sk[SCAN_ROWS];
+      float sq[SCAN_ROWS];
+      for (uint r = 0; r < SCAN_ROWS; r++) {
+        sk[r] = simd_sum(dot(s[r], k4));
+        sq[r] = simd_sum(dot(s[r], q4));
       }
-    } else if (lane < SCAN_ROWS) {
-      out[o] = y_mine;
-    }
 
-    if (t < p.snap_rows) {
-      device float* plane = state_snaps + (ulong)t * p.state_snap_stride + state_off;
-      for (uint r = 0; r < SCAN_ROWS; r++) *(device float4*)(plane + r * D) = s[r];
+      float y_mine = 0.0f;  // lane r < R ends up with block row r's output
+      for (uint r = 0; r < SCAN_ROWS; r++) {
+        const float delta = (v[r] - decay * sk[r]) * beta;
+        s[r] = fma(k4, delta, s[r] * decay);
+        const float y = fma(decay, sq[r], delta * kq);
+        y_mine = lane == r ? y : y_mine;
+      }
+      if (lane < SCAN_ROWS) out[(ulong)t * vdim + head * D + row0 + lane] = y_mine;
+
+      if (t < p.snap_rows) {
+        device float* plane = state_snaps + (ulong)t * p.state_snap_stride + state_off;
+        for (uint r = 0; r < SCAN_ROWS; r++) *(device float4*)(plane + r * D) = s[r];
+      }
     }
+    for (uint r = 0; r < SCAN_ROWS; r++) *(device float4*)(state + state_off + r * D) = s[r];
   }
+  if (p.gated_norm == 0) return;
 
-  for (uint r = 0; r < SCAN_ROWS; r++) *(device float4*)(state + state_off + r * D) = s[r];
+  // out = y * rsqrt(mean(y^2) + eps) * w * silu(z) over the head, row t by SIMD-group t % n_sg.
+  threadgroup_barrier(mem_flags::mem_device);
+  const float4 w = float4((float)norm_w[lane * 4], (float)norm_w[lane * 4 + 1], (float)norm_w[lane * 4 + 2],
+                          (float)norm_w[lane * 4 + 3]);
+  for (uint t = sg; t < p.rows; t += n_sg) {
+    device float4* o = (device float4*)(out + (ulong)t * vdim + head * D + lane * 4);
+    const float4 y = *o;
+    const float inv = rsqrt(simd_sum(dot(y, y)) / (float)D + p.norm_eps);
+    const float4 zv = *(device const float4*)(z + (ulong)t * p.z_stride + head * D + lane * 4);
+    *o = y * inv * w * silu(zv);
+  }
 }
 
 // Rollback after a rejected speculative draft: state and conv history become snapshot

@@ -238,7 +238,8 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
 // distribution (thousands of tokens in the nucleus) or top-k > threads.
 // All sums run in a fixed order (tg_* above), so the draw is deterministic.
 //   logits [rows][row_stride]; ids uint, ids[out_pos + row] out.
-// Grid: (rows) threadgroups of 32..1024 threads (MQ_SAMPLE_THREADS).
+// Grid: (rows) threadgroups of 32..MQ_SAMPLE_THREADS threads (a multiple of 32).
+[[max_total_threads_per_threadgroup(MQ_SAMPLE_THREADS)]]
 [[kernel]] void sample_top_kp(device const float* logits [[buffer(0)]],
                               device uint* ids [[buffer(1)]],
                               constant SampleParams& p [[buffer(2)]],

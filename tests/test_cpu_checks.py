@@ -289,15 +289,15 @@ def two_blocks(device):
 
 
 def test_block_copies_are_checked(checked):
-    """Whole-struct copies compile to memcpy (g++: __tsan_read_range/__tsan_write_range around
-    it; clang: __tsan_memcpy) and zero-filling to memset: both must be checked too."""
+    """Copy and fill loops compile to memcpy/memset (g++: __tsan_read_range/__tsan_write_range
+    around them; clang: __tsan_memcpy/__tsan_memset): they must be checked too."""
     body = """
 struct Block { float v[32]; };
 kernel void copy_blocks(device const Block* in [[buffer(0)]], device Block* out [[buffer(1)]],
                         uint i [[thread_position_in_grid]]) {
-    out[i] = in[i + SHIFT];
-    Block zero = {};
-    if (i == ZEROER) out[0] = zero;
+    for (int k = 0; k < 32; k++) out[i].v[k] = in[i + SHIFT].v[k];  // a memcpy after optimisation
+    if (i == ZEROER)
+        for (int k = 0; k < 32; k++) out[0].v[k] = 0.0f;  // a memset
 }
 """
     text = report(checked, body.replace("SHIFT", "1").replace("ZEROER", "0"), "copy_blocks", two_blocks(checked), threads=4)

@@ -263,6 +263,23 @@ kernel void plain(device float* y [[buffer(0)]], uint i [[thread_position_in_gri
         plain.dispatch({0: y}, threadgroups=(1,), threads=(2048,))
 
 
+def test_template_kernel_maximum_applies_to_its_instantiations(cpu):
+    lib = build(cpu, """
+template <int N>
+[[max_total_threads_per_threadgroup(64)]]
+kernel void fill(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = float(N); }
+#define FILL_ARGS device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]
+template [[host_name("fill_1")]] kernel void fill<1>(FILL_ARGS);
+template [[host_name("fill_2")]] [[max_total_threads_per_threadgroup(32)]] kernel void fill<2>(FILL_ARGS);
+template <int N>
+kernel void plain(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = float(N); }
+template [[host_name("plain_1")]] kernel void plain<1>(FILL_ARGS);
+""")
+    assert lib.kernel("fill_1").max_threads_per_threadgroup == 64  # inherited from the definition
+    assert lib.kernel("fill_2").max_threads_per_threadgroup == 32  # its own
+    assert lib.kernel("plain_1").max_threads_per_threadgroup == 1024
+
+
 def test_refuses_set_bytes_over_4k_and_short_arguments(cpu):
     lib = build(cpu, """
 struct Big { float v[8]; };

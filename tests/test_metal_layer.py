@@ -38,3 +38,21 @@ def test_metal_sources_type_check_against_the_api_stubs():
 def test_api_stubs_name_only_real_sdk_api():
     _require_clang()
     _run(sys.executable, str(CHECK / "check_api_names.py"), "--self-test")
+
+
+def test_the_metal_open_probe_kernel_is_valid_msl(device):
+    """open_metal_device compiles this kernel (bfloat: MSL 3.1; simd_sum) to learn the SIMD width:
+    it must compile and compute, or every Mac would refuse to open."""
+    import re
+
+    import numpy as np
+
+    rules = (ROOT / "csrc" / "gpu" / "metal" / "metal_rules.h").read_text()
+    source = re.search(r'kProbeKernelSource = R"\((.*?)\)";', rules, re.S).group(1)
+    name = re.search(r'kProbeKernelName = "(\w+)";', rules).group(1)
+    kernel = device.compile(source, "metalqwen_probe.metal").kernel(name)
+    assert kernel.thread_execution_width == 32
+    out = device.empty(64 * 2)
+    kernel.dispatch({0: out}, threadgroups=(1,), threads=(64,))
+    values = (out.numpy(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(values, np.repeat([sum(range(32)), sum(range(32, 64))], 32).astype(np.float32))

@@ -116,6 +116,8 @@ void bind_engine(py::module_& m) {
         d["max_steps_in_flight"] = c.max_steps_in_flight;
         d["weight_bytes_per_token"] = c.weight_bytes_per_token;
         d["weight_bytes_copied"] = c.weight_bytes_copied;
+        d["weight_buffers"] = c.weight_buffers;
+        d["memory_estimate"] = c.memory_estimate;
         return d;
       });
 }

@@ -6,6 +6,8 @@
 #include <optional>
 
 #include "engine/shader_source.h"
+#include "gpu/cpu/cpu_device.h"
+#include "gpu/cpu/msl_check.h"
 #include "gpu/device.h"
 
 namespace py = pybind11;
@@ -19,7 +21,10 @@ Size3 size3(const std::tuple<uint32_t, uint32_t, uint32_t>& t) {
 
 void bind_gpu(py::module_& m) {
   m.def("available_device_kinds", &available_device_kinds);
-  m.def("open_device", &open_device, py::arg("kind"), py::arg("checks") = std::vector<std::string>{});
+  m.def("metal_unavailable_reason", &metal_unavailable_reason);
+  m.def("open_device", &open_device, py::arg("kind"));
+  m.def("open_cpu_device", &open_cpu_device, py::arg("schedule") = "",
+        py::arg("checks") = std::vector<std::string>{});
 
   py::class_<Buffer, std::shared_ptr<Buffer>>(m, "Buffer", py::buffer_protocol())
       .def_property_readonly("nbytes", &Buffer::size)
@@ -56,9 +61,14 @@ void bind_gpu(py::module_& m) {
   py::class_<Device, std::shared_ptr<Device>>(m, "Device")
       .def_property_readonly("kind", &Device::kind)
       .def_property_readonly("name", &Device::name)
+      .def_property_readonly("max_buffer_length", &Device::max_buffer_length)
+      .def_property_readonly("recommended_working_set", &Device::recommended_working_set)
       .def("new_buffer", &Device::new_buffer, py::arg("nbytes"))
       .def("compile", &Device::compile, py::arg("source"), py::arg("name"), py::call_guard<py::gil_scoped_release>())
       .def("new_command_buffer", &Device::new_command_buffer);
+
+  m.def("check_msl", &mq::cpu::check_msl, py::arg("source"), py::arg("name"),
+        py::call_guard<py::gil_scoped_release>());
 }
 
 void bind_shaders(py::module_& m) {

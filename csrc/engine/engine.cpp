@@ -32,6 +32,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
     : device_(std::move(device)),
       model_(std::move(model)),
       options_(options),
+      memory_(check_memory_fits(*device_, model_, options_)),
       weights_(*device_, model_, progress),
       kernels_(*device_) {
   check_dims(model_.dims);
@@ -47,6 +48,9 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
   counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
   counters_.weight_bytes_copied = weights_.copied_bytes();
+  counters_.weight_buffers = weights_.buffer_count();
+  counters_.memory_estimate = memory_.total();
+  kernels_.create(kernel_needs());
   reset();
 }
 

@@ -2,8 +2,9 @@
 // step (prefill chunk | decode | verify), token ids kept on the GPU.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "gpu/device.h"
 #include "kernels.h"
+#include "memory_budget.h"
 #include "model_desc.h"
 #include "weights.h"
 
@@ -25,6 +27,8 @@ struct Counters {
   uint64_t max_steps_in_flight = 0;  // decode steps committed and not yet waited for (2 = pipelined)
   uint64_t weight_bytes_per_token = 0;  // weights a decode step streams
   uint64_t weight_bytes_copied = 0;     // at load, where the file could not be wrapped
+  uint64_t weight_buffers = 0;          // device buffers holding the weights (shards split at max_buffer_length)
+  uint64_t memory_estimate = 0;         // bytes the load was admitted with (weights + KV cache + workspace)
 };
 
 // How the next token is chosen on the GPU: temperature 0 is greedy argmax.
@@ -70,6 +74,8 @@ class Engine {
   const Counters& counters() const { return counters_; }
 
  private:
+  // Every kernel encode_step may dispatch for this model, with its threadgroup needs.
+  std::map<std::string, ThreadgroupNeed> kernel_needs() const;
   void check_room(size_t extra) const;
   // Encodes the model over `rows` tokens at position_ (ids[position_ ..]): logits of
   // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token
@@ -87,6 +93,7 @@ class Engine {
   std::shared_ptr<gpu::Device> device_;
   ModelDesc model_;
   EngineOptions options_;
+  MemoryNeeds memory_;  // checked before weights_ loads anything
   Weights weights_;
   Kernels kernels_;
   std::vector<LayerWeights> layers_;

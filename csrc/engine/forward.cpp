@@ -10,10 +10,6 @@ namespace {
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
-std::string quant_suffix(const QuantLinear& l) {
-  return "_b" + std::to_string(l.bits) + "_g" + std::to_string(l.group);
-}
-
 Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 
 }  // namespace
@@ -39,9 +35,9 @@ void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows
   const uint32_t H = uint32_t(model_.dims.hidden);
   const RmsNormParams p{H, H, H, H, model_.dims.eps};
   if (add_residual)
-    enc.dispatch("rms_norm_residual", {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)}, {rows}, {MQ_NORM_THREADS});
+    enc.dispatch("rms_norm_residual", {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)}, {rows});
   else
-    enc.dispatch("rms_norm", {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows}, {MQ_NORM_THREADS});
+    enc.dispatch("rms_norm", {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
 void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
@@ -56,15 +52,15 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     encode_projection(enc, m.in_proj_b, w.xn, H, w.b, nv, rows, true);
     encode_projection(enc, m.in_proj_a, w.xn, H, w.a, nv, rows, true);
     const DeltaConvParams cp{nk, nv, uint32_t(d.conv_kernel), rows, 0, C, nv, 0, 1e-6f};
-    const bool a_log_f32 = m.a_log.desc->dtype == "F32";
-    enc.dispatch(a_log_f32 ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16",
+    const char* conv = m.a_log.desc->dtype == "F32" ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16";
+    // SIMD-group g convolves rows g, g + s, ...: one is enough for a decode row.
+    enc.dispatch(conv,
                  {w.qkv_raw, at(m.conv1d), l.hist, w.qkv, w.a, w.b, at(m.a_log), at(m.dt_bias), w.gates,
                   w.no_snapshots, Arg::value(cp)},
-                 {2 * nk + nv}, {32u * (rows == 1 ? 1u : uint32_t(MQ_DELTA_CONV_SIMDGROUPS))});
+                 {2 * nk + nv}, {rows == 1 ? uint32_t(MQ_SIMD_WIDTH) : kernels_.threads(conv)});
     const DeltaScanParams sp{nk, nv, rows, 0, nv * D, 0, 1, d.eps};
     enc.dispatch("delta_scan_norm",
-                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv},
-                 {MQ_DELTA_SCAN_THREADS});
+                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;
@@ -75,9 +71,10 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     encode_projection(enc, m.k_proj, w.xn, H, w.k, kv_stride, rows, true);
     encode_projection(enc, m.v_proj, w.xn, H, w.v, kv_stride, rows, true);
     const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, uint32_t(options_.max_context), d.eps};
-    enc.dispatch(std::string("attn_qk_norm_rope_append_") + cache,
-                 {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
-                 {ceil_div(rows * (nq + 2 * nkv), MQ_ATTN_PREP_SIMDGROUPS)}, {MQ_ATTN_PREP_SIMDGROUPS * 32});
+    const std::string prep = std::string("attn_qk_norm_rope_append_") + cache;
+    const uint32_t prep_threads = kernels_.threads(prep);  // one SIMD-group per (row, head)
+    enc.dispatch(prep, {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
+                 {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
     AttnParams ap{rows, nq, nkv, q_stride, nq * HD, pos, uint32_t(options_.max_context), 0, 1};
     if (rows <= kMaxVerifyRows) {
       // Flash-decode: the context is split across threadgroups, then merged.
@@ -86,17 +83,22 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
       ap.split_len = ceil_div(context, splits);
       ap.n_splits = ceil_div(context, ap.split_len);
       const uint32_t per_group = rows == 1 ? 1 : 4;
-      enc.dispatch(std::string("attn_decode_") + cache + (rows == 1 ? "_r1" : "_r4"),
-                   {w.q, l.k_cache, l.v_cache, w.part_o, w.part_ms, w.attn, Arg::value(ap)},
-                   {ap.n_splits, nkv, ceil_div(rows, per_group)}, {rep * 32});
+      const std::string decode = std::string("attn_decode_") + cache + (rows == 1 ? "_r1" : "_r4");
+      // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
+      const uint32_t heads = kernels_.threads(decode) / MQ_SIMD_WIDTH;
+      enc.dispatch(decode, {w.q, l.k_cache, l.v_cache, w.part_o, w.part_ms, w.attn, Arg::value(ap)},
+                   {ap.n_splits, nkv * ceil_div(rep, heads), ceil_div(rows, per_group)}, {heads * MQ_SIMD_WIDTH});
       if (ap.n_splits > 1)
-        enc.dispatch("attn_decode_combine", {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows},
-                     {MQ_ATTN_COMBINE_THREADS});
+        enc.dispatch("attn_decode_combine", {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
     } else {
-      // Each SIMD-group owns 8 rows of one query head; a threadgroup 8 * rb rows.
-      const uint32_t rb = std::max(1u, std::min(uint32_t(MQ_ATTN_PREFILL_MAX_SIMDGROUPS) / rep, ceil_div(rows, 8)));
-      enc.dispatch(std::string("attn_prefill_") + cache, {w.q, l.k_cache, l.v_cache, w.attn, Arg::value(ap)},
-                   {ceil_div(rows, 8 * rb), nkv}, {rep * rb * 32});
+      // Each SIMD-group owns 8 rows of one query head; a threadgroup all rep heads of a
+      // kv head for 8 * rb rows, or, when they do not fit, `max_sg` of them for 8 rows.
+      const std::string prefill = std::string("attn_prefill_") + cache;
+      const uint32_t max_sg = kernels_.threads(prefill) / MQ_SIMD_WIDTH;
+      const uint32_t rb = rep <= max_sg ? std::max(1u, std::min(max_sg / rep, ceil_div(rows, 8))) : 1;
+      const uint32_t sg = rep <= max_sg ? rep * rb : max_sg;
+      enc.dispatch(prefill, {w.q, l.k_cache, l.v_cache, w.attn, Arg::value(ap)},
+                   {ceil_div(rows, 8 * rb), nkv * ceil_div(rep, sg / rb)}, {sg * MQ_SIMD_WIDTH});
     }
     encode_projection(enc, m.o_proj, w.attn, nq * HD, w.mix, H, rows);
   }
@@ -106,7 +108,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
   encode_projection(enc, l.gate_proj, w.xn, H, w.gate, I, rows);
   encode_projection(enc, l.up_proj, w.xn, H, w.up, I, rows, true);
   const SiluMulParams sm{I, rows, I, I, I};
-  enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows}, {64});
+  enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows});
   encode_projection(enc, l.down_proj, w.act, I, w.mix, H, rows);
 }
 
@@ -115,12 +117,12 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
   const Arg logits(ws_->logits, size_t(logit_row) * V * 4);
   if (s.temperature <= 0.0f) {
     const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
-    enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, 1}, {MQ_ARGMAX_THREADS});
-    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1}, {MQ_ARGMAX_THREADS});
+    enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, 1});
+    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1});
   } else {
     const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos};
-    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p)}, {1}, {MQ_SAMPLE_THREADS});
+    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p)}, {1});
   }
 }
 

@@ -1,20 +1,39 @@
 #include "kernels.h"
 
+#include <algorithm>
+
+#include "../../shaders/params.h"
 #include "shader_source.h"
 
 namespace mq::engine {
 
 Kernels::Kernels(gpu::Device& device) : library_(device.compile(embedded_shader_library(), "metalqwen-shaders")) {}
 
-const std::shared_ptr<gpu::Kernel>& Kernels::get(const std::string& name) {
-  auto& k = pipelines_[name];
-  if (!k) k = library_->kernel(name);
-  return k;
+void Kernels::create(const std::map<std::string, ThreadgroupNeed>& needs) {
+  std::string unfit;
+  for (const auto& [name, need] : needs) {
+    Pipeline p{library_->kernel(name), 0};
+    const uint32_t limit = p.kernel->max_threads_per_threadgroup();
+    p.threads = std::min(need.preferred, limit / MQ_SIMD_WIDTH * MQ_SIMD_WIDTH);
+    if (p.threads < need.minimum || p.threads == 0) {
+      unfit += (unfit.empty() ? "" : "; ") + std::string("kernel '") + name + "' allows at most " +
+               std::to_string(limit) + " threads per threadgroup and needs " +
+               (need.minimum == need.preferred ? "" : "at least ") + std::to_string(need.minimum);
+    }
+    pipelines_[name] = std::move(p);
+  }
+  if (!unfit.empty()) throw gpu::GpuError("[engine] this GPU cannot run the model's kernels: " + unfit);
+}
+
+const Pipeline& Kernels::get(const std::string& name) const {
+  auto it = pipelines_.find(name);
+  if (it == pipelines_.end()) throw gpu::GpuError("[engine] kernel '" + name + "' was not created at load");
+  return it->second;
 }
 
 void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap) {
   if (dispatches_ > 0 && !overlap) cb_->barrier();
-  cb_->set_kernel(kernels_.get(kernel));
+  cb_->set_kernel(kernels_.get(kernel).kernel);
   uint32_t index = 0;
   for (const Arg& a : args) {
     if (a.bytes) cb_->set_bytes(index, a.bytes, a.size);
@@ -30,10 +49,13 @@ void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> arg
   cb_->dispatch_threadgroups(groups, threads);
 }
 
-void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
-                               gpu::Size3 threads) {
+void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups) {
+  dispatch(kernel, args, groups, {kernels_.threads(kernel)});
+}
+
+void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid) {
   bind(kernel, args, false);
-  cb_->dispatch_threads(grid, threads);
+  cb_->dispatch_threads(grid, {kernels_.threads(kernel)});
 }
 
 }  // namespace mq::engine

@@ -9,15 +9,35 @@
 
 namespace mq::engine {
 
+// How many threads a kernel's threadgroup may hold: `preferred` where its pipeline
+// allows, else the largest multiple of MQ_SIMD_WIDTH within the pipeline's limit, but
+// never fewer than `minimum` (minimum == preferred: exactly that many).
+struct ThreadgroupNeed {
+  uint32_t preferred = 0;
+  uint32_t minimum = 0;
+};
+
+// A kernel's pipeline and the threadgroup size chosen for it at load.
+struct Pipeline {
+  std::shared_ptr<gpu::Kernel> kernel;
+  uint32_t threads = 0;
+};
+
 class Kernels {
  public:
   explicit Kernels(gpu::Device& device);
-  // Throws gpu::GpuError naming a kernel the library lacks.
-  const std::shared_ptr<gpu::Kernel>& get(const std::string& name);
+  // Creates the pipeline of every kernel in `needs` and chooses each one's threadgroup
+  // size within the pipeline's limit (Metal lowers it for kernels with many registers).
+  // Throws gpu::GpuError naming every kernel whose limit is below its minimum.
+  void create(const std::map<std::string, ThreadgroupNeed>& needs);
+  // Throws gpu::GpuError for a kernel that create() was not given.
+  const Pipeline& get(const std::string& name) const;
+  uint32_t threads(const std::string& name) const { return get(name).threads; }
+  size_t size() const { return pipelines_.size(); }
 
  private:
   std::shared_ptr<gpu::Library> library_;
-  std::map<std::string, std::shared_ptr<gpu::Kernel>> pipelines_;
+  std::map<std::string, Pipeline> pipelines_;
 };
 
 // One argument of a dispatch: a buffer at a byte offset, or small bytes (setBytes).
@@ -43,9 +63,10 @@ class Encoder {
   Encoder(gpu::Device& device, Kernels& kernels) : kernels_(kernels), cb_(device.new_command_buffer()) {}
   void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
                 bool overlap = false);
-  // A grid of threads (edge threadgroups partial).
-  void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
-                        gpu::Size3 threads);
+  // Threadgroups of the size chosen for `kernel` at load.
+  void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups);
+  // A grid of threads (edge threadgroups partial) in threadgroups of the chosen size.
+  void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid);
   std::unique_ptr<gpu::CommandBuffer> finish() { return std::move(cb_); }
   uint32_t dispatches() const { return dispatches_; }
 

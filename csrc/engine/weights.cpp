@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -30,38 +31,68 @@ struct Weights::MappedFile {
   ~MappedFile() { munmap(data, mapped); }
 };
 
-Weights::Weights(gpu::Device& device, const ModelDesc& model, const Progress& progress)
-    : device_(device), model_(model) {
+Weights::Weights(gpu::Device& device, const ModelDesc& model, const Progress& progress) {
   uint64_t total = 0, done = 0;
-  for (const auto& entry : model.tensors) total += entry.second.nbytes;
-  for (const auto& [name, desc] : model.tensors) {
-    auto& file = files_[desc.file];
-    if (!file) file = std::make_shared<MappedFile>(desc.file);
-    if (desc.offset + desc.nbytes > file->size)
-      throw std::runtime_error("[weights] tensor " + name + " lies past the end of " + desc.file);
-    DeviceTensor t;
-    t.desc = &desc;
-    if (desc.offset % 16 == 0) {
-      t.buffer = file_buffer(desc.file);
-      t.offset = desc.offset;
-    } else {
-      t.buffer = device.new_buffer(desc.nbytes);
-      std::memcpy(t.buffer->contents(), static_cast<const char*>(file->data) + desc.offset, desc.nbytes);
-      copied_bytes_ += desc.nbytes;
-    }
-    tensors_[name] = t;
-    done += desc.nbytes;
-    if (progress) progress(done, total);
+  std::map<std::string, std::vector<const Entry*>> by_file;
+  for (const Entry& entry : model.tensors) {
+    total += entry.second.nbytes;
+    by_file[entry.second.file].push_back(&entry);
+  }
+  for (auto& [path, entries] : by_file) {
+    place_file(device, path, std::move(entries), [&](uint64_t bytes) {
+      done += bytes;
+      if (progress) progress(done, total);
+    });
   }
 }
 
-std::shared_ptr<gpu::Buffer> Weights::file_buffer(const std::string& path) {
-  auto& buffer = file_buffers_[path];
-  if (!buffer) {
-    std::shared_ptr<MappedFile> file = files_.at(path);
-    buffer = device_.wrap_host_memory(file->data, file->mapped, file);
+void Weights::place_file(gpu::Device& device, const std::string& path, std::vector<const Entry*> entries,
+                         const std::function<void(uint64_t)>& placed) {
+  auto file = std::make_shared<MappedFile>(path);
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry* a, const Entry* b) { return a->second.offset < b->second.offset; });
+  const uint64_t page = uint64_t(getpagesize()), limit = device.max_buffer_length();
+  // Whole pages [begin, end) of the file holding `tensors`, wrapped as one buffer once
+  // the next tensor would take it past the device's buffer limit.
+  struct Span {
+    uint64_t begin = 0, end = 0;
+    std::vector<const Entry*> tensors;
+  } span;
+  auto wrap_span = [&] {
+    if (span.tensors.empty()) return;
+    auto buffer = device.wrap_host_memory(static_cast<char*>(file->data) + span.begin, span.end - span.begin, file);
+    buffer_count_ += 1;
+    for (const Entry* e : span.tensors) tensors_[e->first] = DeviceTensor{buffer, e->second.offset - span.begin, &e->second};
+    span = Span{};
+  };
+  for (const Entry* e : entries) {
+    const TensorDesc& t = e->second;
+    if (t.offset + t.nbytes > file->size)
+      throw std::runtime_error("[weights] tensor " + e->first + " lies past the end of " + path);
+    const uint64_t begin = t.offset / page * page, end = (t.offset + t.nbytes + page - 1) / page * page;
+    if (t.offset % 16 != 0 || end - begin > limit) {  // misaligned for the kernels, or its pages exceed a buffer
+      tensors_[e->first] = copy_tensor(device, *file, *e);
+    } else {
+      if (!span.tensors.empty() && end - span.begin > limit) wrap_span();
+      if (span.tensors.empty()) span.begin = begin;
+      span.end = std::max(span.end, end);
+      span.tensors.push_back(e);
+    }
+    placed(t.nbytes);
   }
-  return buffer;
+  wrap_span();
+}
+
+DeviceTensor Weights::copy_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry) {
+  const TensorDesc& t = entry.second;
+  if (t.nbytes > device.max_buffer_length())
+    throw gpu::GpuError("[weights] tensor " + entry.first + " is " + std::to_string(t.nbytes) + " bytes, more than " +
+                        device.name() + "'s largest buffer (" + std::to_string(device.max_buffer_length()) + " bytes)");
+  DeviceTensor copy{device.new_buffer(t.nbytes), 0, &t};
+  std::memcpy(copy.buffer->contents(), static_cast<const char*>(file.data) + t.offset, t.nbytes);
+  copied_bytes_ += t.nbytes;
+  buffer_count_ += 1;
+  return copy;
 }
 
 DeviceTensor Weights::tensor(const std::string& name) const {

@@ -1,11 +1,15 @@
 // Checkpoint tensors on the device: safetensors files are memory-mapped and handed
 // to the GPU without a copy where a tensor's offset allows (16-byte aligned, the
-// kernels' vector loads), copied into an aligned buffer otherwise.
+// kernels' vector loads), copied into an aligned buffer otherwise. A file larger than
+// the device's max_buffer_length is wrapped as several buffers of whole pages, split
+// at tensor boundaries: each tensor lies entirely inside one buffer.
 #pragma once
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpu/device.h"
 #include "model_desc.h"
@@ -36,17 +40,19 @@ class Weights {
   QuantLinear linear(const std::string& module) const;
   // Bytes copied at load because a tensor's offset did not allow wrapping the file.
   uint64_t copied_bytes() const { return copied_bytes_; }
+  // Device buffers the tensors live in (wrapped file spans and copies).
+  size_t buffer_count() const { return buffer_count_; }
 
  private:
   struct MappedFile;
-  std::shared_ptr<gpu::Buffer> file_buffer(const std::string& path);
+  using Entry = std::pair<const std::string, TensorDesc>;
+  void place_file(gpu::Device& device, const std::string& path, std::vector<const Entry*> entries,
+                  const std::function<void(uint64_t bytes)>& placed);
+  DeviceTensor copy_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry);
 
-  gpu::Device& device_;
-  const ModelDesc& model_;
-  std::map<std::string, std::shared_ptr<MappedFile>> files_;
-  std::map<std::string, std::shared_ptr<gpu::Buffer>> file_buffers_;
   std::map<std::string, DeviceTensor> tensors_;
   uint64_t copied_bytes_ = 0;
+  size_t buffer_count_ = 0;
 };
 
 }  // namespace mq::engine

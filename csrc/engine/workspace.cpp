@@ -62,43 +62,76 @@ uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& 
   return total;
 }
 
-Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOptions& o,
-                             std::vector<LayerWeights>& layers) {
-  // A multiple of 8: prefill attention reads q in 8-row tiles.
-  max_rows = uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8);
-  max_splits = 32;  // flash-decode splits: enough threadgroups to fill a GPU at any context length
-  const size_t R = max_rows, H = size_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
+namespace {
+
+// A multiple of 8: prefill attention reads q in 8-row tiles.
+uint32_t rows_per_step(const EngineOptions& o) { return uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8); }
+constexpr uint32_t kMaxSplits = 32;      // flash-decode splits: enough threadgroups to fill a GPU at any context length
+constexpr uint32_t kArgmaxChunk = 4096;  // logits per stage-1 argmax threadgroup: ~61 of them for a 248320 vocabulary
+
+using Slot = std::shared_ptr<gpu::Buffer> Workspace::*;
+struct Planned {
+  Slot slot;
+  size_t words;  // 4-byte words (f32 or uint)
+};
+
+// Every activation buffer of the workspace with its size; the constructor allocates
+// them and workspace_bytes counts them, so the two cannot drift apart.
+std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o) {
+  const size_t R = rows_per_step(o), H = size_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
   const size_t nv = size_t(d.lin_v_heads), C = size_t(2 * d.lin_k_heads) * D + nv * D;
   const size_t nq = size_t(d.heads), nkv = size_t(d.kv_heads), I = size_t(d.intermediate), V = size_t(d.vocab);
-  auto floats = [&](size_t n) { return device.new_buffer(std::max<size_t>(n, 4) * 4); };
-  ids = device.new_buffer((size_t(o.max_context) + 1) * 4);
-  x = floats(R * H);
-  xn = floats(R * H);
-  mix = floats(R * H);
-  qkv_raw = floats(R * C);
-  qkv = floats(R * C);
-  z = floats(R * nv * D);
-  a = floats(R * nv);
-  b = floats(R * nv);
-  gates = floats(R * nv * 2);
-  delta_out = floats(R * nv * D);
-  q = floats(R * nq * 2 * HD);
-  k = floats(R * nkv * HD);
-  v = floats(R * nkv * HD);
-  attn = floats(R * nq * HD);
-  part_o = floats(kMaxVerifyRows * nq * max_splits * HD);
-  part_ms = floats(kMaxVerifyRows * nq * max_splits * 2);
-  gate = floats(R * I);
-  up = floats(R * I);
-  act = floats(R * I);
-  logits = floats(R * V);
-  argmax_chunk = 4096;  // logits per stage-1 argmax threadgroup: ~61 of them for a 248320 vocabulary
-  argmax_partials = uint32_t((V + argmax_chunk - 1) / argmax_chunk);
-  partials = floats(R * argmax_partials * 2);
-  no_snapshots = floats(4);
+  const size_t partials = (V + kArgmaxChunk - 1) / kArgmaxChunk;
+  return {
+      {&Workspace::ids, size_t(o.max_context) + 1},
+      {&Workspace::x, R * H}, {&Workspace::xn, R * H}, {&Workspace::mix, R * H},
+      {&Workspace::qkv_raw, R * C}, {&Workspace::qkv, R * C},
+      {&Workspace::z, R * nv * D}, {&Workspace::a, R * nv}, {&Workspace::b, R * nv},
+      {&Workspace::gates, R * nv * 2}, {&Workspace::delta_out, R * nv * D},
+      {&Workspace::q, R * nq * 2 * HD}, {&Workspace::k, R * nkv * HD}, {&Workspace::v, R * nkv * HD},
+      {&Workspace::attn, R * nq * HD},
+      {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD}, {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
+      {&Workspace::gate, R * I}, {&Workspace::up, R * I}, {&Workspace::act, R * I},
+      {&Workspace::logits, R * V}, {&Workspace::partials, R * partials * 2},
+      {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
+      {&Workspace::no_snapshots, 4},
+  };
+}
+
+size_t bytes_of_words(size_t words) { return std::max<size_t>(words, 4) * 4; }
+
+// One DeltaNet layer's recurrent state: S [nv][D][D] f32 and the conv history [K-1][C] f32.
+size_t state_words(const ModelDims& d) { return size_t(d.lin_v_heads) * MQ_DELTA_HEAD_DIM * MQ_DELTA_HEAD_DIM; }
+size_t history_words(const ModelDims& d) {
+  const size_t C = size_t(2 * d.lin_k_heads + d.lin_v_heads) * MQ_DELTA_HEAD_DIM;
+  return size_t(d.conv_kernel - 1) * C;
+}
+
+}  // namespace
+
+size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
+  const size_t kv_dim = size_t(d.kv_heads) * MQ_ATTN_HEAD_DIM, ctx = size_t(o.max_context);
+  return o.kv_bits == 8 ? ctx * kv_dim + ctx * kv_dim / MQ_ATTN_Q8_BLOCK * 2 : ctx * kv_dim * 2;
+}
+
+uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
+  uint64_t total = 0;
+  for (const Planned& p : activation_plan(d, o)) total += bytes_of_words(p.words);
+  for (bool full_attention : d.full_attention)
+    if (!full_attention) total += bytes_of_words(state_words(d)) + bytes_of_words(history_words(d));
+  return total;
+}
+
+Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOptions& o,
+                     std::vector<LayerWeights>& layers) {
+  max_rows = rows_per_step(o);
+  max_splits = kMaxSplits;
+  argmax_chunk = kArgmaxChunk;
+  argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
+  auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };
+  for (const Planned& p : activation_plan(d, o)) this->*p.slot = words(p.words);
 
   // rope_turns[i] = round(2^64 * theta^(-2i/rot) / (2 pi)) mod 2^64 (see params/attention.h).
-  rope_turns = device.new_buffer(MQ_ATTN_ROT_DIM / 2 * 8);
   auto* turns = static_cast<uint64_t*>(rope_turns->contents());
   for (int i = 0; i < MQ_ATTN_ROT_DIM / 2; ++i) {
     long double inv_freq = std::pow((long double)d.rope_theta, -2.0L * i / MQ_ATTN_ROT_DIM);
@@ -107,15 +140,14 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
     turns[i] = uint64_t(t);
   }
 
-  const size_t kv_dim = nkv * HD, ctx = size_t(o.max_context);
-  const size_t cache_bytes = o.kv_bits == 8 ? ctx * kv_dim + ctx * kv_dim / MQ_ATTN_Q8_BLOCK * 2 : ctx * kv_dim * 2;
+  const size_t cache_bytes = kv_cache_bytes(d, o);
   for (LayerWeights& l : layers) {
     if (l.full_attention) {
       l.k_cache = device.new_buffer(cache_bytes);
       l.v_cache = device.new_buffer(cache_bytes);
     } else {
-      l.state = floats(nv * D * D);
-      l.hist = floats(size_t(d.conv_kernel - 1) * C);
+      l.state = words(state_words(d));
+      l.hist = words(history_words(d));
       recurrent.push_back(l.state);
       recurrent.push_back(l.hist);
     }

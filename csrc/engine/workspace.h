@@ -13,6 +13,8 @@ namespace mq::engine {
 // Steps of up to this many rows (decode, verify) take the matvec and flash-decode
 // path; longer ones the GEMM and prefill-attention path.
 constexpr uint32_t kMaxVerifyRows = MQ_QMV_MAX_ROWS;
+// silu_mul takes any threadgroup shape; one float4 per thread.
+constexpr uint32_t kSiluMulThreads = 64;
 
 struct AttentionWeights {
   QuantLinear q_proj, k_proj, v_proj, o_proj;  // q_proj rows per head: [query | gate]
@@ -62,6 +64,13 @@ struct Workspace {
   std::vector<std::shared_ptr<gpu::Buffer>> recurrent;  // every state/hist buffer, for clearing
   uint32_t argmax_chunk, argmax_partials;
 };
+
+// Bytes of one attention layer's K (or V) cache at max_context.
+size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
+// Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.
+uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
+// "_b<bits>_g<group>": the kernel-name suffix of a quantized projection's variant.
+std::string quant_suffix(const QuantLinear& l);
 
 std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
 // Bytes of weights one decode step streams (every projection once, the lm_head, norms).

@@ -85,6 +85,11 @@ class Device {
   virtual ~Device() = default;
   virtual std::string kind() const = 0;  // "metal" | "cpu"
   virtual std::string name() const = 0;
+  // Largest single buffer (Metal: maxBufferLength, about half of RAM); new_buffer and
+  // wrap_host_memory throw GpuError beyond it.
+  virtual size_t max_buffer_length() const = 0;
+  // Bytes the GPU may use without slowing down (Metal: recommendedMaxWorkingSetSize).
+  virtual uint64_t recommended_working_set() const = 0;
   virtual std::shared_ptr<Buffer> new_buffer(size_t size) = 0;  // contents uninitialised
   // Wraps host memory without copying when the platform allows it for this
   // pointer and size (Metal: page-aligned), else copies. `keep_alive` is released
@@ -97,9 +102,14 @@ class Device {
   virtual std::unique_ptr<CommandBuffer> new_command_buffer() = 0;
 };
 
-// "metal", "cpu", or "" for the best available. Throws GpuError if unavailable.
-// `checks` turns on the CPU runtime's checking mode ("races", "bounds"; cpu/access_checker.h).
-std::shared_ptr<Device> open_device(const std::string& kind, const std::vector<std::string>& checks = {});
+// Throws GpuError "[<component>] a <size>-byte buffer exceeds <device>'s limit of <limit> bytes".
+void check_buffer_length(const char* component, const std::string& device, size_t size, size_t limit);
+
+// "metal", "cpu", or "" for the best available: Metal, else the CPU runtime, except on
+// Apple silicon where a Metal failure throws GpuError saying why (no silent fallback).
+std::shared_ptr<Device> open_device(const std::string& kind);
 std::vector<std::string> available_device_kinds();
+// Why Metal cannot be used here ("" when it can), e.g. for `metalqwen devices`.
+std::string metal_unavailable_reason();
 
 }  // namespace mq::gpu

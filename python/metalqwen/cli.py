@@ -26,10 +26,14 @@ kernel void smoke_simd_sum(device const float* x [[buffer(0)]],
 
 
 def _devices(args: argparse.Namespace) -> int:
-    """Runs a small kernel on every available device and checks the result."""
+    """Runs a small kernel on every available device and checks the result; says why Metal is
+    missing, if it is, and which device ``gpu.Device()`` picks."""
     x = np.arange(256, dtype=np.float32)
     want = np.repeat(x.reshape(-1, 32).sum(axis=1), 32) * 0.5
     failed = 0
+    reason = gpu.metal_unavailable_reason()
+    if reason:
+        print(f"metal  unavailable: {reason}")
     for kind in gpu.available_kinds():
         start = time.perf_counter()
         dev = gpu.Device(kind)
@@ -39,6 +43,11 @@ def _devices(args: argparse.Namespace) -> int:
         ok = np.array_equal(out.numpy(np.float32), want)
         failed += not ok
         print(f"{kind:6s} {dev.name}: {'ok' if ok else 'WRONG RESULT'} ({time.perf_counter() - start:.1f} s)")
+    try:
+        print(f"default: {gpu.Device().kind}")
+    except gpu.GpuError as e:
+        print(f"default: none: {e}")
+        failed += 1
     return 1 if failed else 0
 
 

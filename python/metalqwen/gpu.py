@@ -1,7 +1,8 @@
 """The low-level GPU API: compile MSL, make buffers, dispatch kernels.
 
 ``Device()`` is Metal where available, else the CPU runtime that runs the same MSL
-on the CPU; ``Device("cpu")`` forces the CPU runtime.
+on the CPU; ``Device("cpu")`` forces the CPU runtime. On Apple silicon ``Device()``
+never falls back silently: if Metal cannot be opened it raises GpuError saying why.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 from . import _core
 from .errors import CompileError, GpuError
 
-__all__ = ["Device", "Buffer", "Library", "Kernel", "CommandBuffer", "GpuError", "CompileError", "available_kinds"]
+__all__ = ["Device", "Buffer", "Library", "Kernel", "CommandBuffer", "GpuError", "CompileError", "available_kinds",
+           "metal_unavailable_reason", "check_msl"]
 
 MAX_ARGUMENT_INDEX = 30  # Metal's argument table has 31 slots
 
@@ -21,6 +23,21 @@ MAX_ARGUMENT_INDEX = 30  # Metal's argument table has 31 slots
 def available_kinds() -> list[str]:
     """Device kinds this build and machine offer, best first."""
     return list(_core.available_device_kinds())
+
+
+def metal_unavailable_reason() -> str | None:
+    """Why Metal cannot be used on this machine and build, or None when it can."""
+    return _core.metal_unavailable_reason() or None
+
+
+def check_msl(source: str, name: str = "<source>") -> None:
+    """Judges MSL as Apple's compiler would, on any machine: clang compiles it as C++14 against a
+    stub metal_stdlib whose address spaces are distinct. Raises CompileError with clang's
+    diagnostics (``name``:line) for what Metal rejects; GpuError when no clang >= 14 is found
+    (``METALQWEN_CLANG`` names one). The CPU runtime runs this on every compile."""
+    if not isinstance(source, str):
+        raise TypeError(f"source must be MSL text (str), got {type(source).__name__}")
+    _core.check_msl(source, name)
 
 
 def _size3(value, what: str) -> tuple[int, int, int]:
@@ -169,19 +186,25 @@ class Library:
 
 
 class Device:
-    """A GPU: ``Device()`` picks Metal where available, else the CPU runtime.
+    """A GPU: ``Device()`` picks Metal where available, else the CPU runtime (on Apple silicon
+    it raises GpuError with the reason instead)."""
 
-    ``checks`` (CPU runtime only) turns on its checking mode: ``"races"`` reports
-    unsynchronised conflicting accesses between threads, ``"bounds"`` out-of-bounds
-    accesses, each as a ``GpuError`` at ``wait()``. By default it comes from the
-    environment variable ``METALQWEN_CPU_CHECKS`` (e.g. ``races,bounds``)."""
-
-    def __init__(self, kind: str | None = None, checks: Sequence[str] | None = None):
+    def __init__(self, kind: str | None = None, *, schedule: str | None = None,
+                 checks: Sequence[str] | None = None):
+        """CPU runtime only: ``schedule`` is "forward", "reverse" or "random:SEED", the order in
+        which lanes, SIMD-groups and threadgroups run (default METALQWEN_CPU_SCHEDULE, else
+        forward); ``checks`` turns on the checking mode: "races" reports unsynchronised
+        conflicting accesses between threads, "bounds" out-of-bounds accesses, each as a GpuError
+        at wait() (default METALQWEN_CPU_CHECKS, e.g. "races,bounds")."""
         if kind not in (None, "metal", "cpu"):
             raise ValueError(f'device kind must be "metal", "cpu" or None, got {kind!r}')
         if isinstance(checks, str) or not all(isinstance(c, str) for c in checks or ()):
             raise TypeError(f'checks must be a sequence of names such as ("races", "bounds"), got {checks!r}')
-        self._native = _core.open_device(kind or "", list(checks or ()))
+        if (schedule is not None or checks) and kind != "cpu":
+            raise ValueError('schedule= and checks= need the CPU runtime: Device("cpu", ...)')
+        cpu_options = schedule is not None or checks
+        self._native = (_core.open_cpu_device(schedule or "", list(checks or ())) if cpu_options
+                        else _core.open_device(kind or ""))
 
     @property
     def kind(self) -> str:
@@ -190,6 +213,16 @@ class Device:
     @property
     def name(self) -> str:
         return self._native.name
+
+    @property
+    def max_buffer_length(self) -> int:
+        """Bytes of the largest single buffer (Metal: maxBufferLength)."""
+        return self._native.max_buffer_length
+
+    @property
+    def recommended_working_set(self) -> int:
+        """Bytes the GPU may use in all (Metal: recommendedMaxWorkingSetSize)."""
+        return self._native.recommended_working_set
 
     def compile(self, source: str, name: str = "<source>") -> Library:
         """Compiles MSL text; raises CompileError carrying the compiler's diagnostics."""

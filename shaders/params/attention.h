@@ -54,25 +54,34 @@ struct AttnPrepParams {
 //
 // attn_decode_{q8,f16}_r{1,4} (flash-decode for decode and verify steps, 1..8 rows in
 // practice, any number works): the context [0, pos_base + rows) is cut into n_splits
-// splits of split_len positions. Dispatch threadgroups (n_splits, nkv, ceil(rows / R)) of
-// (nq / nkv) * 32 threads, R = 1 or 4 from the kernel name (r1 for one row; r4 reads each
-// K/V row once for up to 4 rows); each SIMD-group owns one query head. With n_splits == 1
-// the kernel writes the gated output itself (no combine); otherwise it writes
+// splits of split_len positions. Each SIMD-group owns one query head; a threadgroup of
+// S SIMD-groups (S = min(nq / nkv, MQ_ATTN_DECODE_MAX_SIMDGROUPS) is best; any S >= 1
+// within the pipeline's limit works) serves S of a kv head's nq / nkv query heads, so
+// dispatch threadgroups (n_splits, nkv * ceil((nq / nkv) / S), ceil(rows / R)) of S * 32
+// threads, R = 1 or 4 from the kernel name (r1 for one row; r4 reads each K/V row once
+// for up to 4 rows). With n_splits == 1 the kernel writes the gated output itself (no
+// combine); otherwise it writes
 //   part_o  [rows][nq][n_splits][HEAD_DIM] f32: unnormalised sum of p * v
 //   part_ms [rows][nq][n_splits] float2: (max score in log2 units, sum of p)
-// and attn_decode_combine (threadgroups (nq, rows) of MQ_ATTN_COMBINE_THREADS threads,
-// after a barrier) merges them and applies the gate. Bind all six buffers either way
-// (part_* or out go unused). q_stride and out_stride must be multiples of 4 and q, out,
-// part_o bound 16-byte aligned (float4 access).
+// and attn_decode_combine (threadgroups (nq, rows) of any number of threads,
+// MQ_ATTN_COMBINE_THREADS being one per 4 dims, after a barrier) merges them and applies
+// the gate. Bind all six buffers either way (part_* or out go unused). q_stride and
+// out_stride must be multiples of 4 and q, out, part_o bound 16-byte aligned (float4 access).
+#define MQ_ATTN_DECODE_MAX_SIMDGROUPS 16
+#define MQ_ATTN_DECODE_THREADS (MQ_ATTN_DECODE_MAX_SIMDGROUPS * 32)
 #define MQ_ATTN_COMBINE_THREADS (MQ_ATTN_HEAD_DIM / 4)
 //
 // attn_prefill_{q8,f16} (a chunk of rows, flash attention with 8x8 SIMD-group matrices):
-// each SIMD-group owns 8 rows of one query head; a threadgroup owns one kv head and
-// 8 * RB consecutive rows for all nq / nkv query heads of it. Dispatch threadgroups
-// (ceil(rows / (8 RB)), nkv) of (nq / nkv) * RB * 32 threads, with RB >= 1 chosen by the
-// engine and (nq / nkv) * RB <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS. q must be readable for
-// ceil(rows / 8) * 8 rows (the rows past `rows` are read, never used).
+// each SIMD-group owns 8 rows of one query head; a threadgroup of S SIMD-groups
+// (1 <= S <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS) owns one kv head and
+//   S >= nq / nkv: all its nq / nkv query heads times RB = S / (nq / nkv) blocks of 8
+//     rows (S a multiple of nq / nkv): dispatch (ceil(rows / (8 RB)), nkv) threadgroups;
+//   S < nq / nkv: S of its query heads and 8 rows: dispatch
+//     (ceil(rows / 8), nkv * ceil((nq / nkv) / S)) threadgroups;
+// of S * 32 threads. q must be readable for ceil(rows / 8) * 8 rows (the rows past
+// `rows` are read, never used).
 #define MQ_ATTN_PREFILL_MAX_SIMDGROUPS 16
+#define MQ_ATTN_PREFILL_THREADS (MQ_ATTN_PREFILL_MAX_SIMDGROUPS * 32)
 struct AttnParams {
   uint rows;        // query rows in this step
   uint nq;          // query heads

@@ -54,8 +54,9 @@ struct DeltaConvParams {
 //   S *= decay; kv = S k; S += ((v - kv) * beta) outer k; y = S q
 // then, when gated_norm != 0, out = y * rsqrt(mean_D(y^2) + eps) * norm_w * silu(z)
 // (else out = y, for diagnostics). One threadgroup per v-head: dispatch n_v threadgroups
-// of exactly MQ_DELTA_SCAN_THREADS threads; each SIMD-group owns MQ_DELTA_SCAN_ROWS
-// consecutive dv rows of the head's state in registers for the whole step.
+// of any multiple of 32 threads up to MQ_DELTA_SCAN_THREADS (its declared maximum, the
+// best size: each SIMD-group then owns MQ_DELTA_SCAN_ROWS dv rows of the head's state in
+// registers; fewer SIMD-groups take several such blocks in turn).
 #define MQ_DELTA_SCAN_ROWS 8
 #define MQ_DELTA_SCAN_THREADS (32 * MQ_DELTA_HEAD_DIM / MQ_DELTA_SCAN_ROWS)
 struct DeltaScanParams {
@@ -63,7 +64,7 @@ struct DeltaScanParams {
   uint n_v;
   uint rows;
   uint snap_rows;          // state snapshots after rows [0, snap_rows); 0 = none
-  uint z_stride;           // floats between rows of z (>= n_v * D)
+  uint z_stride;           // floats between rows of z (>= n_v * D, multiple of 4)
   uint state_snap_stride;  // floats between state snapshot planes
   uint gated_norm;         // 1: gated output norm (the model); 0: raw y
   float norm_eps;          // rms_norm_eps of the output norm

@@ -24,8 +24,8 @@ struct ArgmaxParams {
 };
 
 // sample_top_kp: one threadgroup per row (dispatch (rows) threadgroups of
-// MQ_SAMPLE_THREADS threads; any multiple of 32 up to 1024 works, the draw for a given
-// seed depends on it only through float summation order). Temperature must be > 0: the
+// MQ_SAMPLE_THREADS threads, its declared maximum; any multiple of 32 up to it works, the
+// draw for a given seed depends on it only through float summation order). Temperature must be > 0: the
 // engine routes temperature 0 to argmax (the kernel answers argmax for <= 0 anyway).
 // The RNG is Philox4x32-10, key (seed_lo, seed_hi), counter (counter + row, 0, 0, 0):
 // a draw depends only on the request's seed and the position it samples.

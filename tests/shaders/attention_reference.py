@@ -20,6 +20,7 @@ ROT = C["MQ_ATTN_ROT_DIM"]
 Q8_BLOCK = C["MQ_ATTN_Q8_BLOCK"]
 PREP_SIMDGROUPS = C["MQ_ATTN_PREP_SIMDGROUPS"]
 COMBINE_THREADS = C["MQ_ATTN_COMBINE_THREADS"]
+DECODE_THREADS = C["MQ_ATTN_DECODE_THREADS"]
 PREFILL_MAX_SIMDGROUPS = C["MQ_ATTN_PREFILL_MAX_SIMDGROUPS"]
 
 # struct AttnPrepParams { uint rows, nq, nkv, q_stride, k_stride, v_stride, pos_base, max_ctx; float eps; }

@@ -19,7 +19,7 @@ import pytest
 
 from .. import reference as ref
 from .attention_reference import (
-    COMBINE_THREADS, HD, PREFILL_MAX_SIMDGROUPS, PREP_SIMDGROUPS, Q8_BLOCK, Q8_POISON, ROT,
+    COMBINE_THREADS, DECODE_THREADS, HD, PREFILL_MAX_SIMDGROUPS, PREP_SIMDGROUPS, Q8_BLOCK, Q8_POISON, ROT,
     TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, dequant_q8, f16_cache_bytes, make_f16_cache,
     make_q8_cache, pack_q, prep_params, q8_cache_bytes, quantize_q8_reference, rms_heads, rope, rope_turns, seeded,
     split_q8)
@@ -89,7 +89,8 @@ def test_q8_reference_format():
 # q/k RMSNorm + RoPE + KV append
 
 
-def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv, pads=(8, 4, 12)):
+def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv, pads=(8, 4, 12),
+             simdgroups=PREP_SIMDGROUPS):
     """Runs attn_qk_norm_rope_append_<kind>; returns (q out [rows][q_stride], k out, k cache, v cache)."""
     rows = q.shape[0]
     kv_dim = nkv * HD
@@ -108,7 +109,7 @@ def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, 
     lib.kernel(f"attn_qk_norm_rope_append_{kind}").dispatch(
         {0: qbuf, 1: kbuf, 2: vbuf, 3: dev.buffer(ref.bf16_bits(q_norm)), 4: dev.buffer(ref.bf16_bits(k_norm)),
          5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: params},
-        threadgroups=(cdiv(rows * (nq + 2 * nkv), PREP_SIMDGROUPS),), threads=(PREP_SIMDGROUPS * 32,))
+        threadgroups=(cdiv(rows * (nq + 2 * nkv), simdgroups),), threads=(simdgroups * 32,))
     return (qbuf.numpy(np.float32, (rows, q_stride)), kbuf.numpy(np.float32, (rows, k_stride)), kc, vc,
             (q_stride, k_stride, v_stride))
 
@@ -121,6 +122,9 @@ PREP_CASES = [
     ("f16", 8, 2, 33, 31, 1e6),
     ("q8", 2, 1, 3, 100000, 1e7),  # large positions: float32 angles would be off by ~1e-2 rad
     ("f16", 2, 1, 2, 100000, 1e6),
+    # rows * (nq + 2 nkv) not a multiple of the SIMD-groups per threadgroup: the last group is partial
+    ("q8", 3, 1, 3, 9, 1e6),
+    ("f16", 5, 1, 1, 2, 1e7),
 ]
 
 
@@ -176,14 +180,37 @@ def test_qk_norm_rope_append(dev, lib, kind, nq, nkv, rows, pos_base, theta):
         ref.assert_untouched(vals[untouched], f"{side} cache rows outside [pos_base, pos_base + rows)")
 
 
+@pytest.mark.parametrize("simdgroups", [1, 5])
+def test_qk_norm_rope_append_any_simdgroup_count(dev, lib, simdgroups):
+    """One SIMD-group per (row, head slot) whatever a threadgroup holds: the same bits as the
+    default size. 7 rows x 12 slots = 84 SIMD-groups: with 5 per threadgroup the last has 4."""
+    kind, nq, nkv, rows, pos_base, theta = "q8", 8, 2, 7, 5, 1e6
+    rng = seeded("prep-simdgroups", simdgroups)
+    q = (rng.standard_normal((rows, nq, 2 * HD)) * 3.0).astype(np.float32)
+    k = (rng.standard_normal((rows, nkv, HD)) * 2.0).astype(np.float32)
+    v = rng.standard_normal((rows, nkv, HD)).astype(np.float32)
+    q_norm = ref.round_bf16(rng.uniform(0.3, 2.0, HD))
+    k_norm = ref.round_bf16(rng.uniform(0.3, 2.0, HD))
+    args = (dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, pos_base + rows, nq, nkv)
+    want = run_prep(*args)
+    got = run_prep(*args, simdgroups=simdgroups)
+    for what, a, b in (("q", got[0], want[0]), ("k", got[1], want[1])):
+        np.testing.assert_array_equal(a, b, err_msg=f"{simdgroups} SIMD-groups: {what}")
+    for what, a, b in (("K cache", got[2], want[2]), ("V cache", got[3], want[3])):
+        np.testing.assert_array_equal(a.numpy(np.uint8), b.numpy(np.uint8), err_msg=f"{simdgroups} SIMD-groups: {what}")
+
+
 # ---------------------------------------------------------------------------
 # Decode (flash-decode partials + combine)
 
 
-def run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len, out_pad=4):
+def run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len, out_pad=4,
+               heads=None, combine_threads=COMBINE_THREADS):
     """attn_decode_<kind>_r<r> (+ attn_decode_combine when split): returns (out [rows, nq, HD],
-    out padding columns, part_o, part_ms)."""
+    out padding columns, part_o, part_ms). A threadgroup holds `heads` SIMD-groups (default
+    all nq / nkv query heads of a kv head; fewer split them into head blocks)."""
     rows = q.shape[0]
+    heads = heads or nq // nkv
     q_stride = nq * 2 * HD + 4
     out_stride = nq * HD + out_pad
     ctx = pos_base + rows
@@ -197,11 +224,11 @@ def run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nk
     cb = dev.command_buffer()
     cb.dispatch(lib.kernel(f"attn_decode_{kind}_r{r}"),
                 {0: qbuf, 1: dev.buffer(kraw), 2: dev.buffer(vraw), 3: part_o, 4: part_ms, 5: out, 6: params},
-                threadgroups=(n_splits, nkv, cdiv(rows, r)), threads=(nq // nkv * 32,))
+                threadgroups=(n_splits, nkv * cdiv(nq // nkv, heads), cdiv(rows, r)), threads=(heads * 32,))
     if n_splits > 1:
         cb.barrier()
         cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: params},
-                    threadgroups=(nq, rows), threads=(COMBINE_THREADS,))
+                    threadgroups=(nq, rows), threads=(combine_threads,))
     cb.commit()
     cb.wait()
     got = out.numpy(np.float32, (rows, out_stride))
@@ -232,8 +259,7 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind,nq,nkv,ctx,rows,r,split_len", DECODE_CASES)
-def test_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len):
+def check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, **threads):
     rng = seeded("decode", kind, nq, nkv, ctx, rows, r)
     kv_dim = nkv * HD
     max_ctx = ctx + 3  # poisoned positions past the context must never be read
@@ -241,10 +267,31 @@ def test_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len):
     vraw, vd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
     q, gate = attention_inputs(rng, rows, nq)
     pos_base = ctx - rows
-    got, pad, _, _ = run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len)
+    got, pad, _, _ = run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len,
+                                **threads)
     want = attention(q, gate, kd.reshape(ctx, nkv, HD), vd.reshape(ctx, nkv, HD), pos_base, nq, nkv)
-    ref.assert_close(got, want, TOL_ATTN, f"decode {kind} ctx {ctx} rows {rows}")
+    ref.assert_close(got, want, TOL_ATTN, f"decode {kind} ctx {ctx} rows {rows} {threads}")
     ref.assert_untouched(pad, "out row padding")
+
+
+@pytest.mark.parametrize("kind,nq,nkv,ctx,rows,r,split_len", DECODE_CASES)
+def test_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len):
+    check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len)
+
+
+DECODE_SMALL_THREADGROUP_CASES = [
+    # kind, nq, nkv, ctx, rows, R, split_len, heads per threadgroup, combine threads
+    ("q8", 24, 4, 33, 1, 1, 16, 4, 32),  # 27B: 6 heads of a kv head in blocks of 4 + 2
+    ("f16", 24, 4, 100, 5, 4, 1000, 1, 64),  # one head per threadgroup, one split (no combine)
+    ("q8", 32, 2, 50, 3, 4, 16, 5, 96),  # 16 heads per kv head in blocks 5, 5, 5, 1; idle combine threads
+    ("f16", 32, 2, 70, 8, 4, 32, 16, 32),  # all 16 heads: the most SIMD-groups the kernel declares
+]
+
+
+@pytest.mark.parametrize("kind,nq,nkv,ctx,rows,r,split_len,heads,combine", DECODE_SMALL_THREADGROUP_CASES)
+def test_decode_with_fewer_threads_than_heads(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, heads, combine):
+    """A pipeline limit below (nq / nkv) * 32 threads: query heads split into head blocks."""
+    check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, heads=heads, combine_threads=combine)
 
 
 def test_decode_partials_are_log2_scaled(dev, lib):
@@ -278,10 +325,15 @@ def test_decode_partials_are_log2_scaled(dev, lib):
 # Prefill (flash attention on SIMD-group matrices)
 
 
-def run_prefill(dev, lib, kind, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, rb, out_pad=4):
+def run_prefill(dev, lib, kind, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, rb, out_pad=4, simdgroups=None):
+    """attn_prefill_<kind> with `simdgroups` per threadgroup (default n_rep * rb): below n_rep
+    they take a head block of n_rep each; above, simdgroups // n_rep row blocks, the rest idle."""
     rows = q.shape[0]
     n_rep = nq // nkv
-    assert n_rep * rb <= PREFILL_MAX_SIMDGROUPS
+    simdgroups = simdgroups or n_rep * rb
+    heads = min(n_rep, simdgroups)
+    rb = simdgroups // heads
+    assert simdgroups <= PREFILL_MAX_SIMDGROUPS
     q_stride = nq * 2 * HD + 8
     out_stride = nq * HD + out_pad
     params = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=out_stride, pos_base=pos_base,
@@ -290,7 +342,7 @@ def run_prefill(dev, lib, kind, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv,
     out = dev.buffer(np.full((rows, out_stride), np.nan, np.float32))
     lib.kernel(f"attn_prefill_{kind}").dispatch(
         {0: qbuf, 1: dev.buffer(kraw), 2: dev.buffer(vraw), 3: out, 4: params},
-        threadgroups=(cdiv(rows, 8 * rb), nkv), threads=(n_rep * rb * 32,))
+        threadgroups=(cdiv(rows, 8 * rb), nkv * cdiv(n_rep, heads)), threads=(simdgroups * 32,))
     got = out.numpy(np.float32, (rows, out_stride))
     return got[:, :nq * HD].reshape(rows, nq, HD), got[:, nq * HD:]
 
@@ -311,8 +363,7 @@ PREFILL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind,nq,nkv,rows,pos_base,rb", PREFILL_CASES)
-def test_prefill(dev, lib, kind, nq, nkv, rows, pos_base, rb):
+def check_prefill(dev, lib, kind, nq, nkv, rows, pos_base, rb, simdgroups=None):
     rng = seeded("prefill", kind, nq, nkv, rows, pos_base, rb)
     kv_dim = nkv * HD
     ctx = pos_base + rows
@@ -320,10 +371,38 @@ def test_prefill(dev, lib, kind, nq, nkv, rows, pos_base, rb):
     kraw, kd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
     vraw, vd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
     q, gate = attention_inputs(rng, rows, nq)
-    got, pad = run_prefill(dev, lib, kind, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, rb)
+    got, pad = run_prefill(dev, lib, kind, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, rb, simdgroups=simdgroups)
     want = attention(q, gate, kd.reshape(ctx, nkv, HD), vd.reshape(ctx, nkv, HD), pos_base, nq, nkv)
-    ref.assert_close(got, want, TOL_ATTN, f"prefill {kind} rows {rows} base {pos_base}")
+    ref.assert_close(got, want, TOL_ATTN, f"prefill {kind} rows {rows} base {pos_base} simdgroups {simdgroups}")
     ref.assert_untouched(pad, "out row padding")
+
+
+@pytest.mark.parametrize("kind,nq,nkv,rows,pos_base,rb", PREFILL_CASES)
+def test_prefill(dev, lib, kind, nq, nkv, rows, pos_base, rb):
+    check_prefill(dev, lib, kind, nq, nkv, rows, pos_base, rb)
+
+
+PREFILL_SMALL_THREADGROUP_CASES = [
+    # kind, nq, nkv, rows, pos_base, SIMD-groups per threadgroup
+    ("q8", 24, 4, 33, 10, 4),  # 27B: 6 heads of a kv head in blocks of 4 + 2
+    ("f16", 24, 4, 9, 0, 1),  # one head, 8 rows per threadgroup
+    ("q8", 32, 2, 16, 3, 8),  # 16 heads per kv head in two blocks of 8
+    ("f16", 8, 2, 17, 5, 6),  # 4 heads fit once in 6 SIMD-groups: 2 idle (they still stage K/V)
+    ("q8", 32, 2, 24, 7, 16),  # all 16 heads: the most SIMD-groups the kernel declares
+]
+
+
+@pytest.mark.parametrize("kind,nq,nkv,rows,pos_base,simdgroups", PREFILL_SMALL_THREADGROUP_CASES)
+def test_prefill_with_other_threadgroup_sizes(dev, lib, kind, nq, nkv, rows, pos_base, simdgroups):
+    """A pipeline limit below the engine's preferred size: head blocks, or idle SIMD-groups."""
+    check_prefill(dev, lib, kind, nq, nkv, rows, pos_base, 1, simdgroups=simdgroups)
+
+
+def test_attention_kernels_declare_their_threadgroup_sizes(lib):
+    for name in ("attn_decode_q8_r1", "attn_decode_q8_r4", "attn_decode_f16_r1", "attn_decode_f16_r4"):
+        assert lib.kernel(name).max_threads_per_threadgroup <= DECODE_THREADS, name
+    for name in ("attn_prefill_q8", "attn_prefill_f16"):
+        assert lib.kernel(name).max_threads_per_threadgroup <= PREFILL_MAX_SIMDGROUPS * 32, name
 
 
 # ---------------------------------------------------------------------------

@@ -229,7 +229,8 @@ def scan_inputs(rng, rows, n_k, n_v):
     return qkv, gates, z, w_bits, state
 
 
-def run_scan(dev, lib, *, qkv, gates, z, w_bits, state, n_k, n_v, snap_rows, gated_norm, state_buf=None):
+def run_scan(dev, lib, *, qkv, gates, z, w_bits, state, n_k, n_v, snap_rows, gated_norm, state_buf=None,
+             threads=SCAN_THREADS):
     rows = qkv.shape[0]
     plane = n_v * D * D
     snap_stride = plane + 8
@@ -242,7 +243,7 @@ def run_scan(dev, lib, *, qkv, gates, z, w_bits, state, n_k, n_v, snap_rows, gat
     lib.kernel("delta_scan_norm").dispatch(
         {0: dev.buffer(qkv), 1: dev.buffer(gates), 2: dev.buffer(padded(z, z_stride)),
          3: dev.buffer(w_bits.astype(BF16)), 4: st, 5: out, 6: snaps, 7: params},
-        threadgroups=(n_v,), threads=(SCAN_THREADS,))
+        threadgroups=(n_v,), threads=(threads,))
     got = out.numpy(np.float32, (rows + 1, n_v * D))
     ref.assert_untouched(got[rows], "out past the last row")
     raw = snaps.numpy(np.float32)
@@ -307,6 +308,32 @@ def test_scan_27b(dev, lib):
     ref.assert_close(out, want, TOL_SCAN + TOL_FAST, "27B gated norm")
     ref.assert_close(s, want_s, TOL_SCAN, "27B state")
     ref.assert_close(snaps, want_after[:1], TOL_SCAN, "27B snapshot")
+
+
+@pytest.mark.parametrize("gated_norm", [True, False])
+@pytest.mark.parametrize("threads", [32, 96, 256, 384])
+def test_scan_smaller_threadgroups_give_the_same_bits(dev, lib, threads, gated_norm):
+    """Below its declared MQ_DELTA_SCAN_THREADS (a pipeline's limit may be lower) each
+    SIMD-group scans several 8-row blocks; 96 and 384 threads leave the 16 blocks uneven.
+    Every output, the state and the snapshots equal the full-size run bit for bit."""
+    rng = seeded("scan-threads", threads, gated_norm)
+    n_k, n_v, rows = 2, 6, 7
+    qkv, gates, z, w_bits, state = scan_inputs(rng, rows, n_k, n_v)
+    args = dict(qkv=qkv, gates=gates, z=z, w_bits=w_bits, state=state, n_k=n_k, n_v=n_v, snap_rows=3,
+                gated_norm=gated_norm)
+    full = run_scan(dev, lib, **args)
+    small = run_scan(dev, lib, **args, threads=threads)
+    for what, a, b in zip(("out", "state", "snapshots"), small, full):
+        np.testing.assert_array_equal(a, b, err_msg=f"{threads} threads: {what}")
+    want_y, want_s, _ = scan_reference(qkv, gates, state, n_k, n_v)
+    if gated_norm:
+        want_y = gated_norm_ref(want_y, z.reshape(rows, n_v, D), ref.bf16_to_f32(w_bits), NORM_EPS)
+    ref.assert_close(small[0], want_y, TOL_SCAN + TOL_FAST, f"{threads} threads: out")
+    ref.assert_close(small[1], want_s, TOL_SCAN, f"{threads} threads: state")
+
+
+def test_scan_declares_its_threadgroup_size(dev, lib):
+    assert lib.kernel("delta_scan_norm").max_threads_per_threadgroup <= SCAN_THREADS
 
 
 # ---------------------------------------------------------------------------

@@ -327,6 +327,35 @@ def test_sampler_matches_reference_bisection_paths(dev, lib, n, temperature, top
                             what=f"n={n} k={top_k} p={top_p}")
 
 
+def tied_logits(rng, n, ties):
+    """50 distinct tokens on top (~12 % of the mass at T = 1), `ties` tokens sharing one
+    value (~70 %), the rest distinct below, shuffled: a top-k or top-p threshold inside the
+    tie keeps all of it, so the bisection ends with more tied entries than it can gather."""
+    x = np.concatenate([2.0 + rng.uniform(0.0, 0.5, 50), np.zeros(ties), -rng.uniform(0.5, 3.0, n - 50 - ties)])
+    return rng.permutation(x).astype(np.float32)
+
+
+TIE_CASES = [  # (top_k, top_p, threads): thresholds that fall inside > CAP tied logits
+    (1000, 1.0, 256),  # count bisection (k > threads)
+    (1000, 1.0, SAMPLE_THREADS),  # count bisection from the per-thread maxima bound
+    (0, 0.5, 256),  # mass bisection
+    (1000, 0.5, 128),  # top-p inside a top-k set too large to gather
+]
+
+
+@pytest.mark.parametrize("top_k,top_p,threads", TIE_CASES)
+def test_sampler_threshold_inside_more_tied_logits_than_it_can_gather(dev, lib, top_k, top_p, threads):
+    rng = seeded("ties", top_k, top_p, threads)
+    ties = SAMPLE_CAP + 952
+    x = np.stack([tied_logits(rng, 6000, ties) for _ in range(8)])
+    keep = kept_distribution(x[0], 1.0, top_k, top_p)[0]
+    assert keep.sum() == 50 + ties, "the threshold must fall inside the tie"
+    got = run_sampler(dev, lib, x, temperature=1.0, top_k=top_k, top_p=top_p, seed=31, counter=4, threads=threads)
+    check_against_reference(got, x, temperature=1.0, top_k=top_k, top_p=top_p, seed=31, counter=4,
+                            what=f"{ties} ties k={top_k} p={top_p}")
+    assert (x[np.arange(len(got)), got] == 0.0).sum() >= len(got) // 2, "most draws should land in the tie"
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 20, 0.95), (1.0, 0, 0.9), (1.0, 0, 1.0),
                                                      (0.6, 2000, 1.0)])
 def test_sampler_27b_vocab(dev, lib, temperature, top_k, top_p):

@@ -89,6 +89,11 @@ UNLISTED = {
     "metadata; its type and values are checked; "
     "developer.apple.com/documentation/metal/mtlcompileoptions/mathfloatingpointfunctions",
     ("MTLCompileOptions", "setMathFloatingPointFunctions:"): "setter of mathFloatingPointFunctions, see there",
+    ("MTLCompileOptions", "languageVersion"): "integer-typed property needs no bridging metadata; its type "
+    "MTLLanguageVersion and values are checked; developer.apple.com/documentation/metal/mtlcompileoptions/languageversion",
+    ("MTLCompileOptions", "setLanguageVersion:"): "setter of languageVersion, see there",
+    ("NSArray", "firstObject"): "object-typed property needs no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsarray/firstobject",
 }
 # PyObjC registers protocol methods on NSObject by selector, so a selector that several
 # protocols declare carries the types of only one of them. Where that one is not ours,
@@ -391,7 +396,8 @@ class Encoder:
             return "@"
         if t.endswith("*"):
             pointee = t[:-1].strip()
-            if pointee in self.stubs.classes or pointee == "id" or pointee.startswith("id<"):
+            class_name = pointee.split("<", 1)[0].strip()  # NSArray<id<MTLDevice>>: generic arguments
+            if class_name in self.stubs.classes or pointee == "id" or pointee.startswith("id<"):
                 return "@"
             if pointee == "char":
                 return "*"
@@ -619,6 +625,15 @@ MUTATIONS = [
     ("Metal/Metal.h", "NSUInteger width, height, depth;", "unsigned int width, height, depth;", "MTLSize"),
     ("Metal/Metal.h", "@interface MTLCompileOptions : NSObject\n",
      "@interface MTLCompileOptions : NSObject\n@property(readwrite, nonatomic) BOOL fastMath;\n", "'fastMath'"),
+    ("Metal/Metal.h", "MTLGPUFamilyApple7 = 1007", "MTLGPUFamilyApple7 = 1006", "MTLGPUFamilyApple7"),
+    ("Metal/Metal.h", "MTLLanguageVersion3_1 = (3 << 16) + 1", "MTLLanguageVersion3_1 = (3 << 16) + 2",
+     "MTLLanguageVersion3_1"),
+    ("Metal/Metal.h", "- (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily;", "- (BOOL)supportsFamily:(uint32_t)gpuFamily;",
+     "supportsFamily:"),
+    ("Metal/Metal.h", "@property(readonly) uint64_t recommendedMaxWorkingSetSize;",
+     "@property(readonly) uint64_t recommendedWorkingSetSize;", "'recommendedWorkingSetSize'"),
+    ("Metal/Metal.h", "NSArray<id<MTLDevice>>* MTLCopyAllDevices(void) NS_RETURNS_RETAINED;",
+     "NSArray<id<MTLDevice>>* MTLCopyAllDevices(void);", "MTLCopyAllDevices"),
     ("Foundation/Foundation.h", "NSUTF8StringEncoding = 4", "NSUTF8StringEncoding = 8", "NSUTF8StringEncoding"),
     ("Foundation/Foundation.h", "@property(readonly) const char* UTF8String;",
      "@property(readonly) const char* UTF8string;", "'UTF8string'"),

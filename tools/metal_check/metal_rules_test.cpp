@@ -23,14 +23,14 @@ void expect(bool ok, const char* what) {
   }
 }
 
-// Expects a GpuError whose message contains every fragment.
+// Expects a GpuError whose message starts with `prefix` and contains every fragment.
 void expect_error(const std::function<void()>& body, std::initializer_list<const char*> fragments,
-                  const char* what) {
+                  const char* what, const char* prefix = "[metal] ") {
   try {
     body();
   } catch (const GpuError& e) {
     const std::string message = e.what();
-    bool ok = message.rfind("[metal] ", 0) == 0;
+    bool ok = message.rfind(prefix, 0) == 0;
     for (const char* f : fragments) ok = ok && message.find(f) != std::string::npos;
     if (!ok) std::printf("  message was: %s\n", message.c_str());
     expect(ok, what);
@@ -85,6 +85,30 @@ int main() {
   expect_error([&] { rules.check_bytes(0, pages, 4); }, {"already committed"}, "set_bytes after commit");
   expect_error([&] { rules.set_kernel("x", 1); }, {"already committed"}, "set_kernel after commit");
   expect_error([&] { rules.mark_committed(); }, {"commit", "already committed"}, "commit twice");
+
+  // Device(): Metal when it opened; the CPU runtime off Apple silicon; never silently on it.
+  using mq::gpu::metal::default_device_kind;
+  expect(default_device_kind(true, "") == "metal", "Apple silicon with Metal opens Metal");
+  expect(default_device_kind(false, "") == "metal", "Intel Mac with a usable Metal GPU opens Metal");
+  expect(default_device_kind(false, "[gpu] this build has no Metal backend") == "cpu", "Linux falls back to cpu");
+  const std::string no_device = "[metal] no Metal device: MTLCreateSystemDefaultDevice and MTLCopyAllDevices found none";
+  expect_error([&] { default_device_kind(true, no_device); },
+               {"Apple-silicon", "no Metal device", "Device(\"cpu\")"}, "Apple silicon never falls back silently",
+               "[gpu] ");
+
+  // What open_metal_device requires, each refusal a sentence naming what is missing.
+  using namespace mq::gpu::metal;
+  check_macos_version(true);
+  expect_error([&] { check_macos_version(false); }, {"macOS 14", "bfloat", "3.1"}, "macOS 13 refused");
+  check_gpu_family("Apple M1", true);
+  expect_error([&] { check_gpu_family("AMD Radeon Pro 5500M", false); },
+               {"family Apple7 (M1/A14) or newer; this is AMD Radeon Pro 5500M"}, "non-Apple7 GPU refused");
+  check_simd_width("Apple M1", 32);
+  expect_error([&] { check_simd_width("Intel UHD Graphics 630", 16); }, {"32-wide", "Intel UHD Graphics 630", "16 wide"},
+               "SIMD width 16 refused");
+  expect_error([&] { check_simd_width("AMD Radeon Pro 5500M", 64); }, {"64 wide"}, "SIMD width 64 refused");
+  expect(std::string(kProbeKernelSource).find(std::string("kernel void ") + kProbeKernelName) != std::string::npos,
+         "the probe source defines the probe kernel");
 
   std::printf("metal_rules_test: %d checks passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;

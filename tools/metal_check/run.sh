@@ -7,7 +7,8 @@
 #     Each file is checked as built with the macOS 15 SDK and with the macOS 14 SDK;
 #  2. proves (1) bites: each mutation below breaks metal_device.mm the way a
 #     mistyped API call would, and must make the check fail;
-#  3. builds and runs the plain-C++ checks of metal_rules.h.
+#  3. builds and runs the plain-C++ checks of metal_rules.h;
+#  4. checks the default-device rule (below) and that each of its mutations breaks it.
 # check_api_names.py separately proves the stubs declare only real SDK API.
 # Needs clang++ (Debian: apt-get install -y clang); CLANGXX overrides it.
 set -euo pipefail
@@ -61,6 +62,9 @@ mutations=(
   's/\[\[MTLCompileOptions alloc\] init\]/[MTLCompileOptions new]/|undeclared class method|150000'
   's/newBufferWithBytes:data length:size/newBufferWithBytes:data size:size/|wrong selector part|150000'
   's/^#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000/#if 1/|macOS 15 API outside the SDK guard|140000'
+  's/supportsFamily:MTLGPUFamilyApple7\]/supportsFamily:7]/|int for an NS_ENUM (GPU family)|150000'
+  's/options\.languageVersion = MTLLanguageVersion3_1/options.languageVersion = 3/|int for an NS_ENUM (language version)|150000'
+  's/MTLCopyAllDevices()\.firstObject/MTLCopyAllDevices().first/|unknown NSArray property|150000'
 )
 target=csrc/gpu/metal/metal_device.mm
 for entry in "${mutations[@]}"; do
@@ -75,6 +79,60 @@ for entry in "${mutations[@]}"; do
     failed=1
   else
     echo "metal_check: ok catches $mistake: $(grep -m1 'error:' "$tmp/log" | sed 's/^[^ ]* //')"
+  fi
+done
+
+# The default-device rule: MTLCreateSystemDefaultDevice returns nil in command-line processes
+# that do not link CoreGraphics (Apple's documentation), so metal.cmake finds CoreGraphics and
+# links it into _core, and every MTLCreateSystemDefaultDevice() call is followed within two
+# lines by a MTLCopyAllDevices() fallback. Prints what is wrong and fails.
+default_device_rule() {  # metal.cmake, metal_device.mm
+  local cmake="$1" source="$2" var
+  var="$(sed -n 's/^ *find_library(\([A-Za-z0-9_]*\) CoreGraphics REQUIRED).*/\1/p' "$cmake")"
+  if [ -z "$var" ]; then
+    echo "$cmake does not find_library CoreGraphics"
+    return 1
+  fi
+  if ! grep -Eq "^ *target_link_libraries\(_core .*\\\$\{$var\}" "$cmake"; then
+    echo "$cmake does not link CoreGraphics (\${$var}) into _core"
+    return 1
+  fi
+  if ! awk '/^[[:space:]]*\/\//{next}
+            /MTLCreateSystemDefaultDevice\(\)/{if (open) exit 1; open = NR}
+            /MTLCopyAllDevices\(\)/{if (open && NR - open <= 2) open = 0}
+            open && NR - open > 2 {exit 1}
+            END {exit open ? 1 : 0}' "$source"; then
+    echo "$source calls MTLCreateSystemDefaultDevice() without a MTLCopyAllDevices() fallback"
+    return 1
+  fi
+}
+cmake_file=cmake/metal.cmake
+if problem="$(default_device_rule "$cmake_file" "$target")"; then
+  echo "metal_check: ok default-device rule ($cmake_file, $target)"
+else
+  echo "metal_check: FAILED default-device rule: $problem" >&2
+  failed=1
+fi
+# file | sed expression | the mistake it stands for
+rule_mutations=(
+  "$cmake_file|s/ \\\${MQ_COREGRAPHICS_FRAMEWORK}//|CoreGraphics found but not linked"
+  "$cmake_file|/find_library(MQ_COREGRAPHICS_FRAMEWORK/d|CoreGraphics not found"
+  "$target|/MTLCopyAllDevices()/d|no MTLCopyAllDevices fallback"
+  "$target|s/^\\(.*MTLCreateSystemDefaultDevice();\\)$/\\1\\n\\n\\n/|fallback too far from the call"
+)
+for entry in "${rule_mutations[@]}"; do
+  IFS='|' read -r file expression mistake <<<"$entry"
+  mutant="$tmp/$(basename "$file")"
+  sed "$expression" "$file" >"$mutant"
+  if [ "$file" = "$cmake_file" ]; then pair=("$mutant" "$target"); else pair=("$cmake_file" "$mutant"); fi
+  if cmp -s "$file" "$mutant"; then
+    echo "metal_check: FAILED rule mutation '$mistake' no longer applies to $file: update run.sh" >&2
+    failed=1
+  elif problem="$(default_device_rule "${pair[@]}")"; then
+    echo "metal_check: FAILED the default-device rule missed: $mistake" >&2
+    failed=1
+  else
+    echo "metal_check: ok default-device rule catches $mistake: $problem"
   fi
 done
 

@@ -64,6 +64,10 @@ struct RuntimeApi {
   // Only a kernel's own thread may call it, never a CollectiveFn. The pointer type is
   // not noreturn: clang does not convert a lambda to one (callers add unreachable).
   void (*fail)(const char* message);
+  // Notes that the calling lane ran the SIMD-group function `name` at `site` without waiting
+  // for its SIMD-group (simdgroup_load/store); the runtime checks that every lane ran the same
+  // ones when the SIMD-group next waits. Returns the lane's index in its SIMD-group.
+  uint32_t (*simd_lane_op)(const char* name, Site site);
   // Checking variant only (msl/mq_access_hooks.h): the running thread is about to read or
   // write `size` bytes at `address`; `pc` is the kernel instruction doing it. May call fail.
   void (*check_access)(const void* address, size_t size, AccessKind kind, const void* pc);
@@ -103,7 +107,7 @@ struct LibraryExports {
   void (*bind_runtime)(const RuntimeApi* api);
 };
 
-constexpr uint32_t kAbiVersion = 2;
+constexpr uint32_t kAbiVersion = 3;
 constexpr const char* kExportsSymbol = "mq_library_exports";
 
 }  // namespace mq_abi

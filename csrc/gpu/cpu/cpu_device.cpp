@@ -3,9 +3,9 @@
 #include "cpu_device.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -14,7 +14,10 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>  // sysconf
+
 #include "access_checker.h"
+#include "division_fault.h"
 #include "kernel_compiler.h"
 #include "threadgroup_runner.h"
 #include "worker_pool.h"
@@ -58,14 +61,27 @@ class CpuBuffer final : public Buffer {
   std::shared_ptr<void> keep_alive_;  // the memory, or whatever keeps wrapped memory alive
 };
 
+// METALQWEN_CPU_MAX_THREADS=N caps every pipeline's thread limit at N, the way register
+// pressure lowers maxTotalThreadsPerThreadgroup on Metal. A declared
+// [[max_total_threads_per_threadgroup]] is only a maximum there (MSL spec 5.1.3), so the
+// cap applies to it too.
+uint32_t pipeline_thread_cap() {
+  const char* env = std::getenv("METALQWEN_CPU_MAX_THREADS");
+  if (env == nullptr || *env == '\0') return mq_abi::kMaxThreadsPerThreadgroup;
+  char* end = nullptr;
+  const unsigned long n = std::isdigit(static_cast<unsigned char>(*env)) ? std::strtoul(env, &end, 10) : 0;
+  if (n < 1 || n > mq_abi::kMaxThreadsPerThreadgroup || *end != '\0')
+    throw GpuError(std::string("[cpu] METALQWEN_CPU_MAX_THREADS must be an integer in 1..1024, got '") + env + "'");
+  return uint32_t(n);
+}
+
 class CpuKernel final : public Kernel {
  public:
-  CpuKernel(std::shared_ptr<LoadedLibrary> library, const mq_abi::KernelInfo& info)
-      : library_(std::move(library)), info_(info), name_(info.name) {}
+  CpuKernel(std::shared_ptr<LoadedLibrary> library, const mq_abi::KernelInfo& info, uint32_t thread_cap)
+      : library_(std::move(library)), info_(info), name_(info.name),
+        max_threads_(std::min({info.max_total_threads_per_threadgroup, mq_abi::kMaxThreadsPerThreadgroup, thread_cap})) {}
   const std::string& name() const override { return name_; }
-  uint32_t max_threads_per_threadgroup() const override {
-    return std::min(info_.max_total_threads_per_threadgroup, mq_abi::kMaxThreadsPerThreadgroup);
-  }
+  uint32_t max_threads_per_threadgroup() const override { return max_threads_; }
   uint32_t thread_execution_width() const override { return mq_abi::kSimdWidth; }
   const mq_abi::KernelInfo& info() const { return info_; }
 
@@ -73,20 +89,23 @@ class CpuKernel final : public Kernel {
   std::shared_ptr<LoadedLibrary> library_;  // keeps the code loaded
   const mq_abi::KernelInfo& info_;
   std::string name_;
+  uint32_t max_threads_;
 };
 
 class CpuLibrary final : public Library {
  public:
-  explicit CpuLibrary(std::shared_ptr<LoadedLibrary> library) : library_(std::move(library)) {}
+  CpuLibrary(std::shared_ptr<LoadedLibrary> library, uint32_t thread_cap)
+      : library_(std::move(library)), thread_cap_(thread_cap) {}
   std::shared_ptr<Kernel> kernel(const std::string& name) override {
     const auto& exports = library_->exports();
     for (uint32_t i = 0; i < exports.kernel_count; ++i)
-      if (name == exports.kernels[i].name) return std::make_shared<CpuKernel>(library_, exports.kernels[i]);
+      if (name == exports.kernels[i].name) return std::make_shared<CpuKernel>(library_, exports.kernels[i], thread_cap_);
     throw GpuError("[cpu] library has no kernel function '" + name + "'");
   }
 
  private:
   std::shared_ptr<LoadedLibrary> library_;
+  uint32_t thread_cap_;
 };
 
 // One argument-table slot as bound at encode time.
@@ -108,12 +127,20 @@ struct Dispatch {
   bool barrier_before = false;
 };
 
-void run_dispatch(const Dispatch& d, const cpu::DispatchChecks* checks) {
+// `stream` seeds the schedule's decisions for this dispatch (threadgroup order, then
+// SIMD-group and lane order inside each group).
+void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t stream,
+                  const cpu::DispatchChecks* checks) {
   const mq_abi::Dim3 groups = d.launch.threadgroups_per_grid, tpg = d.launch.dispatch_threads_per_threadgroup,
                      grid = d.launch.threads_per_grid;
-  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes, checks};
+  const cpu::GroupLaunch work{&d.kernel->info(), &d.launch, d.threadgroup_arg_bytes, &schedule, stream, checks};
   const size_t count = size_t(groups.x) * groups.y * groups.z;
-  auto run_group = [&](size_t g) {
+  cpu::install_division_fault_handler();
+  std::vector<uint32_t> group_order(count);
+  cpu::ScheduleOrder(schedule, stream).permute(0, uint32_t(count), group_order.data());
+  auto run_group = [&](size_t i) {
+    const size_t g = group_order[i];
+    const cpu::KernelDivisionScope in_kernel;
     mq_abi::Dim3 pos = {uint32_t(g % groups.x), uint32_t(g / groups.x % groups.y), uint32_t(g / groups.x / groups.y)};
     // Edge groups of a dispatch_threads grid hold only the threads inside the grid.
     mq_abi::Dim3 size = {std::min(tpg.x, grid.x - pos.x * tpg.x), std::min(tpg.y, grid.y - pos.y * tpg.y),
@@ -138,7 +165,8 @@ class CommandQueue {
     std::exception_ptr error;
   };
 
-  explicit CommandQueue(cpu::CheckSet checks) : checks_(checks), thread_([this] { loop(); }) {}
+  CommandQueue(cpu::Schedule schedule, cpu::CheckSet checks)
+      : schedule_(schedule), checks_(checks), thread_([this] { loop(); }) {}
   ~CommandQueue() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -165,7 +193,7 @@ class CommandQueue {
   // Dispatches between two barriers run last-first: a legal GPU order that
   // exposes a missing barrier, which plain in-order execution would hide.
   // The checking mode keeps one device-memory shadow per barrier-free run.
-  void execute(const std::vector<Dispatch>& work) const {
+  void execute(const std::vector<Dispatch>& work) {
     for (size_t begin = 0; begin < work.size();) {
       size_t end = begin + 1;
       while (end < work.size() && !work[end].barrier_before) ++end;
@@ -177,7 +205,8 @@ class CommandQueue {
           checks[i - begin] = &run->add_dispatch(work[i].kernel->info(), work[i].launch, work[i].buffer_bytes);
         run->find_read_only_memory();
       }
-      for (size_t i = end; i-- > begin;) run_dispatch(work[i], checks[i - begin]);
+      for (size_t i = end; i-- > begin;)
+        run_dispatch(work[i], schedule_, cpu::schedule_substream(schedule_.seed, dispatches_run_++), checks[i - begin]);
       begin = end;
     }
   }
@@ -206,7 +235,9 @@ class CommandQueue {
     }
   }
 
+  const cpu::Schedule schedule_;
   const cpu::CheckSet checks_;
+  uint64_t dispatches_run_ = 0;  // numbers the dispatches: each gets its own random stream
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
@@ -336,29 +367,58 @@ class CpuCommandBuffer final : public CommandBuffer {
   std::shared_ptr<CommandQueue::Completion> completion_;
 };
 
+// A memory limit: the machine's RAM unless the environment variable lowers it (tests
+// simulate a small Mac with METALQWEN_CPU_MAX_BUFFER_BYTES / METALQWEN_CPU_WORKING_SET_BYTES).
+uint64_t memory_limit(const char* variable) {
+  const uint64_t ram = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return ram;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || value == 0 || text[0] == '-')
+    throw GpuError(std::string("[cpu] ") + variable + "='" + text + "' is not a positive number of bytes");
+  return std::min<uint64_t>(value, ram);
+}
+
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(cpu::CheckSet checks) : checks_(checks), queue_(std::make_shared<CommandQueue>(checks)) {}
+  CpuDevice(cpu::Schedule schedule, cpu::CheckSet checks)
+      : checks_(checks),
+        queue_(std::make_shared<CommandQueue>(schedule, checks)),
+        max_buffer_length_(size_t(memory_limit("METALQWEN_CPU_MAX_BUFFER_BYTES"))),
+        working_set_(memory_limit("METALQWEN_CPU_WORKING_SET_BYTES")),
+        thread_cap_(pipeline_thread_cap()) {}
   std::string kind() const override { return "cpu"; }
   std::string name() const override { return "metalqwen CPU runtime"; }
-  std::shared_ptr<Buffer> new_buffer(size_t size) override { return std::make_shared<CpuBuffer>(size, checks_.bounds); }
+  size_t max_buffer_length() const override { return max_buffer_length_; }
+  uint64_t recommended_working_set() const override { return working_set_; }
+  std::shared_ptr<Buffer> new_buffer(size_t size) override {
+    check_buffer_length("cpu", name(), size, max_buffer_length_);
+    return std::make_shared<CpuBuffer>(size, checks_.bounds);
+  }
   std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
+    check_buffer_length("cpu", name(), size, max_buffer_length_);
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
   }
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
-    return std::make_shared<CpuLibrary>(cpu::build_library(source, name, checks_.any()));
+    return std::make_shared<CpuLibrary>(cpu::build_library(source, name, checks_.any()), thread_cap_);
   }
   std::unique_ptr<CommandBuffer> new_command_buffer() override { return std::make_unique<CpuCommandBuffer>(queue_); }
 
  private:
   const cpu::CheckSet checks_;
   std::shared_ptr<CommandQueue> queue_;
+  size_t max_buffer_length_;
+  uint64_t working_set_;
+  uint32_t thread_cap_;
 };
 
 }  // namespace
 
-std::shared_ptr<Device> open_cpu_device(const std::vector<std::string>& checks) {
-  return std::make_shared<CpuDevice>(cpu::parse_checks(checks));
+std::shared_ptr<Device> open_cpu_device(const std::string& schedule, const std::vector<std::string>& checks) {
+  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment()
+                                                      : cpu::Schedule::parse(schedule),
+                                     cpu::parse_checks(checks));
 }
 
 }  // namespace mq::gpu

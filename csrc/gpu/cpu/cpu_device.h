@@ -7,7 +7,8 @@
 #include "../device.h"
 
 namespace mq::gpu {
-// `checks`: "races", "bounds" (the checking mode, cpu/access_checker.h); none means
-// METALQWEN_CPU_CHECKS.
-std::shared_ptr<Device> open_cpu_device(const std::vector<std::string>& checks = {});
+// `schedule`: "forward", "reverse" or "random:SEED" (see schedule.h); empty means
+// METALQWEN_CPU_SCHEDULE, else forward. `checks`: "races", "bounds" (the checking mode,
+// cpu/access_checker.h); none means METALQWEN_CPU_CHECKS.
+std::shared_ptr<Device> open_cpu_device(const std::string& schedule = "", const std::vector<std::string>& checks = {});
 }

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "../device.h"
+#include "msl_check.h"
 #include "msl_preprocess.h"
 #include "msl_translate.h"
 #include "threadgroup_runner.h"
@@ -39,8 +40,8 @@ std::string hash_this_module() {
 }
 const std::string kRuntimeBuild = hash_this_module();
 
-std::string compile_flags(bool checked) {
-  return checked ? std::string(kCompileFlags) + " " + kCheckedFlags : kCompileFlags;
+std::string compile_flags(const Toolchain& tools, bool checked) {
+  return std::string(kCompileFlags) + " " + tools.cxx_flags + (checked ? std::string(" ") + kCheckedFlags : "");
 }
 
 // Compiles translated C++ into `base`.so (keeping `base`.cpp to read) unless it is there.
@@ -50,7 +51,7 @@ void compile_object(const Toolchain& tools, const std::string& cpp_source, const
   const std::string src_path = base + ".cpp";
   write_file_atomically(src_path, cpp_source);
   const std::string tmp = base + ".tmp" + std::to_string(getpid()), tmp_so = tmp + ".so", tmp_o = tmp + ".o";
-  const std::string compile = shell_quote(tools.cxx) + " " + compile_flags(checked) + " -I" +
+  const std::string compile = shell_quote(tools.cxx) + " " + compile_flags(tools, checked) + " -I" +
                               shell_quote(tools.include_dir + "/msl") + " " + shell_quote(src_path);
   auto [status, diagnostics] =
       checked ? run_command("cd " + shell_quote(tools.cache_dir) + " && " + compile + " -c -o " + shell_quote(tmp_o) +
@@ -88,11 +89,12 @@ std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, cons
   std::lock_guard<std::mutex> lock(mutex);
 
   const Toolchain tools = toolchain();
-  const uint64_t toolchain_key = fnv1a(tools.identity + compile_flags(checked) + tools.include_dir);
+  const uint64_t toolchain_key = fnv1a(tools.identity + compile_flags(tools, checked) + tools.include_dir);
   // What a raw source becomes also depends on its name (it is in the line markers), the
   // preprocessing flags and this runtime's translator; `<key>.ref` holds the object key.
   const uint64_t source_key =
       fnv1a(msl_source, fnv1a(source_name + '\0' + kMslPreprocessFlags + '\0' + kRuntimeBuild, toolchain_key));
+  check_msl_for_compile(msl_source, source_name, tools, source_key);
   const std::string source_ref = tools.cache_dir + "/" + hex(source_key) + ".ref";
   std::string object = read_file(source_ref);
   if (object.size() != 16 || !file_exists(tools.cache_dir + "/" + object + ".so")) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "../device.h"
+#include "msl_text.h"
 
 namespace mq::cpu {
 namespace {
@@ -13,42 +14,6 @@ namespace {
 [[noreturn]] void refuse(const std::string& where, const std::string& what) {
   std::string message = "[cpu] " + where + ": " + what;
   throw gpu::CompileError(message, message);
-}
-
-bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
-
-// The source with comments and string/char literals blanked (newlines kept), so
-// pattern scans never look inside them. Same length as the input.
-std::string mask_comments_and_strings(const std::string& s) {
-  std::string m = s;
-  size_t i = 0;
-  auto blank = [&](size_t a, size_t b) {
-    for (size_t k = a; k < b && k < m.size(); ++k)
-      if (m[k] != '\n') m[k] = ' ';
-  };
-  while (i < s.size()) {
-    if (s.compare(i, 2, "//") == 0) {
-      size_t e = s.find('\n', i);
-      if (e == std::string::npos) e = s.size();
-      blank(i, e);
-      i = e;
-    } else if (s.compare(i, 2, "/*") == 0) {
-      size_t e = s.find("*/", i + 2);
-      e = e == std::string::npos ? s.size() : e + 2;
-      blank(i, e);
-      i = e;
-    } else if (s[i] == '"' || s[i] == '\'') {
-      char q = s[i];
-      size_t e = i + 1;
-      while (e < s.size() && s[e] != q && s[e] != '\n') e += s[e] == '\\' ? 2 : 1;
-      blank(i + 1, std::min(e, s.size()));
-      i = e + 1;
-    } else {
-      ++i;
-    }
-  }
-  return m;
 }
 
 struct Edit {
@@ -81,16 +46,6 @@ std::string trim(const std::string& s) {
   return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
 }
 
-size_t skip_space(const std::string& m, size_t i) {
-  while (i < m.size() && std::isspace(static_cast<unsigned char>(m[i]))) ++i;
-  return i;
-}
-
-size_t ident_end(const std::string& m, size_t i) {
-  while (i < m.size() && is_ident_char(m[i])) ++i;
-  return i;
-}
-
 // Index just past the bracket matching the one at `open`.
 size_t match_bracket(const std::string& m, size_t open, const std::string& where) {
   int depth = 0;
@@ -102,17 +57,6 @@ size_t match_bracket(const std::string& m, size_t open, const std::string& where
     }
   }
   refuse(where, "unbalanced brackets");
-}
-
-// Positions of whole-word occurrences of `word` in the masked text.
-std::vector<size_t> find_word(const std::string& m, const std::string& word) {
-  std::vector<size_t> hits;
-  for (size_t i = m.find(word); i != std::string::npos; i = m.find(word, i + 1)) {
-    bool left = i == 0 || !is_ident_char(m[i - 1]);
-    bool right = i + word.size() >= m.size() || !is_ident_char(m[i + word.size()]);
-    if (left && right) hits.push_back(i);
-  }
-  return hits;
 }
 
 // Maps text offsets to MSL (file, line), following `#line N "file"` directives and the
@@ -303,6 +247,9 @@ bool follows_template_header(const std::string& m, size_t end) {
 std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::vector<KernelDecl>& kernels) {
   const std::string m = mask_comments_and_strings(text);
   std::vector<Edit> edits;
+  // A template definition's [[max_total_threads_per_threadgroup]] applies to its
+  // instantiations (as on Metal) unless one declares its own.
+  std::map<std::string, std::string> template_max_threads;
   for (size_t at : find_word(m, "kernel")) {
     const std::string where = lines.where(at);
     size_t keyword_end = at + 6;
@@ -313,7 +260,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
     KernelDecl k;
     std::tie(k.file, k.line) = lines.file_line(at);
     // Attributes in front: [[max_total_threads_per_threadgroup(N)]], [[host_name("x")]].
-    std::string host_name;
+    std::string host_name, own_max_threads;
     size_t before = keyword_begin;
     for (;;) {
       while (before > 0 && std::isspace(static_cast<unsigned char>(m[before - 1]))) --before;
@@ -323,7 +270,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
       size_t p0 = attr.find('('), p1 = attr.rfind(')');
       std::string attr_name = trim(attr.substr(0, p0)), arg = p0 == std::string::npos ? "" : trim(attr.substr(p0 + 1, p1 - p0 - 1));
       if (attr_name == "max_total_threads_per_threadgroup") {
-        k.max_threads = "(" + arg + ")";
+        own_max_threads = "(" + arg + ")";
       } else if (attr_name == "host_name") {
         host_name = string_literal_text(arg);
         if (host_name.empty() || !std::all_of(host_name.begin(), host_name.end(), is_ident_char))
@@ -373,7 +320,14 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
         edits.push_back({s, e - s, blanked(text.substr(s, e - s))});
       }
     }
-    if (!template_definition) kernels.push_back(std::move(k));
+    if (template_definition) {
+      if (!own_max_threads.empty()) template_max_threads[function] = own_max_threads;
+      continue;
+    }
+    if (!own_max_threads.empty()) k.max_threads = own_max_threads;
+    else if (auto inherited = template_max_threads.find(function); inherited != template_max_threads.end())
+      k.max_threads = inherited->second;
+    kernels.push_back(std::move(k));
   }
   return apply_edits(text, std::move(edits));
 }

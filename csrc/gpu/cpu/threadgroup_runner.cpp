@@ -1,5 +1,6 @@
 #include "threadgroup_runner.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "../device.h"
@@ -42,6 +43,7 @@ const mq_abi::RuntimeApi& ThreadgroupRunner::runtime_api() {
       },
       [](const void* key, size_t size, size_t align) { return t_active->threadgroup_alloc(key, size, align); },
       [](const char* message) { t_active->fail(message); },
+      [](const char* name, mq_abi::Site site) { return t_active->note_lane_op(name, site); },
       [](const void* address, size_t size, mq_abi::AccessKind kind, const void* pc) {
         t_active->check_access(address, size, kind, pc);
       },
@@ -82,8 +84,12 @@ void ThreadgroupRunner::yield_current(State state) {
 void ThreadgroupRunner::fail(const std::string& message) {
   // A CollectiveFn runs on the scheduler's stack: there is no fiber to park.
   if (!in_fiber_) throw gpu::GpuError("[cpu] kernel '" + std::string(work_->kernel->name) + "': " + message);
-  error_ = "[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " + dim3(group_position_) +
-           ", thread " + std::to_string(current_) + "): " + message;
+  // Lanes failing in the same step report the lowest one, whatever the schedule.
+  if (error_.empty() || current_ < failed_thread_) {
+    error_ = "[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " + dim3(group_position_) +
+             ", thread " + std::to_string(current_) + "): " + message;
+    failed_thread_ = current_;
+  }
   yield_current(State::failed);
   __builtin_unreachable();
 }
@@ -102,49 +108,113 @@ void* ThreadgroupRunner::threadgroup_alloc(const void* key, size_t size, size_t 
   return arena_.data() + offset;
 }
 
-void ThreadgroupRunner::advance_simdgroup(uint32_t simdgroup) {
+std::string ThreadgroupRunner::simdgroup_name(uint32_t simdgroup) const {
+  return "kernel '" + std::string(work_->kernel->name) + "' (threadgroup " + dim3(group_position_) + ", SIMD-group " +
+         std::to_string(simdgroup) + ")";
+}
+
+uint32_t ThreadgroupRunner::note_lane_op(const char* name, const mq_abi::Site& site) {
+  Thread& t = *threads_[current_];
+  if (t.lane_ops++ == 0) {
+    t.first_lane_op = name;
+    t.first_lane_op_site = site;
+  }
+  t.last_lane_op_site = site;
+  t.lane_op_trace = (t.lane_op_trace ^ (reinterpret_cast<uintptr_t>(name) + site.line)) * 0x100000001B3ull;
+  return t.ids.thread_index_in_simdgroup;
+}
+
+// Lanes run simdgroup_load/store on their own, but a GPU runs them for the whole
+// SIMD-group: once the lanes wait, all 32 must have run the same ones.
+void ThreadgroupRunner::check_lane_ops(uint32_t first, uint32_t end, uint32_t simdgroup) {
+  const Thread* ran = nullptr;
+  for (uint32_t i = first; i < end && !ran; ++i)
+    if (threads_[i]->lane_ops) ran = threads_[i].get();
+  if (!ran) return;
+  const auto inactive = [&](uint32_t lane) {
+    return gpu::GpuError("[cpu] " + simdgroup_name(simdgroup) + ": " + ran->first_lane_op + ": lane " +
+                         std::to_string(lane) +
+                         " is inactive (exited or beyond the grid); SIMD-group matrix functions need all 32 lanes "
+                         "of the SIMD-group (" + describe(ran->first_lane_op_site) + ")");
+  };
+  if (end - first < mq_abi::kSimdWidth) throw inactive(end - first);
+  for (uint32_t i = first; i < end; ++i) {
+    const Thread& t = *threads_[i];
+    if (t.lane_ops == 0) throw inactive(i - first);
+    if (t.lane_ops != ran->lane_ops || t.lane_op_trace != ran->lane_op_trace) {
+      const bool first_differs = !same_site(t.first_lane_op_site, ran->first_lane_op_site);
+      throw gpu::GpuError("[cpu] " + simdgroup_name(simdgroup) + ": lanes diverged at SIMD-group functions: lane " +
+                          std::to_string(ran->ids.thread_index_in_simdgroup) + " at " +
+                          describe(first_differs ? ran->first_lane_op_site : ran->last_lane_op_site) + ", lane " +
+                          std::to_string(t.ids.thread_index_in_simdgroup) + " at " +
+                          describe(first_differs ? t.first_lane_op_site : t.last_lane_op_site));
+    }
+  }
+  for (uint32_t i = first; i < end; ++i) {
+    threads_[i]->lane_ops = 0;
+    threads_[i]->lane_op_trace = 0;
+  }
+}
+
+bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
   const uint32_t first = simdgroup * mq_abi::kSimdWidth;
   const uint32_t end = std::min(thread_count_, first + mq_abi::kSimdWidth);
-  const std::string where = "kernel '" + std::string(work_->kernel->name) + "' (threadgroup " +
-                            dim3(group_position_) + ", SIMD-group " + std::to_string(simdgroup) + ")";
-  for (;;) {
-    for (uint32_t i = first; i < end; ++i) {
-      if (threads_[i]->state == State::runnable) resume(i);
-      if (threads_[i]->state == State::failed) throw gpu::GpuError(error_);
+  uint32_t lanes_in_order[mq_abi::kSimdWidth];
+  order_->permute(first, end - first, lanes_in_order);
+  bool failed = false;
+  for (uint32_t k = 0; k < end - first; ++k) {
+    const uint32_t i = lanes_in_order[k];
+    if (threads_[i]->state == State::runnable) resume(i);
+    failed |= threads_[i]->state == State::failed;
+  }
+  if (failed) throw gpu::GpuError(error_);
+  check_lane_ops(first, end, simdgroup);
+  const Thread* collective = nullptr;
+  const Thread* at_barrier = nullptr;
+  for (uint32_t i = first; i < end; ++i) {
+    const Thread& t = *threads_[i];
+    if (t.state == State::at_barrier) at_barrier = &t;
+    if (t.state != State::at_simd) continue;
+    if (!collective) {
+      collective = &t;
+    } else if (!same_site(t.site, collective->site) || t.collective != collective->collective) {
+      throw gpu::GpuError("[cpu] " + simdgroup_name(simdgroup) + ": lanes diverged at SIMD-group functions: lane " +
+                          std::to_string(collective->ids.thread_index_in_simdgroup) + " at " +
+                          describe(collective->site) + ", lane " + std::to_string(t.ids.thread_index_in_simdgroup) +
+                          " at " + describe(t.site));
     }
-    const Thread* collective = nullptr;
-    const Thread* at_barrier = nullptr;
-    for (uint32_t i = first; i < end; ++i) {
-      const Thread& t = *threads_[i];
-      if (t.state == State::at_barrier) at_barrier = &t;
-      if (t.state != State::at_simd) continue;
-      if (!collective) {
-        collective = &t;
-      } else if (!same_site(t.site, collective->site) || t.collective != collective->collective) {
-        throw gpu::GpuError("[cpu] " + where + ": lanes diverged at SIMD-group functions: lane " +
-                            std::to_string(collective->ids.thread_index_in_simdgroup) + " at " +
-                            describe(collective->site) + ", lane " + std::to_string(t.ids.thread_index_in_simdgroup) +
-                            " at " + describe(t.site));
-      }
-    }
-    if (!collective) return;
-    if (at_barrier)
-      throw gpu::GpuError("[cpu] " + where + ": the SIMD-group function at " + describe(collective->site) +
-                          " was reached by only part of the SIMD-group (lane " +
-                          std::to_string(at_barrier->ids.thread_index_in_simdgroup) +
-                          " waits at the threadgroup_barrier at " + describe(at_barrier->site) + ")");
-    void* lanes[mq_abi::kSimdWidth] = {};
-    for (uint32_t i = first; i < end; ++i)
-      if (threads_[i]->state == State::at_simd) lanes[i - first] = threads_[i]->collective_data;
-    // The collective acts for the SIMD-group after every lane's earlier accesses, before any later one.
-    if (checker_) {
-      checker_->simd_sync(simdgroup);
-      checker_->set_thread(collective->ids.thread_index_in_threadgroup);
-    }
-    collective->collective(lanes);
-    if (checker_) checker_->simd_sync(simdgroup);
-    for (uint32_t i = first; i < end; ++i)
-      if (threads_[i]->state == State::at_simd) threads_[i]->state = State::runnable;
+  }
+  if (!collective) return false;
+  if (at_barrier)
+    throw gpu::GpuError("[cpu] " + simdgroup_name(simdgroup) + ": the SIMD-group function at " +
+                        describe(collective->site) + " was reached by only part of the SIMD-group (lane " +
+                        std::to_string(at_barrier->ids.thread_index_in_simdgroup) +
+                        " waits at the threadgroup_barrier at " + describe(at_barrier->site) + ")");
+  void* lanes[mq_abi::kSimdWidth] = {};
+  for (uint32_t i = first; i < end; ++i)
+    if (threads_[i]->state == State::at_simd) lanes[i - first] = threads_[i]->collective_data;
+  // The collective acts for the SIMD-group after every lane's earlier accesses, before any later one.
+  if (checker_) {
+    checker_->simd_sync(simdgroup);
+    checker_->set_thread(collective->ids.thread_index_in_threadgroup);
+  }
+  collective->collective(lanes);
+  if (checker_) checker_->simd_sync(simdgroup);
+  for (uint32_t i = first; i < end; ++i)
+    if (threads_[i]->state == State::at_simd) threads_[i]->state = State::runnable;
+  return true;
+}
+
+// Every SIMD-group runs until it waits at a threadgroup barrier or has returned: one
+// after another (forward, reverse), or interleaved collective by collective (random).
+void ThreadgroupRunner::advance_to_barrier(uint32_t simdgroups) {
+  uint32_t pending[mq_abi::kMaxThreadsPerThreadgroup / mq_abi::kSimdWidth];
+  order_->permute(0, simdgroups, pending);
+  for (uint32_t n = simdgroups; n > 0;) {
+    const uint32_t k = order_->pick(n);
+    if (step_simdgroup(pending[k])) continue;
+    std::copy(pending + k + 1, pending + n, pending + k);
+    --n;
   }
 }
 
@@ -216,11 +286,18 @@ void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position
     t.ids.threads_per_simdgroup = mq_abi::kSimdWidth;
     t.runner = this;
     t.state = State::runnable;
+    t.lane_ops = 0;
+    t.lane_op_trace = 0;
     t.fiber.prepare(*stacks_[i], &ThreadgroupRunner::thread_main, &t);
   }
 
+  const mq_abi::Dim3 groups = work.launch->threadgroups_per_grid;
+  const uint64_t group_index =
+      (uint64_t(group_position.z) * groups.y + group_position.y) * groups.x + group_position.x;
+  ScheduleOrder order(*work.schedule, schedule_substream(work.schedule_stream, group_index));
+  order_ = &order;
   for (;;) {
-    for (uint32_t s = 0; s < simdgroups; ++s) advance_simdgroup(s);
+    advance_to_barrier(simdgroups);
     bool waiting = false;
     for (uint32_t i = 0; i < thread_count_ && !waiting; ++i) waiting = threads_[i]->state == State::at_barrier;
     if (!waiting) break;

@@ -9,6 +9,7 @@
 #include "abi.h"
 #include "access_checker.h"
 #include "fiber.h"
+#include "schedule.h"
 
 namespace mq::cpu {
 
@@ -16,6 +17,8 @@ struct GroupLaunch {
   const mq_abi::KernelInfo* kernel;
   const mq_abi::Launch* launch;
   const size_t* threadgroup_arg_bytes;  // [kMaxBufferIndex]: [[threadgroup(n)]] sizes, 0 = unbound
+  const Schedule* schedule;  // order of SIMD-groups and lanes
+  uint64_t schedule_stream;  // the dispatch's stream (see ScheduleOrder)
   const DispatchChecks* checks = nullptr;  // the checking mode's view of the dispatch, or none
 };
 
@@ -39,12 +42,21 @@ class ThreadgroupRunner {
     void* collective_data = nullptr;
     mq_abi::Site site{};
     ThreadgroupRunner* runner = nullptr;
+    // SIMD-group functions run without waiting (simd_lane_op) since the SIMD-group last waited.
+    uint32_t lane_ops = 0;
+    uint64_t lane_op_trace = 0;  // hash of their names and lines
+    const char* first_lane_op = nullptr;
+    mq_abi::Site first_lane_op_site{}, last_lane_op_site{};
   };
 
   static void thread_main(void* thread);
   void resume(uint32_t index);
   void yield_current(State state);
-  void advance_simdgroup(uint32_t simdgroup);
+  void advance_to_barrier(uint32_t simdgroups);
+  bool step_simdgroup(uint32_t simdgroup);
+  void check_lane_ops(uint32_t first, uint32_t end, uint32_t simdgroup);
+  uint32_t note_lane_op(const char* name, const mq_abi::Site& site);
+  std::string simdgroup_name(uint32_t simdgroup) const;
   void release_barrier();
   void* threadgroup_alloc(const void* key, size_t size, size_t align);
   [[noreturn]] void fail(const std::string& message);
@@ -60,7 +72,9 @@ class ThreadgroupRunner {
   const GroupLaunch* work_ = nullptr;
   mq_abi::Launch group_launch_{};  // the dispatch's launch plus this group's threadgroup arguments
   mq_abi::Dim3 group_position_{};
+  ScheduleOrder* order_ = nullptr;  // this group's schedule decisions
   std::string error_;
+  uint32_t failed_thread_ = 0;  // whose message error_ holds
   GroupChecker* checker_ = nullptr;  // the checking mode, when the dispatch asks for it
   std::unique_ptr<GroupChecker> checker_storage_;
 

@@ -33,6 +33,7 @@ std::string cache_root() {
 struct Compiler {
   std::string command;
   std::string identity;
+  std::string flags;
 };
 
 // Finds the compiler once and checks it is new enough for the compatibility header.
@@ -40,17 +41,24 @@ const Compiler& compiler() {
   static const Compiler c = [] {
     const char* env = std::getenv("METALQWEN_CXX");
     std::string cmd = env && *env ? env : "c++";
+    const std::string needed = "the CPU runtime needs g++ >= 12 or clang >= 16 (set METALQWEN_CXX)";
     auto [status, version] = run_command(shell_quote(cmd) + " --version");
-    if (status != 0)
-      throw gpu::GpuError("[cpu] the C++ compiler '" + cmd +
-                          "' does not run; install g++ >= 12 or clang >= 15, or set METALQWEN_CXX");
+    if (status != 0) throw gpu::GpuError("[cpu] the C++ compiler '" + cmd + "' does not run; " + needed);
     auto [vstatus, major_text] = run_command(shell_quote(cmd) + " -dumpversion");
     int major = vstatus == 0 ? std::atoi(major_text.c_str()) : 0;
-    bool clang = version.find("clang") != std::string::npos;
-    if (major < (clang ? 15 : 12))
-      throw gpu::GpuError("[cpu] the C++ compiler '" + cmd + "' is version " + std::to_string(major) +
-                          "; the CPU runtime needs g++ >= 12 or clang >= 15 (set METALQWEN_CXX)");
-    return Compiler{cmd, version};
+    if (version.find("clang") == std::string::npos) {
+      if (major < 12)
+        throw gpu::GpuError("[cpu] the C++ compiler '" + cmd + "' is version " + std::to_string(major) + "; " + needed);
+      return Compiler{cmd, version, ""};
+    }
+    // What g++ does by default, clang must be told: round every _Float16 operation to half
+    // (a cc1 option since clang 16), and assume no more than 4-byte alignment of a vector
+    // pointer (kernels cast under-aligned device pointers to float4*, as Apple GPUs allow).
+    const std::string gpu_like = "-Xclang -ffloat16-excess-precision=none -fmax-type-align=4";
+    if (run_command("echo | " + shell_quote(cmd) + " -x c++ -fsyntax-only " + gpu_like + " -").first != 0)
+      throw gpu::GpuError("[cpu] the C++ compiler '" + cmd + "' does not accept " + gpu_like +
+                          " (kernels would not compute like a GPU); " + needed);
+    return Compiler{cmd, version, gpu_like};
   }();
   return c;
 }
@@ -83,7 +91,7 @@ Toolchain toolchain() {
   const std::string root = cache_root();
   make_dirs(root);
   const std::string includes = header_folder(root);
-  return Toolchain{cxx.command, cxx.identity, root, includes, includes + "/standins"};
+  return Toolchain{cxx.command, cxx.flags, cxx.identity, root, includes, includes + "/standins"};
 }
 
 std::pair<int, std::string> run_command(const std::string& command) {

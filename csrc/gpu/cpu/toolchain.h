@@ -9,13 +9,14 @@ namespace mq::cpu {
 
 struct Toolchain {
   std::string cxx;          // the compiler command
+  std::string cxx_flags;    // what this compiler needs for GPU-like numerics (kernel builds)
   std::string identity;     // its --version text, part of every cache key
   std::string cache_dir;    // sources, objects and headers live here
-  std::string include_dir;  // the compatibility headers: abi.h, msl/metal_stdlib, ...
+  std::string include_dir;  // abi.h, msl/metal_stdlib, ... and the MSL check's msl_strict/
   std::string standin_dir;  // an empty file named like each msl/ header
 };
 
-// Compiler: METALQWEN_CXX, else c++ (g++ >= 12 or clang >= 15), checked once.
+// Compiler: METALQWEN_CXX, else c++ (g++ >= 12 or clang >= 16), checked once.
 // Cache: METALQWEN_CACHE_DIR, else $XDG_CACHE_HOME/metalqwen or ~/.cache/metalqwen;
 // created, with the headers written once per content version.
 Toolchain toolchain();

@@ -7,10 +7,8 @@
 
 namespace mq::gpu {
 
-// True when the system has a Metal device (MTLCreateSystemDefaultDevice).
-bool metal_available();
-
-// The system default Metal device; throws GpuError "[metal] no Metal device".
+// The system's Metal device, checked against what the shaders need (macOS 14, an Apple7+
+// GPU, 32-wide SIMD-groups); throws GpuError saying what is missing.
 std::shared_ptr<Device> open_metal_device();
 
 }  // namespace mq::gpu

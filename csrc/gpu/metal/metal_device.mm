@@ -61,6 +61,22 @@ void disable_fast_math(MTLCompileOptions* options) {
 #pragma clang diagnostic pop
 }
 
+MTLCompileOptions* new_compile_options() {
+  MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
+  // bfloat needs MSL 3.1; open_metal_device refuses macOS < 14, where this is unavailable.
+  if (@available(macOS 14.0, *)) options.languageVersion = MTLLanguageVersion3_1;
+  disable_fast_math(options);
+  return options;
+}
+
+// Nil from MTLCreateSystemDefaultDevice in processes that do not link CoreGraphics
+// (cmake/metal.cmake links it); MTLCopyAllDevices lists the GPUs regardless.
+id<MTLDevice> system_device() {
+  id<MTLDevice> device = MTLCreateSystemDefaultDevice();
+  if (device == nil) device = MTLCopyAllDevices().firstObject;
+  return device;
+}
+
 class MetalBuffer final : public Buffer {
  public:
   MetalBuffer(id<MTLBuffer> buffer, size_t size) : buffer_(buffer), size_(size) {}
@@ -228,16 +244,19 @@ class MetalDevice final : public Device {
       : device_(device),
         name_(to_string(device.name)),
         max_threadgroup_memory_(device.maxThreadgroupMemoryLength),
-        max_buffer_length_(device.maxBufferLength) {
+        max_buffer_length_(device.maxBufferLength),
+        recommended_working_set_(device.recommendedMaxWorkingSetSize) {
     queue_ = [device_ newCommandQueue];
     if (queue_ == nil) throw GpuError("[metal] cannot create a command queue on " + name_);
   }
 
   std::string kind() const override { return "metal"; }
   std::string name() const override { return name_; }
+  size_t max_buffer_length() const override { return max_buffer_length_; }
+  uint64_t recommended_working_set() const override { return recommended_working_set_; }
 
   std::shared_ptr<Buffer> new_buffer(size_t size) override {
-    check_length(size);
+    check_buffer_length("metal", name_, size, max_buffer_length_);
     std::shared_ptr<Buffer> result;
     in_pool([&] {
       id<MTLBuffer> buffer = [device_ newBufferWithLength:(size == 0 ? 1 : size)
@@ -251,7 +270,7 @@ class MetalDevice final : public Device {
   std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
     if (size == 0) return new_buffer(0);
     if (data == nullptr) throw GpuError("[metal] wrap_host_memory: null pointer");
-    check_length(size);
+    check_buffer_length("metal", name_, size, max_buffer_length_);
     std::shared_ptr<Buffer> result;
     in_pool([&] {
       id<MTLBuffer> buffer = nil;
@@ -285,10 +304,8 @@ class MetalDevice final : public Device {
                                                 length:labelled.size()
                                               encoding:NSUTF8StringEncoding];
       if (text == nil) throw CompileError("[metal] MSL source '" + name + "' is not valid UTF-8", "");
-      MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
-      disable_fast_math(options);
       NSError* error = nil;
-      id<MTLLibrary> library = [device_ newLibraryWithSource:text options:options error:&error];
+      id<MTLLibrary> library = [device_ newLibraryWithSource:text options:new_compile_options() error:&error];
       if (library == nil) {
         const std::string diagnostics = describe(error);
         throw CompileError("[metal] MSL '" + name + "' did not compile:\n" + diagnostics, diagnostics);
@@ -310,36 +327,32 @@ class MetalDevice final : public Device {
   }
 
  private:
-  void check_length(size_t size) const {
-    if (size > max_buffer_length_) {
-      throw GpuError("[metal] a " + std::to_string(size) + "-byte buffer exceeds " + name_ + "'s limit of " +
-                     std::to_string(max_buffer_length_) + " bytes");
-    }
-  }
-
   id<MTLDevice> device_;
   id<MTLCommandQueue> queue_ = nil;
   std::string name_;
   size_t max_threadgroup_memory_;
   size_t max_buffer_length_;
+  uint64_t recommended_working_set_;
 };
 
 }  // namespace
 
-bool metal_available() {
-  bool found = false;
-  @autoreleasepool {
-    found = MTLCreateSystemDefaultDevice() != nil;
-  }
-  return found;
-}
-
 std::shared_ptr<Device> open_metal_device() {
   std::shared_ptr<Device> result;
   in_pool([&] {
-    id<MTLDevice> device = MTLCreateSystemDefaultDevice();
-    if (device == nil) throw GpuError("[metal] no Metal device");
-    result = std::make_shared<MetalDevice>(device);
+    bool macos_14 = false;
+    if (@available(macOS 14.0, *)) macos_14 = true;
+    metal::check_macos_version(macos_14);
+    id<MTLDevice> device = system_device();
+    if (device == nil) {
+      throw GpuError("[metal] no Metal device: MTLCreateSystemDefaultDevice and MTLCopyAllDevices found none "
+                     "(a virtual machine without GPU access?)");
+    }
+    const std::string name = to_string(device.name);
+    metal::check_gpu_family(name, [device supportsFamily:MTLGPUFamilyApple7]);
+    auto opened = std::make_shared<MetalDevice>(device);
+    metal::check_simd_width(name, metal::probe_simd_width(*opened));
+    result = opened;
   });
   return result;
 }

@@ -13,6 +13,55 @@ namespace mq::gpu::metal {
 constexpr uint32_t kArgumentTableSize = 31;      // buffer and threadgroup-memory tables
 constexpr size_t kMaxSetBytes = 4096;            // setBytes:length:atIndex: is for up to 4 KiB
 constexpr size_t kThreadgroupMemoryAlign = 16;   // setThreadgroupMemoryLength: wants 16 B multiples
+constexpr uint32_t kSimdWidth = 32;              // the shaders' SIMD-group reductions assume 32 lanes
+
+// The kind open_device("") opens, given whether this is an Apple-silicon Mac and why Metal
+// did not open ("" when it did). Off Apple silicon the CPU runtime is the fallback; on it,
+// falling back silently would hide a broken install behind a runtime 100x slower, so the
+// reason is thrown instead.
+inline std::string default_device_kind(bool apple_silicon, const std::string& metal_error) {
+  if (metal_error.empty()) return "metal";
+  if (!apple_silicon) return "cpu";
+  throw GpuError("[gpu] Metal could not be opened on this Apple-silicon Mac: " + metal_error +
+                 "\nDevice() does not fall back to the CPU runtime here; ask for it by name "
+                 "(Device(\"cpu\"), --device cpu) to use it anyway");
+}
+
+// What open_metal_device requires; each failure is a sentence for the user.
+inline void check_macos_version(bool macos_14_or_newer) {
+  if (!macos_14_or_newer) {
+    throw GpuError("[metal] metalqwen needs macOS 14 or newer: its shaders use bfloat, which needs "
+                   "Metal Shading Language 3.1; this Mac runs an older macOS");
+  }
+}
+
+inline void check_gpu_family(const std::string& gpu, bool apple7_or_newer) {
+  if (!apple7_or_newer) {
+    throw GpuError("[metal] metalqwen needs an Apple GPU of family Apple7 (M1/A14) or newer; this is " + gpu);
+  }
+}
+
+// `width`: threadExecutionWidth of a pipeline, the SIMD-group width kernels run at.
+inline void check_simd_width(const std::string& gpu, uint32_t width) {
+  if (width != kSimdWidth) {
+    throw GpuError("[metal] metalqwen's kernels need 32-wide SIMD-groups; " + gpu + " runs them " +
+                   std::to_string(width) + " wide");
+  }
+}
+
+// A kernel using what every shader of the engine needs (bfloat, a SIMD-group reduction):
+// it must compile, and its pipeline tells the SIMD width.
+constexpr const char* kProbeKernelName = "metalqwen_probe";
+constexpr const char* kProbeKernelSource = R"(#include <metal_stdlib>
+using namespace metal;
+kernel void metalqwen_probe(device bfloat* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+    out[i] = bfloat(simd_sum(float(i)));
+}
+)";
+
+inline uint32_t probe_simd_width(Device& device) {
+  return device.compile(kProbeKernelSource, "metalqwen_probe.metal")->kernel(kProbeKernelName)->thread_execution_width();
+}
 
 // newBufferWithBytesNoCopy: needs a page-aligned pointer and a length that ends on
 // a page boundary; rounding the length up could reach past the caller's mapping,

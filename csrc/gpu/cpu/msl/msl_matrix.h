@@ -1,6 +1,9 @@
 // simdgroup_matrix (8x8) spread over the 32 lanes exactly as on Apple GPUs, so kernels
-// that use thread_elements() see the same fragments. Loads, stores, the diagonal
-// constructor and the multiplies are SIMD-group collectives; all 32 lanes must take part.
+// that use thread_elements() see the same fragments. Loads, stores and the diagonal
+// constructor move each lane's own elements when that lane gets there, so only a
+// simdgroup_barrier orders them against other lanes' memory accesses, as on a GPU; the
+// runtime checks that all 32 lanes ran them. The multiplies exchange fragments between
+// lanes: they are SIMD-group collectives.
 #pragma once
 #include "msl_simd.h"
 
@@ -44,69 +47,34 @@ simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(const T value) {
   return m;
 }
 
-template <class T>
-struct mq_diagonal_lane {
-  simdgroup_matrix<T, 8, 8>* matrix;
-  T value;
-  mq_fault fault;
-};
-template <class T>
-void mq_diagonal_fn(void* const* lanes) {
-  if (!mq_all_lanes_present<mq_diagonal_lane<T>>(lanes)) return;
-  for (int i = 0; i < 32; i++) {
-    auto* lane = mq_lane_at<mq_diagonal_lane<T>>(lanes, i);
-    for (int k = 0; k < 2; k++)
-      lane->matrix->mq_fragment.e[k] = mq_fragment_row(i) == mq_fragment_col(i) + k ? lane->value : T(0);
-  }
-}
 template <class T, int Cols, int Rows>
 simdgroup_matrix<T, Cols, Rows>::simdgroup_matrix(T diagonal, mq_abi::Site site) {
-  mq_diagonal_lane<T> lane{this, diagonal, {}};
-  mq_run(&mq_diagonal_fn<T>, lane, site, "simdgroup_matrix(diagonal)");
+  const int lane = int(mq_runtime->simd_lane_op("simdgroup_matrix(diagonal)", site));
+  for (int k = 0; k < 2; k++) mq_fragment.e[k] = mq_fragment_row(lane) == mq_fragment_col(lane) + k ? diagonal : T(0);
 }
 
-// Each lane moves its own two elements with its own arguments. Element (row r, col c)
-// lives at memory[(origin.y + r) * elements_per_row + origin.x + c], or, transposed,
-// at memory[(origin.x + c) * elements_per_row + origin.y + r].
-template <class M, class P>
-struct mq_matrix_io_lane {
-  M* matrix;  // const for a store
-  P* memory;
-  ulong elements_per_row, origin_x, origin_y;
-  bool transpose;
-  mq_fault fault;
-};
-template <class M, class P, bool Store>
-void mq_matrix_io_fn(void* const* lanes) {
-  if (!mq_all_lanes_present<mq_matrix_io_lane<M, P>>(lanes)) return;
-  for (int i = 0; i < 32; i++) {
-    auto* lane = mq_lane_at<mq_matrix_io_lane<M, P>>(lanes, i);
-    for (int k = 0; k < 2; k++) {
-      const ulong r = ulong(mq_fragment_row(i)), c = ulong(mq_fragment_col(i) + k);
-      const ulong at = lane->transpose ? (lane->origin_x + c) * lane->elements_per_row + lane->origin_y + r
-                                       : (lane->origin_y + r) * lane->elements_per_row + lane->origin_x + c;
-      if constexpr (Store)
-        lane->memory[at] = lane->matrix->mq_fragment.e[k];
-      else
-        lane->matrix->mq_fragment.e[k] = lane->memory[at];
-    }
-  }
+// Element (row r, col c) lives at memory[(origin.y + r) * elements_per_row + origin.x + c],
+// or, transposed, at memory[(origin.x + c) * elements_per_row + origin.y + r].
+inline ulong mq_matrix_offset(int lane, int k, ulong elements_per_row, ulong2 origin, bool transpose) {
+  const ulong r = ulong(mq_fragment_row(lane)), c = ulong(mq_fragment_col(lane) + k);
+  return transpose ? (origin.x + c) * elements_per_row + origin.y + r
+                   : (origin.y + r) * elements_per_row + origin.x + c;
 }
 
 // Device and threadgroup pointers are both plain pointers here: one overload serves both.
 template <class T, int Cols, int Rows>
 void simdgroup_load(simdgroup_matrix<T, Cols, Rows>& d, const T* src, ulong elements_per_row = Cols,
                     ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false, mq_abi::Site site = MQ_SITE) {
-  using M = simdgroup_matrix<T, Cols, Rows>;
-  mq_matrix_io_lane<M, const T> lane{&d, src, elements_per_row, matrix_origin.x, matrix_origin.y, transpose_matrix, {}};
-  mq_run(&mq_matrix_io_fn<M, const T, false>, lane, site, "simdgroup_load");
+  const int lane = int(mq_runtime->simd_lane_op("simdgroup_load", site));
+  for (int k = 0; k < 2; k++)
+    d.mq_fragment.e[k] = src[mq_matrix_offset(lane, k, elements_per_row, matrix_origin, transpose_matrix)];
 }
 template <class T, int Cols, int Rows>
 void simdgroup_store(const simdgroup_matrix<T, Cols, Rows>& a, T* dst, ulong elements_per_row = Cols,
                      ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false, mq_abi::Site site = MQ_SITE) {
-  using M = const simdgroup_matrix<T, Cols, Rows>;
-  mq_matrix_io_lane<M, T> lane{&a, dst, elements_per_row, matrix_origin.x, matrix_origin.y, transpose_matrix, {}};
-  mq_run(&mq_matrix_io_fn<M, T, true>, lane, site, "simdgroup_store");
+  const int lane = int(mq_runtime->simd_lane_op("simdgroup_store", site));
+  for (int k = 0; k < 2; k++)
+    dst[mq_matrix_offset(lane, k, elements_per_row, matrix_origin, transpose_matrix)] = a.mq_fragment.e[k];
 }
 
 template <class Td, class Ta, class Tb, class Tc>

@@ -8,8 +8,8 @@ typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;  // 64-bit on LP64, like MSL's ulong (long is already 64-bit)
-// GCC >= 12 rounds every _Float16 operation to half, as a GPU does. Clang >= 15
-// keeps float intermediates unless given -ffloat16-excess-precision=none.
+// GCC >= 12 rounds every _Float16 operation to half, as a GPU does; clang does when
+// given -ffloat16-excess-precision=none (toolchain.cpp passes it).
 typedef _Float16 half;
 
 struct bfloat;

@@ -50,6 +50,10 @@ enum : NSStringEncoding {
 @property(readonly) const char* UTF8String;
 @end
 
+@interface NSArray<__covariant ObjectType> : NSObject
+@property(readonly) ObjectType firstObject;
+@end
+
 @interface NSError : NSObject
 @property(readonly, copy) NSString* localizedDescription;
 @end

@@ -40,6 +40,14 @@ typedef NS_ENUM(NSUInteger, MTLFunctionType){
     MTLFunctionTypeKernel = 3,
 };
 
+typedef NS_ENUM(NSInteger, MTLGPUFamily){
+    MTLGPUFamilyApple7 = 1007,
+};
+
+typedef NS_ENUM(NSUInteger, MTLLanguageVersion){
+    MTLLanguageVersion3_1 = (3 << 16) + 1,
+} API_AVAILABLE(macos(14.0));
+
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 typedef NS_ENUM(NSInteger, MTLMathMode){
     MTLMathModeSafe = 0,
@@ -51,6 +59,7 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 #endif
 
 @interface MTLCompileOptions : NSObject
+@property(readwrite, nonatomic) MTLLanguageVersion languageVersion;
 @property(readwrite, nonatomic) BOOL fastMathEnabled API_DEPRECATED("Use mathMode instead", macos(10.11, 15.0));
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 @property(readwrite, nonatomic) MTLMathMode mathMode API_AVAILABLE(macos(15.0));
@@ -108,6 +117,8 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 @property(readonly) NSString* name;
 @property(readonly) NSUInteger maxThreadgroupMemoryLength;
 @property(readonly) NSUInteger maxBufferLength;
+@property(readonly) uint64_t recommendedMaxWorkingSetSize;
+- (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily;
 - (id<MTLCommandQueue>)newCommandQueue;
 - (id<MTLBuffer>)newBufferWithLength:(NSUInteger)length options:(MTLResourceOptions)options;
 - (id<MTLBuffer>)newBufferWithBytes:(const void*)pointer
@@ -125,3 +136,4 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 @end
 
 MTL_EXTERN id<MTLDevice> MTLCreateSystemDefaultDevice(void) NS_RETURNS_RETAINED;
+MTL_EXTERN NSArray<id<MTLDevice>>* MTLCopyAllDevices(void) NS_RETURNS_RETAINED;

@@ -1,0 +1,65 @@
+// Every kernel a step may dispatch, with the threadgroup size it wants and the least it
+// can work with: Engine's constructor creates them all at load (no pipeline is compiled
+// inside a step) and fails there if the GPU cannot run one. Sizes: shaders/params/*.h.
+#include <algorithm>
+
+#include "workspace.h"
+
+namespace mq::engine {
+namespace {
+
+constexpr uint32_t kSimd = MQ_SIMD_WIDTH;
+
+ThreadgroupNeed exactly(uint32_t threads) { return {threads, threads}; }
+ThreadgroupNeed up_to(uint32_t threads) { return {threads, kSimd}; }
+
+}  // namespace
+
+std::string quant_suffix(const QuantLinear& l) {
+  return "_b" + std::to_string(l.bits) + "_g" + std::to_string(l.group);
+}
+
+std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
+  std::map<std::string, ThreadgroupNeed> needs;
+  auto projection = [&](const QuantLinear& l) {
+    needs["qmv" + quant_suffix(l)] = exactly(MQ_QMV_THREADS);
+    needs["qmv_rows" + quant_suffix(l)] = exactly(MQ_QMV_THREADS);
+    needs["qmm" + quant_suffix(l)] = exactly(MQ_QMM_THREADS);
+  };
+  needs["embed" + quant_suffix(embed_)] = exactly(MQ_EMBED_THREADS);
+  projection(lm_head_);
+  needs["rms_norm"] = needs["rms_norm_residual"] = up_to(MQ_NORM_THREADS);
+  needs["silu_mul"] = up_to(kSiluMulThreads);
+  needs["argmax_partial"] = needs["argmax_final"] = up_to(MQ_ARGMAX_THREADS);
+  needs["sample_top_kp"] = up_to(MQ_SAMPLE_THREADS);
+
+  const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
+  const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";
+  for (const LayerWeights& l : layers_) {
+    for (const QuantLinear* p : {&l.gate_proj, &l.up_proj, &l.down_proj}) projection(*p);
+    if (l.delta) {
+      const DeltaNetWeights& m = *l.delta;
+      for (const QuantLinear* p : {&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a, &m.out_proj})
+        projection(*p);
+      needs[m.a_log.desc->dtype == "F32" ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16"] =
+          up_to(kSimd * MQ_DELTA_CONV_SIMDGROUPS);
+      needs["delta_scan_norm"] = up_to(MQ_DELTA_SCAN_THREADS);
+    } else {
+      const AttentionWeights& m = *l.attn;
+      for (const QuantLinear* p : {&m.q_proj, &m.k_proj, &m.v_proj, &m.o_proj}) projection(*p);
+      needs["attn_qk_norm_rope_append_" + cache] = up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS);
+      // One SIMD-group per query head of a kv head, as many as the kernels take.
+      needs["attn_decode_" + cache + "_r1"] = needs["attn_decode_" + cache + "_r4"] =
+          up_to(kSimd * std::min<uint32_t>(rep, MQ_ATTN_DECODE_MAX_SIMDGROUPS));
+      needs["attn_decode_combine"] = up_to(MQ_ATTN_COMBINE_THREADS);
+      // Whole multiples of the query heads of a kv head where they fit.
+      const uint32_t prefill_sg = rep <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS
+                                      ? MQ_ATTN_PREFILL_MAX_SIMDGROUPS / rep * rep
+                                      : MQ_ATTN_PREFILL_MAX_SIMDGROUPS;
+      needs["attn_prefill_" + cache] = up_to(kSimd * prefill_sg);
+    }
+  }
+  return needs;
+}
+
+}  // namespace mq::engine
