@@ -23,7 +23,8 @@ void bind_gpu(py::module_& m) {
   m.def("available_device_kinds", &available_device_kinds);
   m.def("metal_unavailable_reason", &metal_unavailable_reason);
   m.def("open_device", &open_device, py::arg("kind"));
-  m.def("open_cpu_device", &open_cpu_device, py::arg("schedule"), py::arg("checks"));
+  m.def("open_cpu_device", &open_cpu_device, py::arg("schedule") = "",
+        py::arg("checks") = std::vector<std::string>{});
 
   py::class_<Buffer, std::shared_ptr<Buffer>>(m, "Buffer", py::buffer_protocol())
       .def_property_readonly("nbytes", &Buffer::size)

@@ -187,27 +187,24 @@ class Library:
 
 class Device:
     """A GPU: ``Device()`` picks Metal where available, else the CPU runtime (on Apple silicon
-    it raises GpuError with the reason instead).
-
-    CPU-runtime options (each needs ``kind="cpu"``): ``schedule`` is "forward", "reverse" or
-    "random:SEED", the order in which lanes, SIMD-groups and threadgroups run (default
-    ``METALQWEN_CPU_SCHEDULE``, else forward); ``checks`` turns on the checking mode:
-    ``"races"`` reports unsynchronised conflicting accesses between threads, ``"bounds"``
-    out-of-bounds accesses, each as a ``GpuError`` at ``wait()`` (default
-    ``METALQWEN_CPU_CHECKS``, e.g. ``races,bounds``)."""
+    it raises GpuError with the reason instead)."""
 
     def __init__(self, kind: str | None = None, *, schedule: str | None = None,
                  checks: Sequence[str] | None = None):
+        """CPU runtime only: ``schedule`` is "forward", "reverse" or "random:SEED", the order in
+        which lanes, SIMD-groups and threadgroups run (default METALQWEN_CPU_SCHEDULE, else
+        forward); ``checks`` turns on the checking mode: "races" reports unsynchronised
+        conflicting accesses between threads, "bounds" out-of-bounds accesses, each as a GpuError
+        at wait() (default METALQWEN_CPU_CHECKS, e.g. "races,bounds")."""
         if kind not in (None, "metal", "cpu"):
             raise ValueError(f'device kind must be "metal", "cpu" or None, got {kind!r}')
         if isinstance(checks, str) or not all(isinstance(c, str) for c in checks or ()):
             raise TypeError(f'checks must be a sequence of names such as ("races", "bounds"), got {checks!r}')
-        if (schedule is not None or checks is not None) and kind != "cpu":
+        if (schedule is not None or checks) and kind != "cpu":
             raise ValueError('schedule= and checks= need the CPU runtime: Device("cpu", ...)')
-        if kind == "cpu":
-            self._native = _core.open_cpu_device(schedule or "", list(checks or ()))
-        else:
-            self._native = _core.open_device(kind or "")
+        cpu_options = schedule is not None or checks
+        self._native = (_core.open_cpu_device(schedule or "", list(checks or ())) if cpu_options
+                        else _core.open_device(kind or ""))
 
     @property
     def kind(self) -> str:

@@ -3,7 +3,6 @@
 #include "cpu_device.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -14,6 +13,8 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+
+#include <unistd.h>  // sysconf
 
 #include "access_checker.h"
 #include "division_fault.h"
@@ -127,7 +128,7 @@ struct Dispatch {
 };
 
 // `stream` seeds the schedule's decisions for this dispatch (threadgroup order, then
-// SIMD-group and lane order inside each group); `checks` is the checking mode's view of it.
+// SIMD-group and lane order inside each group).
 void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t stream,
                   const cpu::DispatchChecks* checks) {
   const mq_abi::Dim3 groups = d.launch.threadgroups_per_grid, tpg = d.launch.dispatch_threads_per_threadgroup,
@@ -235,8 +236,8 @@ class CommandQueue {
   }
 
   const cpu::Schedule schedule_;
-  uint64_t dispatches_run_ = 0;  // numbers the dispatches: each gets its own random stream
   const cpu::CheckSet checks_;
+  uint64_t dispatches_run_ = 0;  // numbers the dispatches: each gets its own random stream
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
@@ -415,7 +416,8 @@ class CpuDevice final : public Device {
 }  // namespace
 
 std::shared_ptr<Device> open_cpu_device(const std::string& schedule, const std::vector<std::string>& checks) {
-  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment() : cpu::Schedule::parse(schedule),
+  return std::make_shared<CpuDevice>(schedule.empty() ? cpu::Schedule::from_environment()
+                                                      : cpu::Schedule::parse(schedule),
                                      cpu::parse_checks(checks));
 }
 
