@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -61,18 +62,25 @@ class CpuBuffer final : public Buffer {
   std::shared_ptr<void> keep_alive_;  // the memory, or whatever keeps wrapped memory alive
 };
 
+// The decimal integer in 1..max held by environment variable `variable`, or `unset` when it
+// is unset or empty; anything else throws "[cpu] <variable>='<text>' is not <what>".
+uint64_t env_integer(const char* variable, uint64_t unset, uint64_t max, const char* what) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return unset;
+  char* end = nullptr;
+  const unsigned long long value = std::isdigit(static_cast<unsigned char>(*text)) ? std::strtoull(text, &end, 10) : 0;
+  if (value < 1 || value > max || *end != '\0')
+    throw GpuError(std::string("[cpu] ") + variable + "='" + text + "' is not " + what);
+  return value;
+}
+
 // METALQWEN_CPU_MAX_THREADS=N caps every pipeline's thread limit at N, the way register
 // pressure lowers maxTotalThreadsPerThreadgroup on Metal. A declared
 // [[max_total_threads_per_threadgroup]] is only a maximum there (MSL spec 5.1.3), so the
 // cap applies to it too.
 uint32_t pipeline_thread_cap() {
-  const char* env = std::getenv("METALQWEN_CPU_MAX_THREADS");
-  if (env == nullptr || *env == '\0') return mq_abi::kMaxThreadsPerThreadgroup;
-  char* end = nullptr;
-  const unsigned long n = std::isdigit(static_cast<unsigned char>(*env)) ? std::strtoul(env, &end, 10) : 0;
-  if (n < 1 || n > mq_abi::kMaxThreadsPerThreadgroup || *end != '\0')
-    throw GpuError(std::string("[cpu] METALQWEN_CPU_MAX_THREADS must be an integer in 1..1024, got '") + env + "'");
-  return uint32_t(n);
+  return uint32_t(env_integer("METALQWEN_CPU_MAX_THREADS", mq_abi::kMaxThreadsPerThreadgroup,
+                              mq_abi::kMaxThreadsPerThreadgroup, "an integer in 1..1024"));
 }
 
 class CpuKernel final : public Kernel {
@@ -371,13 +379,7 @@ class CpuCommandBuffer final : public CommandBuffer {
 // simulate a small Mac with METALQWEN_CPU_MAX_BUFFER_BYTES / METALQWEN_CPU_WORKING_SET_BYTES).
 uint64_t memory_limit(const char* variable) {
   const uint64_t ram = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
-  const char* text = std::getenv(variable);
-  if (text == nullptr || *text == '\0') return ram;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  if (*end != '\0' || value == 0 || text[0] == '-')
-    throw GpuError(std::string("[cpu] ") + variable + "='" + text + "' is not a positive number of bytes");
-  return std::min<uint64_t>(value, ram);
+  return std::min(env_integer(variable, ram, UINT64_MAX, "a positive number of bytes"), ram);
 }
 
 class CpuDevice final : public Device {
