@@ -200,9 +200,9 @@ class Device:
             raise ValueError(f'device kind must be "metal", "cpu" or None, got {kind!r}')
         if isinstance(checks, str) or not all(isinstance(c, str) for c in checks or ()):
             raise TypeError(f'checks must be a sequence of names such as ("races", "bounds"), got {checks!r}')
-        if (schedule is not None or checks) and kind != "cpu":
+        cpu_options = schedule is not None or bool(checks)
+        if cpu_options and kind != "cpu":
             raise ValueError('schedule= and checks= need the CPU runtime: Device("cpu", ...)')
-        cpu_options = schedule is not None or checks
         self._native = (_core.open_cpu_device(schedule or "", list(checks or ())) if cpu_options
                         else _core.open_device(kind or ""))
 
