@@ -62,12 +62,18 @@ void bind_engine(py::module_& m) {
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, py::object progress) {
              ModelDesc desc = to_model_desc(dims, tensors);
-             Weights::Progress report;
-             if (!progress.is_none())
-               report = [progress](uint64_t done, uint64_t total) {
+             // progress(stage, done, total, note): stage "weights" (bytes) or "kernels" (pipelines).
+             LoadProgress report;
+             if (!progress.is_none()) {
+               report.weights = [progress](uint64_t done, uint64_t total) {
                  py::gil_scoped_acquire acquire;
-                 progress(done, total);
+                 progress("weights", done, total, "");
                };
+               report.kernels = [progress](uint64_t done, uint64_t total, const std::string& note) {
+                 py::gil_scoped_acquire acquire;
+                 progress("kernels", done, total, note);
+               };
+             }
              py::gil_scoped_release release;
              return std::make_unique<Engine>(std::move(device), std::move(desc),
                                              EngineOptions{max_context, kv_bits, prefill_chunk}, report);
@@ -81,13 +87,21 @@ void bind_engine(py::module_& m) {
       .def(
           "prefill",
           [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, uint64_t seed,
-             const std::string& logits) -> py::object {
+             const std::string& logits, py::object progress) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
+            // Between chunks: a pending Ctrl-C raises KeyboardInterrupt here (the chunks
+            // submitted stay fed), then progress(done, total) if given.
+            const PrefillProgress between_chunks = [&progress](size_t done, size_t total) {
+              py::gil_scoped_acquire acquire;
+              if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+              if (!progress.is_none()) progress(done, total);
+            };
             std::vector<float> out;
             {
               py::gil_scoped_release release;
-              out = e.prefill(tokens, sampling(temperature, top_k, top_p, seed), logits == "all", logits == "last");
+              out = e.prefill(tokens, sampling(temperature, top_k, top_p, seed), logits == "all", logits == "last",
+                              between_chunks);
             }
             if (logits == "none") return py::none();
             const size_t vocab = size_t(e.dims().vocab);
@@ -96,7 +110,7 @@ void bind_engine(py::module_& m) {
             return a;
           },
           py::arg("tokens"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-          py::arg("seed") = 0, py::arg("logits") = "none")
+          py::arg("seed") = 0, py::arg("logits") = "none", py::arg("progress") = py::none())
       .def("decode_begin",
            [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, uint64_t seed) {
              e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, seed));

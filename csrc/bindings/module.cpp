@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "engine/errors.h"
 #include "engine/shader_source.h"
 #include "gpu/cpu/cpu_device.h"
 #include "gpu/cpu/msl_check.h"
@@ -65,6 +66,7 @@ void bind_gpu(py::module_& m) {
       .def_property_readonly("recommended_working_set", &Device::recommended_working_set)
       .def("new_buffer", &Device::new_buffer, py::arg("nbytes"))
       .def("compile", &Device::compile, py::arg("source"), py::arg("name"), py::call_guard<py::gil_scoped_release>())
+      .def("compile_notice", &Device::compile_notice, py::arg("source"), py::arg("name"))
       .def("new_command_buffer", &Device::new_command_buffer);
 
   m.def("check_msl", &mq::cpu::check_msl, py::arg("source"), py::arg("name"),
@@ -80,7 +82,8 @@ void bind_shaders(py::module_& m) {
         "The shader library as one MSL text; `files` (path under shaders/ -> text) replaces the built-in copy.");
 }
 
-// C++ errors become metalqwen.errors.GpuError / CompileError (with .diagnostics).
+// C++ errors become metalqwen.errors classes: GpuError, CompileError (with .diagnostics),
+// ContextFullError, and EngineError for every other runtime failure of the core.
 void translate_errors() {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -91,6 +94,13 @@ void translate_errors() {
       PyErr_SetObject(errors.attr("CompileError").ptr(), exc.ptr());
     } catch (const GpuError& e) {
       PyErr_SetString(py::module_::import("metalqwen.errors").attr("GpuError").ptr(), e.what());
+    } catch (const mq::engine::ContextFull& e) {
+      PyErr_SetString(py::module_::import("metalqwen.errors").attr("ContextFullError").ptr(), e.what());
+    } catch (const py::builtin_exception&) {
+      throw;  // pybind11's own translation (ValueError, ...)
+    } catch (const std::runtime_error& e) {
+      // mq::engine::EngineError and any other failure of the core
+      PyErr_SetString(py::module_::import("metalqwen.errors").attr("EngineError").ptr(), e.what());
     }
   });
 }

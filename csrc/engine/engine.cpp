@@ -12,7 +12,7 @@ namespace {
 
 void check_dims(const ModelDims& d) {
   auto need = [](bool ok, const std::string& what) {
-    if (!ok) throw std::runtime_error("[engine] unsupported model: " + what);
+    if (!ok) throw EngineError("[engine] unsupported model: " + what);
   };
   need(d.head_dim == MQ_ATTN_HEAD_DIM, "head_dim " + std::to_string(d.head_dim) + " (kernels need " +
                                            std::to_string(MQ_ATTN_HEAD_DIM) + ")");
@@ -28,19 +28,18 @@ void check_dims(const ModelDims& d) {
 }  // namespace
 
 Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options,
-               const Weights::Progress& progress)
+               const LoadProgress& progress)
     : device_(std::move(device)),
       model_(std::move(model)),
       options_(options),
       memory_(check_memory_fits(*device_, model_, options_)),
-      weights_(*device_, model_, progress),
-      kernels_(*device_) {
+      weights_(*device_, model_, progress.weights) {
   check_dims(model_.dims);
   if (options_.kv_bits != 8 && options_.kv_bits != 16)
-    throw std::runtime_error("[engine] kv_bits must be 8 (q8 cache) or 16 (f16 cache), got " +
+    throw EngineError("[engine] kv_bits must be 8 (q8 cache) or 16 (f16 cache), got " +
                              std::to_string(options_.kv_bits));
-  if (options_.max_context < 1) throw std::runtime_error("[engine] max_context must be positive");
-  if (options_.prefill_chunk < 1) throw std::runtime_error("[engine] prefill_chunk must be positive");
+  if (options_.max_context < 1) throw EngineError("[engine] max_context must be positive");
+  if (options_.prefill_chunk < 1) throw EngineError("[engine] prefill_chunk must be positive");
   layers_ = load_layers(weights_, model_.dims);
   embed_ = weights_.linear("language_model.model.embed_tokens");
   lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");
@@ -50,7 +49,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   counters_.weight_bytes_copied = weights_.copied_bytes();
   counters_.weight_buffers = weights_.buffer_count();
   counters_.memory_estimate = memory_.total();
-  kernels_.create(kernel_needs());
+  kernels_.create(*device_, kernel_needs(), progress.kernels);
   reset();
 }
 
@@ -64,7 +63,7 @@ void Engine::reset() {
 
 void Engine::check_room(size_t extra) const {
   if (size_t(position_) + extra > size_t(options_.max_context))
-    throw std::runtime_error("[engine] context full: " + std::to_string(position_) + " tokens + " +
+    throw ContextFull("[engine] context full: " + std::to_string(position_) + " tokens + " +
                              std::to_string(extra) + " exceed max_context " + std::to_string(options_.max_context));
 }
 
@@ -88,14 +87,14 @@ void Engine::wait(gpu::CommandBuffer& cb) {
 }
 
 std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
-                                   bool last_logits) {
+                                   bool last_logits, const PrefillProgress& progress) {
   decode_end();
-  if (tokens.empty()) throw std::runtime_error("[engine] prefill needs at least one token");
+  if (tokens.empty()) throw EngineError("[engine] prefill needs at least one token");
   // One slot past the last token receives the chosen next token.
   check_room(tokens.size() + 1);
   const uint32_t vocab = uint32_t(model_.dims.vocab);
   for (uint32_t t : tokens)
-    if (t >= vocab) throw std::runtime_error("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
+    if (t >= vocab) throw EngineError("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
   std::memcpy(static_cast<uint32_t*>(ws_->ids->contents()) + position_, tokens.data(), tokens.size() * 4);
 
   std::vector<float> logits;
@@ -112,6 +111,14 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
     pending = commit(enc);
     position_ += int(rows);
     done += rows;
+    if (progress) {
+      try {
+        progress(done, tokens.size());
+      } catch (...) {
+        wait(*pending);  // the submitted chunks finish: the state holds exactly position_ tokens
+        throw;
+      }
+    }
     if (all_logits || (last && last_logits)) {
       wait(*pending);
       pending.reset();
@@ -142,7 +149,7 @@ void Engine::commit_decode_step() {
 }
 
 std::optional<uint32_t> Engine::decode_next() {
-  if (!decoding_) throw std::runtime_error("[engine] decode_next without decode_begin");
+  if (!decoding_) throw EngineError("[engine] decode_next without decode_begin");
   Decoding& d = *decoding_;
   if (d.returned >= d.max_tokens) return std::nullopt;
   const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());

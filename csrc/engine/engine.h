@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "errors.h"
 #include "gpu/device.h"
 #include "kernels.h"
 #include "memory_budget.h"
@@ -42,10 +43,20 @@ struct Sampling {
 struct LayerWeights;
 struct Workspace;
 
+// Load progress: weights placed (bytes), then kernels built (see Kernels::Progress).
+struct LoadProgress {
+  Weights::Progress weights;
+  Kernels::Progress kernels;
+};
+
+// Called after each prefill chunk is committed with (tokens submitted, tokens in all); an
+// exception it throws (e.g. an interrupt) stops the prefill after the chunks submitted.
+using PrefillProgress = std::function<void(size_t done, size_t total)>;
+
 class Engine {
  public:
   Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options,
-         const Weights::Progress& progress = {});
+         const LoadProgress& progress = {});
   ~Engine();
 
   // Forgets every token: position 0, caches and recurrent state cleared.
@@ -56,9 +67,11 @@ class Engine {
 
   // Runs `tokens` from the current position in prefill chunks, then chooses the next
   // token on the GPU (ids[position]). Returns logits [tokens.size()][vocab] when
-  // `all_logits`, else the last row's logits when `last_logits`, else nothing.
+  // `all_logits`, else the last row's logits when `last_logits`, else nothing. Throws
+  // ContextFull (before running anything) when the tokens and the chosen one do not fit.
+  // When `progress` throws, the chunks already submitted stay fed (position() tells).
   std::vector<float> prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
-                             bool last_logits);
+                             bool last_logits, const PrefillProgress& progress = {});
 
   // Token-by-token decoding from the token prefill chose: decode_begin, then
   // decode_next until it returns nothing (after max_tokens) or the caller stops,

@@ -7,9 +7,14 @@
 
 namespace mq::engine {
 
-Kernels::Kernels(gpu::Device& device) : library_(device.compile(embedded_shader_library(), "metalqwen-shaders")) {}
-
-void Kernels::create(const std::map<std::string, ThreadgroupNeed>& needs) {
+void Kernels::create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs,
+                     const Progress& progress) {
+  const std::string& source = embedded_shader_library();
+  const char* name_of_source = "metalqwen-shaders";
+  const std::string note = progress ? device.compile_notice(source, name_of_source) : "";
+  uint64_t built = 0;
+  if (progress) progress(built, needs.size(), note);
+  library_ = device.compile(source, name_of_source);
   std::string unfit;
   for (const auto& [name, need] : needs) {
     Pipeline p{library_->kernel(name), 0};
@@ -21,6 +26,7 @@ void Kernels::create(const std::map<std::string, ThreadgroupNeed>& needs) {
                (need.minimum == need.preferred ? "" : "at least ") + std::to_string(need.minimum);
     }
     pipelines_[name] = std::move(p);
+    if (progress) progress(++built, needs.size(), note);
   }
   if (!unfit.empty()) throw gpu::GpuError("[engine] this GPU cannot run the model's kernels: " + unfit);
 }

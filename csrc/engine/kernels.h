@@ -1,5 +1,7 @@
 // The shader library on one device, and a compact way to encode dispatches of it.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -25,11 +27,16 @@ struct Pipeline {
 
 class Kernels {
  public:
-  explicit Kernels(gpu::Device& device);
-  // Creates the pipeline of every kernel in `needs` and chooses each one's threadgroup
-  // size within the pipeline's limit (Metal lowers it for kernels with many registers).
-  // Throws gpu::GpuError naming every kernel whose limit is below its minimum.
-  void create(const std::map<std::string, ThreadgroupNeed>& needs);
+  // `progress(done, total, note)` as pipelines are built; `note` says what the build
+  // spends its time on when that is slow (e.g. a first-run compile), else it is empty.
+  using Progress = std::function<void(uint64_t done, uint64_t total, const std::string& note)>;
+
+  // Compiles the shader library, then creates the pipeline of every kernel in `needs` and
+  // chooses each one's threadgroup size within the pipeline's limit (Metal lowers it for
+  // kernels with many registers). Throws gpu::GpuError naming every kernel whose limit is
+  // below its minimum.
+  void create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs,
+              const Progress& progress = {});
   // Throws gpu::GpuError for a kernel that create() was not given.
   const Pipeline& get(const std::string& name) const;
   uint32_t threads(const std::string& name) const { return get(name).threads; }

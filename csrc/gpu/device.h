@@ -99,6 +99,9 @@ class Device {
   // Throws CompileError with the compiler's diagnostics; `name` labels the
   // source in them (a #line inside the source takes over from there).
   virtual std::shared_ptr<Library> compile(const std::string& source, const std::string& name) = 0;
+  // What compile(source, name) and making its pipelines will spend time on, for a
+  // progress line; "" when that is quick (a build the CPU runtime has cached).
+  virtual std::string compile_notice(const std::string& source, const std::string& name) const = 0;
   virtual std::unique_ptr<CommandBuffer> new_command_buffer() = 0;
 };
 

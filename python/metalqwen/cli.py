@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
 import numpy as np
 
-from . import gpu
+from . import __version__, arguments, gpu
+from .errors import MetalqwenError
 
 _SMOKE_KERNEL = """
 #include <metal_stdlib>
@@ -54,109 +56,169 @@ def _devices(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from .model import load
 
-    return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits)
+    return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
+                progress=True if args.progress else None)
 
 
 def _options(args: argparse.Namespace) -> dict:
+    """The generation options, checked before the (possibly long) load."""
+    arguments.integer("--max-tokens", args.max_tokens, low=1, allowed="an integer >= 1")
+    arguments.sampling(args.temperature, args.top_p, args.top_k, args.seed)
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                 seed=args.seed)
 
 
-def _print_stream(model, prompt, options: dict, chat: bool) -> list[int]:
-    tokens = []
-    for chunk in model.stream(prompt, chat=chat, **options):
-        print(chunk.text, end="", flush=True)
-        if chunk.token is not None:
-            tokens.append(chunk.token)
-    print()
-    return tokens
+def _print_stream(model, prompt, options: dict, chat: bool) -> str:
+    """Streams the answer to stdout; returns its text. A Ctrl-C stops it (the engine's state
+    keeps what was fed) and propagates once the line is ended."""
+    text = []
+    with contextlib.closing(model.stream(prompt, chat=chat, **options)) as chunks:
+        try:
+            for chunk in chunks:
+                print(chunk.text, end="", flush=True)
+                text.append(chunk.text)
+        finally:
+            print(flush=True)
+    return "".join(text)
 
 
 def _report(model) -> None:
     s = model.last_stats
-    print(f"prompt: {s.prompt_tokens} tokens, {s.prompt_tokens_per_second:.1f} tok/s | "
+    reused = f" ({s.prompt_tokens_reused} reused)" if s.prompt_tokens_reused else ""
+    full = f" | stopped: context full (max_context {model.max_context})" if s.context_full else ""
+    print(f"prompt: {s.prompt_tokens} tokens{reused}, {s.prompt_tokens_per_second:.1f} tok/s | "
           f"decode: {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s | "
-          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step", file=sys.stderr)
+          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step{full}", file=sys.stderr)
 
 
 def _generate(args: argparse.Namespace) -> int:
+    options = _options(args)
     model = _load(args)
-    _print_stream(model, args.prompt, _options(args), chat=not args.raw)
+    _print_stream(model, args.prompt, options, chat=not args.raw)
     _report(model)
     return 0
 
 
+def _ask(question: str) -> bool:
+    """A yes/no question on the terminal; yes unless the answer starts with n (Ctrl-D: no)."""
+    try:
+        return not input(f"{question} [Y/n] ").strip().lower().startswith("n")
+    except EOFError:
+        print()
+        return False
+
+
 def _chat(args: argparse.Namespace) -> int:
-    """Multi-turn chat; the cache is kept between turns (only new tokens are fed)."""
+    """Multi-turn chat; each turn feeds only its own tokens (see Conversation)."""
+    from .conversation import Conversation
+
+    options = _options(args)
     model = _load(args)
-    messages = []
-    print("metalqwen chat: empty line or Ctrl-D to quit", file=sys.stderr)
+    conversation = Conversation(model.tokenizer, model.eos_token_ids, system=args.system)
+    # A new turn wants room for an answer: max_tokens, or half the context when that is less.
+    answer_room = min(args.max_tokens, model.max_context // 2)
+    print("metalqwen chat: Ctrl-C stops an answer, Ctrl-D quits", file=sys.stderr)
     while True:
         try:
             line = input("> ")
         except EOFError:
-            break
+            print()
+            return 0
         if not line.strip():
-            break
-        messages.append({"role": "user", "content": line})
-        ids = model.tokenizer.encode_chat(messages)
-        reply = model.tokenizer.decode(_print_stream(model, ids, _options(args), chat=False), skip_special_tokens=True)
-        messages.append({"role": "assistant", "content": reply})
+            print("(empty message: type some text, or Ctrl-D to quit)", file=sys.stderr)
+            continue
+        ids = conversation.prompt(line)
+        if len(ids) + answer_room > model.max_context:
+            if not _ask(f"the context is full ({len(ids)} tokens with your message; max_context "
+                        f"{model.max_context}). Continue in a fresh context keeping the last turns that fit?"):
+                print("(message dropped; Ctrl-D quits)", file=sys.stderr)
+                continue
+            ids = conversation.restart(line, model.max_context - answer_room)
+            print(f"(fresh context: {len(conversation.turns)} earlier turns kept)", file=sys.stderr)
+        try:
+            reply = _print_stream(model, ids, options, chat=False)
+        except KeyboardInterrupt:
+            print("(answer stopped)", file=sys.stderr)
+            reply = model.tokenizer.decode(model.last_tokens, skip_special_tokens=True)
+        conversation.record(ids, line, model.last_tokens, reply)
         _report(model)
-    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
     """Writes a tiny random Qwen3.5 checkpoint in MLX format and generates from it."""
+    import shutil
     import tempfile
 
     from .demo_checkpoint import write_demo_checkpoint
     from .model import load
 
-    folder = args.folder or tempfile.mkdtemp(prefix="metalqwen-demo-")
-    write_demo_checkpoint(folder, seed=0)
-    print(f"demo checkpoint (random weights) in {folder}", file=sys.stderr)
-    model = load(folder, device=args.device, max_context=512)
-    tokens = _print_stream(model, args.prompt, dict(max_tokens=args.max_tokens, temperature=0.0), chat=True)
-    _report(model)
-    return 0 if tokens else 1
+    folder = args.keep or tempfile.mkdtemp(prefix="metalqwen-demo-")
+    try:
+        write_demo_checkpoint(folder, seed=0)
+        print(f"demo checkpoint (random weights, so the text is noise) in {folder}", file=sys.stderr)
+        model = load(folder, device=args.device, max_context=512, progress=True if args.progress else None)
+        print(f"> {args.prompt}", flush=True)
+        text = _print_stream(model, args.prompt, dict(max_tokens=args.max_tokens, temperature=0.0), chat=True)
+        _report(model)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    return 0 if text else 1
+
+
+def _add_common_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["metal", "cpu"], default=None,
+                   help="metal (Apple GPU) or cpu (the CPU runtime); default: metal where available")
+    p.add_argument("--progress", action="store_true",
+                   help="show load and prompt progress on stderr even when it is not a terminal")
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
-    p.add_argument("--device", choices=["metal", "cpu"], default=None, help="default: metal where available")
-    p.add_argument("--max-context", type=int, default=4096, help="prompt + generated tokens (default 4096)")
+    _add_common_options(p)
+    p.add_argument("--max-context", type=int, default=4096,
+                   help="prompt + generated tokens the caches hold (default 4096)")
     p.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
-    p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default 512)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); else sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metalqwen", description="Qwen3.5-family models on Apple GPUs.")
+    parser.add_argument("--version", action="version", version=f"metalqwen {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     devices = commands.add_parser("devices", help="list the GPU devices and run a smoke kernel on each")
     devices.set_defaults(run=_devices)
     generate = commands.add_parser("generate", help="stream a reply to one prompt, then speed figures")
     _add_model_options(generate)
-    generate.add_argument("-p", "--prompt", required=True)
+    generate.add_argument("-p", "--prompt", required=True, help="the prompt (a user message unless --raw)")
     generate.add_argument("--raw", action="store_true", help="feed the prompt as is (no chat template)")
     generate.set_defaults(run=_generate)
     chat = commands.add_parser("chat", help="multi-turn chat in the terminal")
     _add_model_options(chat)
+    chat.add_argument("--system", default=None, help="a system message for the conversation")
     chat.set_defaults(run=_chat)
     demo = commands.add_parser("demo", help="write a tiny random checkpoint and generate from it (works anywhere)")
-    demo.add_argument("--folder", default=None, help="where to write it (default: a temporary folder)")
-    demo.add_argument("--device", choices=["metal", "cpu"], default=None)
-    demo.add_argument("-p", "--prompt", default="Hello! Who are you?")
-    demo.add_argument("--max-tokens", type=int, default=24)
+    _add_common_options(demo)
+    demo.add_argument("--keep", metavar="DIR", default=None,
+                      help="write the checkpoint to DIR and keep it (default: a temporary folder, removed after)")
+    demo.add_argument("-p", "--prompt", default="Hello! Who are you?", help="the user message")
+    demo.add_argument("--max-tokens", type=int, default=24, help="tokens to generate (default 24)")
     demo.set_defaults(run=_demo)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.run(args)
-    except (gpu.GpuError, ValueError, OSError) as e:
+    except KeyboardInterrupt:
+        print("metalqwen: interrupted", file=sys.stderr)
+        return 130
+    except (MetalqwenError, ValueError, TypeError, OSError) as e:
         print(f"metalqwen: {e}", file=sys.stderr)
         return 1
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
+from .errors import MetalqwenError
+
 __all__ = [
     "CheckpointError",
     "ConfigError",
@@ -39,7 +41,7 @@ _MODEL_TYPES = ("qwen3_5",)
 _TEXT_MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MetalqwenError, ValueError):
     """A checkpoint folder that cannot be used; the message names the file and the tensor or field."""
 
 
@@ -164,8 +166,11 @@ class ModelConfig:
         """Reads ``config.json`` (required) and ``generation_config.json`` (optional) of a folder."""
         folder = os.fspath(path)
         config_path = os.path.join(folder, "config.json")
+        if os.path.isfile(folder):
+            raise ConfigError(f"[config] {folder} is a file; give the checkpoint folder that holds config.json, "
+                              "the *.safetensors shards and the tokenizer")
         if not os.path.isdir(folder):
-            raise ConfigError(f"[config] checkpoint folder {folder} does not exist (or is not a folder)")
+            raise ConfigError(f"[config] checkpoint folder {folder} does not exist")
         if not os.path.isfile(config_path):
             raise ConfigError(f"[config] {config_path} is missing")
         raw = _read_json(config_path)

@@ -230,6 +230,11 @@ class Device:
             raise TypeError(f"source must be MSL text (str), got {type(source).__name__}")
         return Library(self._native.compile(source, name), self)
 
+    def compile_notice(self, source: str, name: str = "<source>") -> str:
+        """What compiling ``source`` will spend time on, for a progress line: "" when that is
+        quick (the CPU runtime has the build cached), else a sentence saying what happens."""
+        return self._native.compile_notice(source, name)
+
     def empty(self, nbytes: int) -> Buffer:
         """A new buffer with unspecified contents (the CPU runtime fills it with 0xFF: NaN as floats)."""
         if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:

@@ -10,9 +10,11 @@ from typing import Iterator, Sequence, Union
 
 import numpy as np
 
-from . import _core, gpu
+from . import _core, arguments, gpu
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ModelConfig
+from .errors import ContextFullError
+from .progress import LoadProgress, PrefillProgress
 from .tokenizer import StopMatcher, Tokenizer
 
 __all__ = ["load", "Model", "Generation", "GenerationStats", "Chunk"]
@@ -25,6 +27,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     prompt_tokens_reused: int = 0  # already in the cache from the previous call
     generated_tokens: int = 0
+    context_full: bool = False  # generation stopped because max_context was reached
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     engine: dict = field(default_factory=dict)  # the engine's counters after the call
@@ -45,7 +48,7 @@ class GenerationStats:
 class Generation:
     tokens: list[int]
     text: str
-    finish_reason: str  # "stop" (eos or stop string) | "length"
+    finish_reason: str  # "stop" (eos or stop string) | "length" (max_tokens or max_context reached)
     stats: GenerationStats
 
 
@@ -68,15 +71,18 @@ def _require_quantized(ckpt: Checkpoint) -> None:
 class Model:
     """A checkpoint on a device. Not thread-safe: one generation at a time."""
 
-    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine):
+    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool):
         self.checkpoint = checkpoint
         self.config: ModelConfig = checkpoint.config
         self.tokenizer = tokenizer
         self.device = device
         self._engine = engine
         self.eos_token_ids = sorted(set(self.config.eos_token_ids) | {tokenizer.eos_token_id} - {None})
+        self.progress = progress  # show prefill progress on stderr
         # Statistics of the latest generate/stream (complete once the stream is exhausted).
         self.last_stats: GenerationStats | None = None
+        # Every token the latest generate/stream produced, eos included (also when interrupted).
+        self.last_tokens: list[int] = []
 
     @property
     def max_context(self) -> int:
@@ -92,17 +98,20 @@ class Model:
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits (float32 [len(token_ids), vocab]) at every position, from a fresh state."""
-        ids = self._check_ids(token_ids)
+        ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
+        self._check_fits(ids)
         self._engine.reset()
         return self._engine.prefill(ids, logits="all")
 
     def prompt_ids(self, prompt: Prompt, chat: bool = False) -> list[int]:
         """Token ids of a prompt: a list of ids is used as is; text is encoded (with the chat template if chat)."""
-        if isinstance(prompt, str):
-            if chat:
-                return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(prompt)
-        return self._check_ids(prompt)
+        if arguments.prompt_kind(prompt) == "ids":
+            return arguments.token_ids("prompt", prompt, self.config.vocab_size)
+        if chat:
+            if not prompt.strip():
+                raise ValueError("prompt is empty (a chat message needs some text)")
+            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt)
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, **options) -> Generation:
         """Generates up to ``max_tokens`` tokens. Options as for ``stream``."""
@@ -121,34 +130,40 @@ class Model:
 
         Greedy when temperature is 0; else sampling with top-k (0 = off) and top-p (1 = off),
         reproducible for a given seed. Stops at an eos token, a ``stop`` string (not included in
-        the text) or ``max_tokens``. The cache is kept: a next prompt that extends this
-        conversation only feeds the new tokens."""
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError("temperature must be >= 0, top_p in (0, 1], top_k >= 0")
+        the text), ``max_tokens`` or the end of the context (``finish_reason`` "length",
+        ``stats.context_full``); a prompt that leaves no room raises ContextFullError. The cache
+        is kept: a next prompt that extends this conversation only feeds the new tokens. Ctrl-C
+        (KeyboardInterrupt) stops within one step and leaves the cache holding what was fed."""
+        max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
+        sampling = arguments.sampling(temperature, top_p, top_k, seed)
+        sampling.setdefault("seed", int.from_bytes(os.urandom(8), "little"))
+        stopper = StopMatcher(arguments.stop_strings(stop))
         ids = self.prompt_ids(prompt, chat)
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little")
-        sampling = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), seed=int(seed))
+        self._check_fits(ids)
+        return self._run(ids, max_tokens, sampling, stopper)
+
+    def _run(self, ids: list[int], max_tokens: int, sampling: dict, stopper: StopMatcher) -> Iterator[Chunk]:
+        """The generator behind ``stream`` (arguments already checked, so errors come at the call)."""
         stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
+        self.last_tokens = []
         self._finish = "length"
+        # Prefill chose one token and each decode step feeds one: room for max_context - len(ids).
+        room = self.max_context - len(ids)
+        budget = min(max_tokens, room)
 
         start = time.perf_counter()
         stats.prompt_tokens_reused = self._feed_prompt(ids, sampling)
         stats.prompt_seconds = time.perf_counter() - start
 
         decoder = self.tokenizer.stream_decoder()
-        stopper = StopMatcher(stop or [])
         eos = set(self.eos_token_ids)
         start = time.perf_counter()
-        self._engine.decode_begin(max_tokens, **sampling)
+        self._engine.decode_begin(budget, **sampling)
         hit = False
         try:
             while (token := self._engine.decode_next()) is not None:
                 stats.generated_tokens += 1
+                self.last_tokens.append(token)
                 if token in eos:
                     self._finish = "stop"
                     break
@@ -159,7 +174,14 @@ class Model:
                     break
         finally:
             self._engine.decode_end()
+            # An interrupt that lands while decode_next runs loses the token it returned, but
+            # that token was fed: take it from the cache so last_tokens matches the cache.
+            fed = self._engine.tokens()[len(ids):]
+            if len(fed) > len(self.last_tokens):
+                self.last_tokens = fed
+                stats.generated_tokens = len(fed)
             stats.decode_seconds = time.perf_counter() - start
+            stats.context_full = self._finish == "length" and stats.generated_tokens == room < max_tokens
             stats.engine = self.counters()
         if not hit:  # text after a stop string is dropped; otherwise flush what is held back
             tail, _ = stopper.feed(decoder.flush())
@@ -167,43 +189,27 @@ class Model:
             if tail:
                 yield Chunk(text=tail, token=None)
 
+    def _check_fits(self, ids: list[int]) -> None:
+        """ContextFullError unless ``ids`` and the token chosen after them fit in max_context."""
+        if len(ids) + 1 > self.max_context:
+            raise ContextFullError(f"the prompt does not fit: {len(ids)} tokens + 1 for the next token exceed "
+                                   f"max_context {self.max_context} (load with a larger max_context, or shorten "
+                                   "the prompt)")
+
     def _feed_prompt(self, ids: list[int], sampling: dict) -> int:
-        """Prefills what the cache lacks of ``ids``; returns how many tokens were reused."""
+        """Prefills what the cache lacks of ``ids`` (progress on stderr past a second, when
+        shown); returns how many tokens were reused."""
         cached = self._engine.tokens()
         reuse = len(cached) if 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
         if reuse == 0:
             self._engine.reset()
-        if len(ids) + 1 > self.max_context:
-            raise ValueError(f"the prompt has {len(ids)} tokens; max_context is {self.max_context}")
-        self._engine.prefill(ids[reuse:], logits="none", **sampling)
+        bar = PrefillProgress() if self.progress else None
+        try:
+            self._engine.prefill(ids[reuse:], logits="none", progress=bar, **sampling)
+        finally:
+            if bar:
+                bar.close()
         return reuse
-
-    def _check_ids(self, token_ids: Sequence[int]) -> list[int]:
-        ids = [int(t) for t in token_ids]
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"token ids outside the vocabulary (0..{self.config.vocab_size - 1}): {bad[:5]}")
-        if not ids:
-            raise ValueError("no token ids")
-        return ids
-
-
-class _ProgressBar:
-    """A one-line progress bar on stderr, redrawn at most every 1 % (called from the engine)."""
-
-    def __init__(self, label: str, width: int = 30):
-        self.label, self.width, self.shown = label, width, -1
-
-    def __call__(self, done: int, total: int) -> None:
-        percent = 100 * done // max(total, 1)
-        if percent != self.shown:
-            self.shown = percent
-            filled = self.width * percent // 100
-            print(f"\rmetalqwen: {self.label} [{'#' * filled}{'.' * (self.width - filled)}] {percent:3d}% "
-                  f"of {total / 2**30:.2f} GiB", end="", file=sys.stderr, flush=True)
-
-    def finish(self, message: str) -> None:
-        print(f"\nmetalqwen: {message}", file=sys.stderr, flush=True)
 
 
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
@@ -212,20 +218,28 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
     bounds prompt + generated tokens (the caches are sized for it); ``kv_bits`` 8 (q8 KV
-    cache) or 16 (f16). Bad checkpoints raise CheckpointError naming the file and tensor."""
-    if kv_bits not in (8, 16):
-        raise ValueError(f"kv_bits must be 8 or 16, got {kv_bits}")
-    if max_context < 2:
-        raise ValueError(f"max_context must be at least 2, got {max_context}")
-    show = sys.stderr.isatty() if progress is None else progress
+    cache) or 16 (f16). ``progress`` (default: when stderr is a terminal) shows the load,
+    a first-run kernel compile and prefills longer than a second on stderr. Bad
+    checkpoints raise CheckpointError naming the file and tensor."""
+    if isinstance(kv_bits, bool) or kv_bits not in (8, 16):
+        raise ValueError(f"kv_bits must be 8 or 16, got {kv_bits!r}")
+    max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
+    prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
+    if device is not None and not isinstance(device, (str, gpu.Device)):
+        raise TypeError(f"device must be 'metal', 'cpu', a metalqwen.gpu.Device or None, got {type(device).__name__}")
+    show = sys.stderr.isatty() if progress is None else bool(progress)
     started = time.perf_counter()
     ckpt = load_checkpoint(path)
     _require_quantized(ckpt)
     tokenizer = Tokenizer.from_folder(ckpt.path)
     dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
     desc = ckpt.describe()
-    bar = _ProgressBar(f"loading onto {dev.kind}") if show else None
-    engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk, bar)
-    if bar:
-        bar.finish(f"ready in {time.perf_counter() - started:.1f} s")
-    return Model(ckpt, tokenizer, dev, engine)
+    shown = LoadProgress(dev.kind) if show else None
+    try:
+        engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk, shown)
+    finally:
+        if shown:
+            shown.close()
+    if shown:
+        print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return Model(ckpt, tokenizer, dev, engine, progress=show)

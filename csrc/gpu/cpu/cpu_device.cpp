@@ -405,6 +405,9 @@ class CpuDevice final : public Device {
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
     return std::make_shared<CpuLibrary>(cpu::build_library(source, name, checks_.any()), thread_cap_);
   }
+  std::string compile_notice(const std::string& source, const std::string& name) const override {
+    return cpu::library_build_notice(source, name, checks_.any());
+  }
   std::unique_ptr<CommandBuffer> new_command_buffer() override { return std::make_unique<CpuCommandBuffer>(queue_); }
 
  private:

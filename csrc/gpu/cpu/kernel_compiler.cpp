@@ -78,9 +78,40 @@ std::shared_ptr<LoadedLibrary> load(const std::string& so_path) {
   return std::make_shared<LoadedLibrary>(handle, exports);
 }
 
+uint64_t toolchain_key(const Toolchain& tools, bool checked) {
+  return fnv1a(tools.identity + compile_flags(tools, checked) + tools.include_dir);
+}
+
+// What a raw source becomes also depends on its name (it is in the line markers), the
+// preprocessing flags and this runtime's translator; `<key>.ref` holds the object key.
+uint64_t source_key(const std::string& msl_source, const std::string& source_name, uint64_t toolchain) {
+  return fnv1a(msl_source, fnv1a(source_name + '\0' + kMslPreprocessFlags + '\0' + kRuntimeBuild, toolchain));
+}
+
+// The cached object's key for a raw source, or "" when it must be (re)built.
+std::string cached_object(const Toolchain& tools, uint64_t source) {
+  const std::string object = read_file(tools.cache_dir + "/" + hex(source) + ".ref");
+  return object.size() == 16 && file_exists(tools.cache_dir + "/" + object + ".so") ? object : "";
+}
+
 }  // namespace
 
 LoadedLibrary::~LoadedLibrary() { dlclose(handle_); }
+
+std::string library_build_notice(const std::string& msl_source, const std::string& source_name, bool checked) {
+  const Toolchain tools = toolchain();
+  const uint64_t toolchain = toolchain_key(tools, checked);
+  const uint64_t source = source_key(msl_source, source_name, toolchain);
+  if (!cached_object(tools, source).empty()) return "";
+  // A new build of this runtime translates the source again, often to a cached object.
+  const std::string cpp = translate_msl(preprocess_msl(msl_source, source_name, tools), source_name).cpp;
+  const std::string object = hex(fnv1a(cpp, toolchain));
+  if (file_exists(tools.cache_dir + "/" + object + ".so")) {
+    write_file_atomically(tools.cache_dir + "/" + hex(source) + ".ref", object);
+    return "";
+  }
+  return "compiling GPU kernels with " + tools.cxx + " (first run only, cached in " + tools.cache_dir + ")";
+}
 
 std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, const std::string& source_name,
                                              bool checked) {
@@ -89,17 +120,14 @@ std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, cons
   std::lock_guard<std::mutex> lock(mutex);
 
   const Toolchain tools = toolchain();
-  const uint64_t toolchain_key = fnv1a(tools.identity + compile_flags(tools, checked) + tools.include_dir);
-  // What a raw source becomes also depends on its name (it is in the line markers), the
-  // preprocessing flags and this runtime's translator; `<key>.ref` holds the object key.
-  const uint64_t source_key =
-      fnv1a(msl_source, fnv1a(source_name + '\0' + kMslPreprocessFlags + '\0' + kRuntimeBuild, toolchain_key));
-  check_msl_for_compile(msl_source, source_name, tools, source_key);
-  const std::string source_ref = tools.cache_dir + "/" + hex(source_key) + ".ref";
-  std::string object = read_file(source_ref);
-  if (object.size() != 16 || !file_exists(tools.cache_dir + "/" + object + ".so")) {
+  const uint64_t toolchain = toolchain_key(tools, checked);
+  const uint64_t source = source_key(msl_source, source_name, toolchain);
+  check_msl_for_compile(msl_source, source_name, tools, source);
+  const std::string source_ref = tools.cache_dir + "/" + hex(source) + ".ref";
+  std::string object = cached_object(tools, source);
+  if (object.empty()) {
     const std::string cpp = translate_msl(preprocess_msl(msl_source, source_name, tools), source_name).cpp;
-    object = hex(fnv1a(cpp, toolchain_key));
+    object = hex(fnv1a(cpp, toolchain));
     compile_object(tools, cpp, tools.cache_dir + "/" + object, checked);
     write_file_atomically(source_ref, object);
   }

@@ -31,4 +31,9 @@ class LoadedLibrary {
 std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, const std::string& source_name,
                                              bool checked = false);
 
+// What build_library would spend time on for this source, for a progress line: "" when
+// the object is cached, else a sentence naming the compiler and the cache folder.
+std::string library_build_notice(const std::string& msl_source, const std::string& source_name,
+                                 bool checked = false);
+
 }  // namespace mq::cpu

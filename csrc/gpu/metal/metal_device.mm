@@ -314,6 +314,10 @@ class MetalDevice final : public Device {
     });
     return result;
   }
+  // Metal compiles the source on every load (its own cache speeds repeats up).
+  std::string compile_notice(const std::string&, const std::string&) const override {
+    return "building the Metal shader library and pipelines";
+  }
 
   std::unique_ptr<CommandBuffer> new_command_buffer() override {
     std::unique_ptr<CommandBuffer> result;

@@ -1,0 +1,94 @@
+"""Progress lines on stderr for the waits a user would otherwise sit through in silence:
+placing the weights, the first-run kernel compile, long prefills, benchmark phases."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+
+def _line(text: str, end: str = "") -> None:
+    print(f"\rmetalqwen: {text}\033[K", end=end, file=sys.stderr, flush=True)
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {100 * done // max(total, 1):3d}%"
+
+
+class _Ticker:
+    """Redraws `label` with the seconds elapsed, once a second, until stopped: for a wait
+    that cannot count its own progress (one compiler run)."""
+
+    def __init__(self, label: str):
+        self.label, self.started = label, time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            _line(f"{self.label}: {time.perf_counter() - self.started:.0f} s")
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return time.perf_counter() - self.started
+
+
+class LoadProgress:
+    """The engine's load callback: a bar while weights are placed (bytes), then what the
+    kernel build costs: a ticker for a first-run compile, a bar over the pipelines."""
+
+    def __init__(self, device_kind: str):
+        self.device_kind = device_kind
+        self._shown, self._ticker, self._note = None, None, ""
+
+    def __call__(self, stage: str, done: int, total: int, note: str) -> None:
+        if stage == "weights":
+            shown = 100 * done // max(total, 1)
+            if shown != self._shown:
+                self._shown = shown
+                _line(f"loading onto {self.device_kind} {_bar(done, total)} of {total / 2**30:.2f} GiB",
+                      end="\n" if done == total else "")
+        elif note and done == 0:
+            self._note = note
+            _line(note, end="\n")
+            self._ticker = _Ticker(note)
+        elif done == total and self._ticker:
+            _line(f"{self._note}: done in {self._ticker.stop():.0f} s", end="\n")
+            self._ticker = None
+
+    def close(self) -> None:
+        """Stops a ticker left running when the load failed."""
+        if self._ticker:
+            self._ticker.stop()
+            print(file=sys.stderr)
+            self._ticker = None
+
+
+class PrefillProgress:
+    """Shows tokens fed / total once a prefill has run for `after` seconds."""
+
+    def __init__(self, after: float = 1.0):
+        self.after, self.started, self.shown = after, time.perf_counter(), False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.shown and time.perf_counter() - self.started < self.after:
+            return
+        self.shown = True
+        _line(f"prompt {_bar(done, total)} {done}/{total} tokens", end="\n" if done == total else "")
+        if done == total:
+            self.shown = False  # the line is ended
+
+    def close(self) -> None:
+        """Ends the line of a prefill that stopped early (interrupt, error)."""
+        if self.shown:
+            print(file=sys.stderr, flush=True)
+            self.shown = False
+
+
+def phase(label: str) -> None:
+    """One line announcing a phase of a long job (benchmarks)."""
+    _line(label, end="\n")

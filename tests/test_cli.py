@@ -1,0 +1,212 @@
+"""The `metalqwen` command as a new user meets it, run as a subprocess: the context limit,
+errors as one line, Ctrl-C, chat turns reusing the cache, the demo, --version and help."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import metalqwen
+from conftest import require
+from metalqwen import cli
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "decode_speed.py")
+
+
+def _default_sigint():
+    # A child started from a background job inherits SIGINT ignored; Python would then not
+    # install its handler and Ctrl-C could not be tested.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _run(*args, stdin=None, env=None, script=None):
+    command = [sys.executable, script] if script else [sys.executable, "-m", "metalqwen.cli"]
+    return subprocess.run([*command, *args], input=stdin, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})}, preexec_fn=_default_sigint)
+
+
+class _Session:
+    """A CLI subprocess whose output is collected as it comes, to act on it mid-run."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([sys.executable, "-m", "metalqwen.cli", *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+        self.out, self.err = bytearray(), bytearray()
+        self._readers = [threading.Thread(target=self._read, args=(s, b), daemon=True)
+                         for s, b in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for r in self._readers:
+            r.start()
+
+    @staticmethod
+    def _read(stream, into: bytearray) -> None:
+        while chunk := os.read(stream.fileno(), 4096):
+            into.extend(chunk)
+
+    def text(self, which: str) -> str:
+        return bytes(self.out if which == "out" else self.err).decode("utf-8", "replace")
+
+    def wait_for(self, condition, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"exited early: {self.text('err')}"
+            assert time.monotonic() < deadline, f"timed out; stderr: {self.text('err')}"
+            time.sleep(0.05)
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line.encode())
+        self.proc.stdin.flush()
+
+    def _end(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for r in self._readers:
+            r.join()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            pipe.close()
+        return code
+
+    def interrupt(self) -> float:
+        """Sends SIGINT; returns the seconds until the process exited."""
+        start = time.monotonic()
+        self.proc.send_signal(signal.SIGINT)
+        self._end(timeout=120)
+        return time.monotonic() - start
+
+    def finish(self) -> int:
+        self.proc.stdin.close()
+        return self._end(timeout=300)
+
+
+def _one_line_error(result, message: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("metalqwen: ")]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+# ---------------------------------------------------------------------------- context limit, errors
+
+
+def test_generate_stops_at_the_context_limit_and_says_so(demo, device):
+    out = _run("generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-context", "40",
+               "--max-tokens", "100")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.strip()
+    assert "decode: 28 tokens" in out.stderr and "stopped: context full (max_context 40)" in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-p", "word " * 30, "--max-context", "40"], "the prompt does not fit: 101 tokens"),
+    (["-p", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+    (["-p", "hi", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["-p", "hi", "--max-context", "1"], "max_context must be an integer >= 2, got 1"),
+    (["-p", "hi", "--max-tokens", "0"], "--max-tokens must be an integer >= 1, got 0"),
+])
+def test_errors_are_one_line_and_exit_1(demo, device, args, message):
+    _one_line_error(_run("generate", "-m", demo, "--device", device.kind, *args), message)
+
+
+def test_a_file_as_the_model_folder_is_one_line(demo):
+    _one_line_error(_run("generate", "-m", os.path.join(demo, "config.json"), "-p", "hi"), "is a file")
+
+
+# ---------------------------------------------------------------------------- Ctrl-C
+
+
+@pytest.mark.parametrize("command", ["generate", "demo"])
+def test_ctrl_c_while_decoding_exits_130_without_a_traceback(demo, device, command, tmp_path):
+    # The prompt "a" decodes hundreds of tokens on the demo checkpoint before an eos.
+    model = ["-m", demo] if command == "generate" else ["--keep", str(tmp_path / "demo")]
+    s = _Session(command, *model, "--device", device.kind, "-p", "a", "--max-tokens", "400")
+    s.wait_for(lambda: len(s.text("out").strip()) > 30)
+    assert s.interrupt() < 30
+    assert s.proc.returncode == 130, s.text("err")
+    assert "Traceback" not in s.text("err") and "metalqwen: interrupted" in s.text("err")
+
+
+def test_ctrl_c_during_a_long_prefill_stops_it_between_chunks(demo, device):
+    s = _Session("generate", "-m", demo, "--device", device.kind, "--raw", "--progress", "--max-context", "2048",
+                 "-p", "word " * 400)
+    s.wait_for(lambda: "prompt [" in s.text("err"))  # progress shows once a prefill passes one second
+    assert s.interrupt() < 30
+    err = s.text("err")
+    assert s.proc.returncode == 130 and "Traceback" not in err and "metalqwen: interrupted" in err
+    done, total = err.rsplit(" tokens", 1)[0].rsplit(" ", 1)[1].split("/")
+    assert int(done) < int(total) == 1201
+
+
+def test_ctrl_c_in_chat_stops_the_answer_and_the_next_turn_reuses_the_cache(demo, device):
+    s = _Session("chat", "-m", demo, "--device", device.kind, "--max-tokens", "400")
+    s.send("a\n")
+    s.wait_for(lambda: len(s.text("out").strip()) > 30)
+    s.proc.send_signal(signal.SIGINT)
+    s.wait_for(lambda: "(answer stopped)" in s.text("err"))
+    s.send("more\n")
+    assert s.finish() == 0, s.text("err")
+    err = s.text("err")
+    assert "Traceback" not in err
+    reports = [line for line in err.splitlines() if line.startswith("prompt: ")]
+    assert len(reports) == 2 and "reused)" in reports[1], err
+
+
+# ---------------------------------------------------------------------------- chat
+
+
+def test_chat_turns_reuse_the_cache_refuse_empty_messages_and_end_on_ctrl_d(demo, device):
+    out = _run("chat", "-m", demo, "--device", device.kind, "--max-tokens", "6", stdin="hi\n\nmore\na third\n")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    reports = [line for line in out.stderr.splitlines() if line.startswith("prompt: ")]
+    assert len(reports) == 3 and "reused" not in reports[0]
+    for previous, report in zip(reports, reports[1:]):
+        # Everything of the previous turn but possibly its last token (not fed yet) is reused.
+        prompt_tokens, generated = int(previous.split()[1]), int(previous.split("decode: ")[1].split()[0])
+        reused = int(report.split("(")[1].split()[0])
+        assert prompt_tokens + generated - 1 <= reused <= prompt_tokens + generated
+    assert "(empty message" in out.stderr
+    assert out.stdout.endswith("> \n"), "Ctrl-D ends the prompt line"
+
+
+def test_chat_offers_a_fresh_context_when_full(demo, device):
+    out = _run("chat", "-m", demo, "--device", device.kind, "--max-tokens", "20", "--max-context", "64",
+               stdin="hi\nmore please\ny\nagain\nn\n")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.count("the context is full") == 2
+    assert "(fresh context: 0 earlier turns kept)" in out.stderr and "(message dropped" in out.stderr
+    assert len([line for line in out.stderr.splitlines() if line.startswith("prompt: ")]) == 2
+
+
+# ---------------------------------------------------------------------------- small things
+
+
+def test_version_and_help_for_every_option():
+    out = _run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"metalqwen {metalqwen.__version__}"
+    commands = next(a for a in cli.parser()._actions if a.dest == "command")
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            assert action.help, f"metalqwen {name} {action.option_strings} has no help text"
+
+
+def test_demo_prints_its_prompt_and_removes_its_checkpoint(device, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = _run("demo", "--device", device.kind, "--max-tokens", "4", env={"TMPDIR": str(tmp)})
+    assert out.returncode == 0, out.stderr
+    assert "> Hello! Who are you?" in out.stdout and "tok/s" in out.stderr
+    assert list(tmp.iterdir()) == []
+    out = _run("demo", "--device", device.kind, "--max-tokens", "4", "--keep", str(tmp_path / "kept"))
+    assert out.returncode == 0 and (tmp_path / "kept" / "config.json").is_file()
+
+
+def test_bench_with_mlx_lm_runs_on_the_demo_checkpoint(demo, device):
+    require("mlx_lm")
+    out = _run("-m", demo, "--device", device.kind, "--prompt-tokens", "32", "--decode-tokens", "4", "--mlx-lm",
+               script=BENCH)
+    assert out.returncode == 0, out.stderr
+    assert "decode speed ratio metalqwen / mlx-lm" in out.stdout
+    assert "metalqwen: loading" in out.stderr and "mlx-lm: loading" in out.stderr
