@@ -34,7 +34,7 @@ import numpy as np
 from .config import CheckpointError, ConfigError, ModelConfig, check_supported, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 
 __all__ = ["Checkpoint", "CheckpointError", "ConfigError", "ShardInfo", "TensorInfo", "load_checkpoint",
-           "read_safetensors_header"]
+           "read_safetensors_header", "tensor_view"]
 
 # safetensors dtype tag -> element size in bytes
 DTYPE_SIZE = {
@@ -421,16 +421,24 @@ class Checkpoint:
         t = self.tensors.get(name) or self.mtp.get(name)
         if t is None:
             raise KeyError(f"{name} is not a tensor of {self.path}")
-        dtype = np.dtype(_NUMPY_DTYPE[t.dtype])
-        if t.nbytes == 0:
-            a = np.zeros(t.shape, dtype)
-        else:
-            m = self._maps.get(t.file)
-            if m is None:
-                m = self._maps[t.file] = np.memmap(t.file, dtype=np.uint8, mode="r")
-            a = m[t.offset: t.offset + t.nbytes].view(dtype).reshape(t.shape)
-        a.flags.writeable = False
-        return a
+        m = self._maps.get(t.file)
+        if m is None and t.nbytes:
+            m = self._maps[t.file] = np.memmap(t.file, dtype=np.uint8, mode="r")
+        return tensor_view(t, m)
+
+
+def tensor_view(t: TensorInfo, mapped: np.ndarray | None = None) -> np.ndarray:
+    """A read-only view of one tensor's bytes (bf16 as uint16), from ``mapped`` (the whole file,
+    memory-mapped) or a new map of just this tensor."""
+    dtype = np.dtype(_NUMPY_DTYPE[t.dtype])
+    if t.nbytes == 0:
+        a = np.zeros(t.shape, dtype)
+    elif mapped is not None:
+        a = mapped[t.offset: t.offset + t.nbytes].view(dtype).reshape(t.shape)
+    else:
+        a = np.memmap(t.file, dtype=np.uint8, mode="r", offset=t.offset, shape=(t.nbytes,)).view(dtype).reshape(t.shape)
+    a.flags.writeable = False
+    return a
 
 
 def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Checkpoint:

@@ -166,6 +166,21 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if text else 1
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+
+    out = convert(args.hf_dir, args.out_dir, bits=args.bits, group_size=args.group_size, mtp=args.mtp, progress=True)
+    print(f"metalqwen: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _add_mtp(args: argparse.Namespace) -> int:
+    from .convert import add_mtp
+
+    print(f"metalqwen: wrote {add_mtp(args.hf_dir, args.mlx_dir, progress=True)}", file=sys.stderr)
+    return 0
+
+
 def _add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["metal", "cpu"], default=None,
                    help="metal (Apple GPU) or cpu (the CPU runtime); default: metal where available")
@@ -208,6 +223,19 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("-p", "--prompt", default="Hello! Who are you?", help="the user message")
     demo.add_argument("--max-tokens", type=int, default=24, help="tokens to generate (default 24)")
     demo.set_defaults(run=_demo)
+    convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head kept")
+    convert.add_argument("hf_dir", help="the original's folder (config.json, *.safetensors, tokenizer)")
+    convert.add_argument("out_dir", help="the MLX folder to write (must not exist)")
+    convert.add_argument("--bits", type=int, choices=[4, 8], default=4, help="affine quantization bits (default 4)")
+    convert.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64,
+                         help="quantization group size (default 64)")
+    convert.add_argument("--mtp", choices=["keep", "drop"], default="keep",
+                         help="keep the multi-token-prediction head (default; mlx_lm.convert drops it)")
+    convert.set_defaults(run=_convert)
+    add_mtp = commands.add_parser("add-mtp", help="graft an original's MTP head into an MLX folder (mtp.safetensors)")
+    add_mtp.add_argument("hf_dir", help="the original's folder: its index and the shards holding mtp.* suffice")
+    add_mtp.add_argument("mlx_dir", help="the MLX folder converted from it")
+    add_mtp.set_defaults(run=_add_mtp)
     return parser
 
 

@@ -37,21 +37,36 @@ class _Ticker:
         return time.perf_counter() - self.started
 
 
+class ByteBar:
+    """A bar over bytes done of ``total``, redrawn at most once per percent."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.done, self._shown = label, total, 0, None
+
+    def set(self, done: int) -> None:
+        self.done = done
+        shown = 100 * done // max(self.total, 1)
+        if shown != self._shown:
+            self._shown = shown
+            _line(f"{self.label} {_bar(done, self.total)} of {self.total / 2**30:.2f} GiB",
+                  end="\n" if done >= self.total else "")
+
+    def add(self, nbytes: int) -> None:
+        self.set(self.done + nbytes)
+
+
 class LoadProgress:
     """The engine's load callback: a bar while weights are placed (bytes), then what the
     kernel build costs: a ticker for a first-run compile, a bar over the pipelines."""
 
     def __init__(self, device_kind: str):
         self.device_kind = device_kind
-        self._shown, self._ticker, self._note = None, None, ""
+        self._weights, self._ticker, self._note = None, None, ""
 
     def __call__(self, stage: str, done: int, total: int, note: str) -> None:
         if stage == "weights":
-            shown = 100 * done // max(total, 1)
-            if shown != self._shown:
-                self._shown = shown
-                _line(f"loading onto {self.device_kind} {_bar(done, total)} of {total / 2**30:.2f} GiB",
-                      end="\n" if done == total else "")
+            self._weights = self._weights or ByteBar(f"loading onto {self.device_kind}", total)
+            self._weights.set(done)
         elif note and done == 0:
             self._note = note
             _line(note, end="\n")
