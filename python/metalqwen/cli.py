@@ -73,10 +73,13 @@ def _print_stream(model, prompt, options: dict, chat: bool) -> list[int]:
 
 
 def _report(model) -> None:
-    s = model.last_stats
+    s, c = model.last_stats, model.config
+    # What a decode step streams: for MoE models the router, shared expert and chosen experts only.
+    active = f" (active experts: {c.num_experts_per_tok} of {c.num_experts})" if c.is_moe else ""
     print(f"prompt: {s.prompt_tokens} tokens, {s.prompt_tokens_per_second:.1f} tok/s | "
           f"decode: {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s | "
-          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step", file=sys.stderr)
+          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step | "
+          f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}", file=sys.stderr)
 
 
 def _generate(args: argparse.Namespace) -> int:
