@@ -136,36 +136,30 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, uint32_t rows) {
                {MQ_MOE_ROUTE_THREADS});
   encode_mlp(enc, m.shared_expert, rows, uint32_t(d.shared_intermediate));  // into mix
 
-  const std::string gate_up = (grouped ? "moe_qmm" : "moe_qmv") + quant_suffix(m.gate_proj);
-  const std::string down = (grouped ? "moe_qmm" : "moe_qmv") + quant_suffix(m.down_proj);
-  const MoeMatmulParams up_p{H, I, E, K, H, I}, down_p{I, H, E, 1, I, H};
+  // y = W_e x for every (row, expert) pair: gathered matvecs, or one GEMM per expert over x grouped by expert.
+  auto experts = [&](const QuantLinear& l, const Arg& x, const Arg& y, uint32_t x_pairs, bool overlap) {
+    const MoeMatmulParams p{l.in, l.out, E, x_pairs, l.in, l.out};
+    if (grouped)  // a token picks an expert at most once: no expert has more than `rows` rows
+      enc.dispatch("moe_qmm" + quant_suffix(l),
+                   {at(l.weight), at(l.scales), at(l.biases), w.expert_offsets, x, y, Arg::value(p)},
+                   {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT), E}, {MQ_QMM_THREADS}, overlap);
+    else
+      enc.dispatch("moe_qmv" + quant_suffix(l), {at(l.weight), at(l.scales), at(l.biases), w.route_ids, x, y, Arg::value(p)},
+                   {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP), pairs}, {MQ_QMV_THREADS}, overlap);
+  };
   if (grouped) {
     const MoeGroupParams gp{E, pairs};
     enc.dispatch("moe_group", {w.route_ids, w.expert_offsets, w.expert_order, w.expert_slot, Arg::value(gp)}, {1});
     const MoeGatherParams xp{H, pairs, K, H, H};
     enc.dispatch_threads("moe_gather_rows", {w.xn, w.expert_order, w.expert_x, Arg::value(xp)}, {H / 4, pairs});
-    // A token picks an expert at most once: no expert has more than `rows` rows.
-    const uint32_t tiles = ceil_div(rows, MQ_QMM_TILE_ROWS);
-    for (const auto& [l, y] : {std::pair{&m.gate_proj, w.expert_gate}, std::pair{&m.up_proj, w.expert_up}})
-      enc.dispatch(gate_up, {at(l->weight), at(l->scales), at(l->biases), w.expert_offsets, w.expert_x, y,
-                             Arg::value(up_p)},
-                   {tiles, ceil_div(I, MQ_QMM_TILE_OUT), E}, {MQ_QMM_THREADS}, l == &m.up_proj);
-  } else {
-    for (const auto& [l, y] : {std::pair{&m.gate_proj, w.expert_gate}, std::pair{&m.up_proj, w.expert_up}})
-      enc.dispatch(gate_up, {at(l->weight), at(l->scales), at(l->biases), w.route_ids, w.xn, y, Arg::value(up_p)},
-                   {ceil_div(I, MQ_QMV_ROWS_PER_THREADGROUP), pairs}, {MQ_QMV_THREADS}, l == &m.up_proj);
   }
+  // Grouped rows are one per pair; otherwise pairs read their token's row of xn.
+  const Arg x = grouped ? Arg(w.expert_x) : Arg(w.xn);
+  experts(m.gate_proj, x, w.expert_gate, grouped ? 1 : K, false);
+  experts(m.up_proj, x, w.expert_up, grouped ? 1 : K, true);
   const SiluMulParams sm{I, pairs, I, I, I};
   enc.dispatch_threads("silu_mul", {w.expert_gate, w.expert_up, w.expert_act, Arg::value(sm)}, {ceil_div(I, 4), pairs});
-  const QuantLinear& dn = m.down_proj;
-  if (grouped)
-    enc.dispatch(down, {at(dn.weight), at(dn.scales), at(dn.biases), w.expert_offsets, w.expert_act, w.expert_out,
-                        Arg::value(down_p)},
-                 {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(H, MQ_QMM_TILE_OUT), E}, {MQ_QMM_THREADS});
-  else
-    enc.dispatch(down, {at(dn.weight), at(dn.scales), at(dn.biases), w.route_ids, w.expert_act, w.expert_out,
-                        Arg::value(down_p)},
-                 {ceil_div(H, MQ_QMV_ROWS_PER_THREADGROUP), pairs}, {MQ_QMV_THREADS});
+  experts(m.down_proj, w.expert_act, w.expert_out, 1, false);
   const MoeCombineParams cp{H, rows, K, grouped ? 1u : 0u, H, H, 1};
   enc.dispatch_threads("moe_combine", {w.expert_out, w.expert_slot, w.route_weights, w.shared_gate, w.mix, Arg::value(cp)},
                        {H / 4, rows});
