@@ -14,3 +14,4 @@ using uint = uint32_t;
 #include "params/deltanet.h"
 #include "params/sampling.h"
 #include "params/copy.h"
+#include "params/moe.h"

@@ -61,27 +61,22 @@ inline float qdot_block(uint4 w, thread const float4* xa, thread const float4* x
 // Per row: acc = fma(s, sum q x, fma(b, sum x, acc)) over the lane's blocks in order, then
 // simd_sum. qmv_rows repeats exactly this order per row, so a verify row is bit-identical
 // to the decode result for the same x (with the same compiler settings).
+// qmv_body is the whole kernel over explicit pointers: moe.metal's gathered expert matvec
+// calls it on one expert's slice of a stacked [experts][out][in] weight.
 template <int BITS, int GROUP>
-[[kernel]] void qmv(
-    device const uint* w [[buffer(0)]],         // [out_dim][in_dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
-    device const float* x [[buffer(3)]],        // [in_dim]
-    device float* y [[buffer(4)]],              // [out_dim]
-    constant QuantMatmulParams& p [[buffer(5)]],
-    uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]],
-    uint lane [[thread_index_in_simdgroup]]) {
+inline void qmv_body(device const uint* w, device const bfloat* scales, device const bfloat* biases,
+                     device const float* x, device float* y, uint in_dim, uint out_dim, uint tg, uint sg,
+                     uint lane) {
   constexpr uint QB = 128 / BITS;  // codes per 16-byte block
   constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
   const uint row0 = (tg * MQ_QMV_SIMDGROUPS + sg) * R;
-  if (row0 >= p.out_dim) return;  // uniform over the SIMD-group
-  const uint nblk = p.in_dim / QB;
-  const uint gpr = p.in_dim / GROUP;
+  if (row0 >= out_dim) return;  // uniform over the SIMD-group
+  const uint nblk = in_dim / QB;
+  const uint gpr = in_dim / GROUP;
 
   // Rows past out_dim re-read the last row (never stored) so the loop stays branch-free.
   ulong roff[R];
-  for (int i = 0; i < R; i++) roff[i] = (ulong)min(row0 + i, p.out_dim - 1);
+  for (int i = 0; i < R; i++) roff[i] = (ulong)min(row0 + i, out_dim - 1);
   device const uint4* w4 = (device const uint4*)w;
 
   float acc[R];
@@ -100,8 +95,22 @@ template <int BITS, int GROUP>
   }
   for (int i = 0; i < R; i++) {
     const float sum = simd_sum(acc[i]);
-    if (lane == 0 && row0 + i < p.out_dim) y[row0 + i] = sum;
+    if (lane == 0 && row0 + i < out_dim) y[row0 + i] = sum;
   }
+}
+
+template <int BITS, int GROUP>
+[[kernel]] void qmv(
+    device const uint* w [[buffer(0)]],         // [out_dim][in_dim*BITS/32]
+    device const bfloat* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
+    device const bfloat* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
+    device const float* x [[buffer(3)]],        // [in_dim]
+    device float* y [[buffer(4)]],              // [out_dim]
+    constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
+  qmv_body<BITS, GROUP>(w, scales, biases, x, y, p.in_dim, p.out_dim, tg, sg, lane);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -195,27 +204,22 @@ inline void qmm_fetch(device const uint* wsrc, device const bfloat* ssrc, device
   xreg[1] = *(device const float4*)(xsrc + k0 + 4);
 }
 
+// Tile memory of one qmm threadgroup: X tile [BM][QMM_LD], then W tile [BN][QMM_LD];
+// reused as the C tile [BM][QMM_LDC] for edge stores. float4 for the 16-byte alignment of
+// the float4 staging stores. The kernel declares it (threadgroup memory lives in kernels).
+constant constexpr uint QMM_SMEM_FLOAT4S = (MQ_QMM_TILE_ROWS + MQ_QMM_TILE_OUT) * QMM_LD / 4;
+
+// qmm_tile is the whole kernel over explicit pointers and sizes: moe.metal's grouped GEMM
+// calls it on one expert's slice of a stacked weight and that expert's rows.
 template <int BITS, int GROUP>
-[[kernel]] void qmm(
-    device const uint* w [[buffer(0)]],         // [out_dim][in_dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
-    device const float* x [[buffer(3)]],        // [rows][x_stride], first in_dim used
-    device float* y [[buffer(4)]],              // [rows][y_stride], first out_dim written
-    constant QuantMatmulParams& p [[buffer(5)]],
-    uint2 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]],
-    uint sg [[simdgroup_index_in_threadgroup]]) {
+inline void qmm_tile(device const uint* w, device const bfloat* scales, device const bfloat* biases,
+                     device const float* x, device float* y, thread const QuantMatmulParams& p,
+                     threadgroup float4* smem, uint2 tg, uint tid, uint sg) {
   constexpr uint BM = MQ_QMM_TILE_ROWS, BN = MQ_QMM_TILE_OUT, BK = MQ_QMM_TILE_K;
   static_assert(MQ_QMM_THREADS == 128 && BM == 32 && BN == 64 && BK == 32,
                 "qmm's thread-to-tile mapping assumes 128 threads, 32 x 64 tiles, K-step 32");
   static_assert(BM * QMM_LDC <= (BM + BN) * QMM_LD, "the C tile must fit in the K tiles' memory");
   constexpr uint WORDS = 16 * BITS / 32;  // words of the 16 codes a thread dequantizes
-  // Tile memory: X tile [BM][QMM_LD], then W tile [BN][QMM_LD]; reused as the C tile
-  // [BM][QMM_LDC] for edge stores. Declared as float4 for the 16-byte alignment of the
-  // float4 staging stores.
-  constexpr uint SMEM_FLOAT4S = (BM + BN) * QMM_LD / 4;
-  threadgroup float4 smem[SMEM_FLOAT4S];
   threadgroup float* xs = (threadgroup float*)smem;
   threadgroup float* ws = xs + BM * QMM_LD;
 
@@ -297,6 +301,22 @@ template <int BITS, int GROUP>
     if (m0 + m < p.rows && n0 + n < p.out_dim)
       y[(ulong)(m0 + m) * p.y_stride + n0 + n] = cs[m * QMM_LDC + n];
   }
+}
+
+template <int BITS, int GROUP>
+[[kernel]] void qmm(
+    device const uint* w [[buffer(0)]],         // [out_dim][in_dim*BITS/32]
+    device const bfloat* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
+    device const bfloat* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
+    device const float* x [[buffer(3)]],        // [rows][x_stride], first in_dim used
+    device float* y [[buffer(4)]],              // [rows][y_stride], first out_dim written
+    constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]) {
+  threadgroup float4 smem[QMM_SMEM_FLOAT4S];
+  const QuantMatmulParams tp{p.in_dim, p.out_dim, p.rows, p.x_stride, p.y_stride};  // thread copy for qmm_tile
+  qmm_tile<BITS, GROUP>(w, scales, biases, x, y, tp, smem, tg, tid, sg);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import numpy as np
 from metalqwen.demo_checkpoint import (
     DEMO_DIMS,
     bf16_bits,
+    bf16_to_f32,
     build_tokenizer,
     random_weights,
     text_config,
@@ -53,6 +54,7 @@ def write_hf_checkpoint(
     mtp: bool = False,
     a_log_dtype: str = "F32",
     template_file: bool = False,
+    moe: dict | None = None,
     **dims,
 ) -> str:
     """Writes a tiny random Qwen3.5 checkpoint in the Hugging Face layout; returns the folder.
@@ -60,7 +62,8 @@ def write_hf_checkpoint(
     ``nested`` puts the text fields under ``text_config`` (the real multimodal layout)
     instead of flat; ``layer_types`` writes the explicit list besides the interval;
     ``mtp`` adds the multi-token-prediction head (mlx-lm's converter drops it);
-    ``template_file`` puts the chat template in chat_template.jinja.
+    ``template_file`` puts the chat template in chat_template.jinja; ``moe`` (the MoE
+    config fields, see ``moe_weights``) makes it a qwen3_5_moe model.
     """
     from tokenizers import Tokenizer
 
@@ -69,8 +72,11 @@ def write_hf_checkpoint(
     os.makedirs(folder, exist_ok=True)
     tok = write_tokenizer_files(folder, Tokenizer.from_str(_tokenizer_json()), template_file=template_file)
 
+    weights = random_weights(d, seed, mtp=mtp)
+    if moe is not None:
+        weights = moe_weights(weights, d, moe, seed)
     tensors = {}
-    for name, value in random_weights(d, seed, mtp=mtp).items():
+    for name, value in weights.items():
         if name == "lm_head.weight":
             if tied:
                 continue
@@ -86,22 +92,59 @@ def write_hf_checkpoint(
     write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "pt"})
 
     tc = text_config(d, tied=tied, eos=tok["endoftext"], layer_types=layer_types, mtp_layers=1)
+    model_type = "qwen3_5"
+    if moe is not None:
+        # Qwen3.5-MoE configs have no dense intermediate_size.
+        model_type = "qwen3_5_moe"
+        del tc["intermediate_size"]
+        tc.update(model_type="qwen3_5_moe_text", **moe)
     if nested:
         config = {
-            "architectures": ["Qwen3_5ForConditionalGeneration"],
-            "model_type": "qwen3_5",
+            "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+            "model_type": model_type,
             "tie_word_embeddings": tied,
             "text_config": tc,
             "vision_config": {"model_type": "qwen3_5_vision", "depth": 2, "hidden_size": 64},
             "image_token_id": 248056,
         }
     else:
-        config = {**tc, "model_type": "qwen3_5", "architectures": ["Qwen3_5ForCausalLM"], "torch_dtype": "bfloat16"}
+        config = {**tc, "model_type": model_type, "architectures": ["Qwen3_5ForCausalLM"], "torch_dtype": "bfloat16"}
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(folder, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": [tok["eos"], tok["endoftext"]], "temperature": 0.6, "top_k": 20}, f, indent=2)
     return folder
+
+
+def moe_weights(weights: dict, dims: dict, moe: dict, seed: int) -> dict:
+    """Replaces each layer's dense MLP by a Qwen3.5-MoE sparse block, named as the Hugging Face
+    originals store it: router ``mlp.gate`` [E, H], the experts fused as
+    ``mlp.experts.gate_up_proj`` [E, 2*I, H] (gate rows first) and ``mlp.experts.down_proj``
+    [E, H, I] (no ``.weight`` suffix; mlx-lm's sanitize splits them into ``switch_mlp.*``),
+    ``mlp.shared_expert.{gate,up,down}_proj`` and ``mlp.shared_expert_gate`` [1, H].
+    ``moe`` holds the config fields num_experts, moe_intermediate_size and
+    shared_expert_intermediate_size (the rest are passed through to config.json).
+    """
+    rng = np.random.default_rng(seed + 1000)
+    H, E, I, S = (dims["hidden_size"], moe["num_experts"], moe["moe_intermediate_size"],
+                  moe["shared_expert_intermediate_size"])
+
+    def lin(*shape, gain=1.0):
+        w = rng.standard_normal(shape, dtype=np.float32) * np.float32(gain / np.sqrt(shape[-1]))
+        return bf16_to_f32(bf16_bits(w))
+
+    out = {k: v for k, v in weights.items() if not (k.startswith("model.layers.") and ".mlp." in k)}
+    for i in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp"
+        # A router gain of 4 spreads the softmax so the top-k choice varies from token to token.
+        out[f"{p}.gate.weight"] = lin(E, H, gain=4.0)
+        out[f"{p}.experts.gate_up_proj"] = lin(E, 2 * I, H)
+        out[f"{p}.experts.down_proj"] = lin(E, H, I, gain=0.5)
+        out[f"{p}.shared_expert.gate_proj.weight"] = lin(S, H)
+        out[f"{p}.shared_expert.up_proj.weight"] = lin(S, H)
+        out[f"{p}.shared_expert.down_proj.weight"] = lin(H, S, gain=0.5)
+        out[f"{p}.shared_expert_gate.weight"] = lin(1, H)
+    return out
 
 
 def convert_to_mlx(hf_path, mlx_path, *, bits: int = 4, group_size: int = 64, quant_predicate=None) -> str:
@@ -139,11 +182,12 @@ class Variant:
     a_log_dtype: str = "F32"
     template_file: bool = False
     mixed: bool = False
+    moe: dict | None = None
     dims: dict = field(default_factory=dict)
 
     def hf_kwargs(self) -> dict:
         return dict(tied=self.tied, nested=self.nested, layer_types=self.layer_types, mtp=self.mtp,
-                    a_log_dtype=self.a_log_dtype, template_file=self.template_file, **self.dims)
+                    a_log_dtype=self.a_log_dtype, template_file=self.template_file, moe=self.moe, **self.dims)
 
 
 VARIANTS = {
@@ -162,6 +206,18 @@ VARIANTS = {
     ),
     # per-module overrides: down_proj 8-bit group 32, in_proj_a kept in bf16.
     "mixed": Variant(mixed=True),
+    # qwen3_5_moe: 8 experts, top-2 renormalised, 4-bit group 64 (router and shared_expert_gate
+    # at 8 bits group 64 by mlx-lm's quant predicate), nested config, tied.
+    "moe": Variant(moe=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                            shared_expert_intermediate_size=256, norm_topk_prob=True)),
+    # qwen3_5_moe: 40 experts (more than a SIMD-group's lanes), top-3 not renormalised,
+    # 8-bit group 32, flat config, untied, 6 layers alternating.
+    "moe_top3_b8": Variant(
+        bits=8, group_size=32, tied=False, nested=False,
+        moe=dict(num_experts=40, num_experts_per_tok=3, moe_intermediate_size=64,
+                 shared_expert_intermediate_size=128, norm_topk_prob=False),
+        dims=dict(num_hidden_layers=6, full_attention_interval=2, linear_num_key_heads=1, linear_num_value_heads=2),
+    ),
 }
 
 
@@ -251,12 +307,14 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
         a = ck.array(name)
         return (bf16_to_f32(a) if ck.tensors[name].dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
 
-    def weight(module):
+    def weight(module, expert=None):
+        """The float weight of a module, or of one expert of a stacked switch_mlp module."""
         q = ck.quant(module)
+        part = (lambda a: a) if expert is None else (lambda a: a[expert])
         if q is None:
-            return f(module + ".weight")
-        return dequantize_affine(ck.array(module + ".weight"), ck.array(module + ".scales"),
-                                 ck.array(module + ".biases"), *q).astype(np.float64)
+            return part(f(module + ".weight"))
+        return dequantize_affine(part(ck.array(module + ".weight")), part(ck.array(module + ".scales")),
+                                 part(ck.array(module + ".biases")), *q).astype(np.float64)
 
     def linear(module, x):
         return x @ weight(module).T
@@ -266,6 +324,28 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
 
     def silu(x):
         return x / (1 + np.exp(-x))
+
+    def dense_mlp(prefix, h):
+        return linear(prefix + "down_proj", silu(linear(prefix + "gate_proj", h)) * linear(prefix + "up_proj", h))
+
+    def moe_mlp(prefix, h):
+        """Softmax router, top-k (renormalised if the config says so), experts, sigmoid-gated shared expert."""
+        z = linear(prefix + "gate", h)
+        probs = np.exp(z - z.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, : c.num_experts_per_tok]
+        w = np.take_along_axis(probs, top, -1)
+        if c.norm_topk_prob:
+            w /= w.sum(-1, keepdims=True)
+        out = np.zeros_like(h)
+        s = prefix + "switch_mlp."
+        for e in np.unique(top):
+            rows, slots = np.nonzero(top == e)
+            x = h[rows]
+            y = silu(x @ weight(s + "gate_proj", e).T) * (x @ weight(s + "up_proj", e).T)
+            out[rows] += w[rows, slots][:, None] * (y @ weight(s + "down_proj", e).T)
+        gate = 1 / (1 + np.exp(-linear(prefix + "shared_expert_gate", h)))
+        return out + gate * dense_mlp(prefix + "shared_expert.", h)
 
     ids = np.asarray(token_ids)
     T = len(ids)
@@ -329,7 +409,7 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
             mixed = linear(a + "out_proj", y.reshape(T, nv * dv))
         x = x + mixed
         h = rms(x, f(p + "post_attention_layernorm.weight"))
-        x = x + linear(p + "mlp.down_proj", silu(linear(p + "mlp.gate_proj", h)) * linear(p + "mlp.up_proj", h))
+        x = x + (moe_mlp if c.is_moe else dense_mlp)(p + "mlp.", h)
     x = rms(x, f("language_model.model.norm.weight"))
     head = embed if c.tie_word_embeddings else weight("language_model.lm_head")
     return x @ head.T

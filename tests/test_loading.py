@@ -181,7 +181,7 @@ def test_config_tie_word_embeddings_text_config_wins():
                                  ).tie_word_embeddings is True
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "qwen3_5_moe", "qwen3_5_text", None])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", None])
 def test_config_unknown_model_type(model_type):
     raw = _flat()
     raw["model_type"] = model_type
@@ -208,10 +208,51 @@ def test_config_bad_fields(field, value, match):
 
 @pytest.mark.parametrize("field, value", [
     ("head_dim", 128), ("linear_key_head_dim", 64), ("linear_value_head_dim", 256),
-    ("linear_conv_kernel_dim", 3), ("attention_bias", True), ("attn_output_gate", False), ("num_experts", 8),
+    ("linear_conv_kernel_dim", 3), ("attention_bias", True), ("attn_output_gate", False),
 ])
 def test_check_supported_names_the_field(field, value):
     c = ModelConfig.from_dict(_nested(**{field: value}))
+    with pytest.raises(ConfigError, match=f"{field} = {value!r} is not supported"):
+        check_supported(c)
+
+
+_MOE = dict(model_type="qwen3_5_moe_text", num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+            shared_expert_intermediate_size=512)
+
+
+def _moe(**over):
+    tc = _text_config(**{**_MOE, **over})
+    del tc["intermediate_size"]  # MoE configs have none
+    return {"model_type": "qwen3_5_moe", "text_config": tc}
+
+
+def test_moe_config_is_parsed():
+    c = ModelConfig.from_dict(_moe())
+    check_supported(c)
+    assert c.is_moe and (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (256, 8, 512)
+    assert c.shared_expert_intermediate_size == 512 and c.norm_topk_prob is True and c.intermediate_size == 0
+    assert ModelConfig.from_dict(_moe(norm_topk_prob=False)).norm_topk_prob is False
+    assert c.dims()["num_experts_per_tok"] == 8 and not ModelConfig.from_dict(_nested()).is_moe
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("num_experts_per_tok", None, "required field text_config.num_experts_per_tok is missing"),
+    ("moe_intermediate_size", None, "required field text_config.moe_intermediate_size is missing"),
+    ("shared_expert_intermediate_size", 0, "shared_expert_intermediate_size = 0 must be >= 1"),
+    ("norm_topk_prob", 1, "norm_topk_prob must be true or false"),
+])
+def test_moe_config_bad_fields(field, value, match):
+    raw = _moe(**({} if value is None else {field: value}))
+    if value is None:
+        del raw["text_config"][field]
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("field, value", [("num_experts", 513), ("num_experts_per_tok", 17),
+                                          ("moe_intermediate_size", 510)])
+def test_moe_check_supported_names_the_field(field, value):
+    c = ModelConfig.from_dict(_moe(**{field: value}))
     with pytest.raises(ConfigError, match=f"{field} = {value!r} is not supported"):
         check_supported(c)
 

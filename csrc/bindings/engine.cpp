@@ -36,6 +36,13 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
   d.eps = field<float>(dims, "rms_norm_eps");
   d.rope_theta = field<float>(dims, "rope_theta");
   d.tied = field<bool>(dims, "tie_word_embeddings");
+  d.experts = field<int>(dims, "num_experts");
+  if (d.experts > 0) {
+    d.experts_per_token = field<int>(dims, "num_experts_per_tok");
+    d.moe_intermediate = field<int>(dims, "moe_intermediate_size");
+    d.shared_intermediate = field<int>(dims, "shared_expert_intermediate_size");
+    d.norm_top_k = field<bool>(dims, "norm_topk_prob");
+  }
   for (const auto& kind : field<std::vector<std::string>>(dims, "layer_types")) d.full_attention.push_back(kind == "full_attention");
   if (int(d.full_attention.size()) != d.layers) throw std::runtime_error("[engine] layer_types does not match num_hidden_layers");
   for (const auto& [name, entry] : tensors) {

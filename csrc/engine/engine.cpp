@@ -23,6 +23,15 @@ void check_dims(const ModelDims& d) {
            std::to_string(MQ_DELTA_HEAD_DIM) + ")");
   need(d.heads % d.kv_heads == 0 && d.lin_v_heads % d.lin_k_heads == 0, "head counts must divide");
   need(d.hidden % 32 == 0 && d.intermediate % 4 == 0, "hidden size must be a multiple of 32");
+  if (d.experts > 0) {
+    need(d.experts <= MQ_MOE_MAX_EXPERTS, std::to_string(d.experts) + " experts (the router kernel takes up to " +
+                                              std::to_string(MQ_MOE_MAX_EXPERTS) + ")");
+    need(d.experts_per_token >= 1 && d.experts_per_token <= std::min(d.experts, MQ_MOE_MAX_TOP_K),
+         std::to_string(d.experts_per_token) + " experts per token (1 .. min(experts, " +
+             std::to_string(MQ_MOE_MAX_TOP_K) + "))");
+    need(d.moe_intermediate % 4 == 0 && d.shared_intermediate % 4 == 0 && d.shared_intermediate > 0,
+         "MoE intermediate sizes must be positive multiples of 4");
+  }
 }
 
 }  // namespace

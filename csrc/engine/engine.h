@@ -41,6 +41,8 @@ struct Sampling {
 };
 
 struct LayerWeights;
+struct MlpWeights;
+struct MoeWeights;
 struct Workspace;
 
 // Load progress: weights placed (bytes), then kernels built (see Kernels::Progress).
@@ -95,6 +97,9 @@ class Engine {
   // (from the last row) into ids[position_ + rows].
   void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose);
   void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows);
+  // The MLP on xn into mix: dense, or the sparse MoE block (routing stays on the GPU).
+  void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate);
+  void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, uint32_t rows);
   void encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
                          uint32_t y_stride, uint32_t rows, bool overlap = false);
   void encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,

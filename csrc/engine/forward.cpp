@@ -102,14 +102,67 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     }
     encode_projection(enc, m.o_proj, w.attn, nq * HD, w.mix, H, rows);
   }
-  // MLP on the post-attention norm: down(silu(gate(x)) * up(x)).
-  const uint32_t I = uint32_t(d.intermediate);
   encode_norm(enc, l.post_norm, rows, true, w.mix);
-  encode_projection(enc, l.gate_proj, w.xn, H, w.gate, I, rows);
-  encode_projection(enc, l.up_proj, w.xn, H, w.up, I, rows, true);
+  if (l.moe)
+    encode_moe_mlp(enc, *l.moe, rows);
+  else
+    encode_mlp(enc, *l.mlp, rows, uint32_t(d.intermediate));
+}
+
+// mix = down(silu(gate(xn)) * up(xn)).
+void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32_t I) {
+  Workspace& w = *ws_;
+  const uint32_t H = uint32_t(model_.dims.hidden);
+  encode_projection(enc, m.gate_proj, w.xn, H, w.gate, I, rows);
+  encode_projection(enc, m.up_proj, w.xn, H, w.up, I, rows, true);
   const SiluMulParams sm{I, rows, I, I, I};
   enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows});
-  encode_projection(enc, l.down_proj, w.act, I, w.mix, H, rows);
+  encode_projection(enc, m.down_proj, w.act, I, w.mix, H, rows);
+}
+
+// mix = sum over the chosen experts e of weight_e * expert_e(xn) + sigmoid(shared_expert_gate(xn)) *
+// shared_expert(xn) (shaders/moe.metal). Decode and verify rows gather each (row, expert) pair's
+// matvec; prefill groups the pairs by expert on the GPU and runs one GEMM per expert.
+void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, uint32_t rows) {
+  const ModelDims& d = model_.dims;
+  Workspace& w = *ws_;
+  const uint32_t H = uint32_t(d.hidden), E = uint32_t(d.experts), K = uint32_t(d.experts_per_token);
+  const uint32_t I = uint32_t(d.moe_intermediate), pairs = rows * K;
+  const bool grouped = rows > kMaxVerifyRows;
+  encode_projection(enc, m.gate, w.xn, H, w.router_logits, E, rows);
+  encode_projection(enc, m.shared_expert_gate, w.xn, H, w.shared_gate, 1, rows, true);
+  const MoeRouteParams rp{E, K, E, d.norm_top_k ? 1u : 0u};
+  enc.dispatch("moe_route", {w.router_logits, w.route_ids, w.route_weights, Arg::value(rp)}, {rows},
+               {MQ_MOE_ROUTE_THREADS});
+  encode_mlp(enc, m.shared_expert, rows, uint32_t(d.shared_intermediate));  // into mix
+
+  // y = W_e x for every (row, expert) pair: gathered matvecs, or one GEMM per expert over x grouped by expert.
+  auto experts = [&](const QuantLinear& l, const Arg& x, const Arg& y, uint32_t x_pairs, bool overlap) {
+    const MoeMatmulParams p{l.in, l.out, E, x_pairs, l.in, l.out};
+    if (grouped)  // a token picks an expert at most once: no expert has more than `rows` rows
+      enc.dispatch("moe_qmm" + quant_suffix(l),
+                   {at(l.weight), at(l.scales), at(l.biases), w.expert_offsets, x, y, Arg::value(p)},
+                   {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT), E}, {MQ_QMM_THREADS}, overlap);
+    else
+      enc.dispatch("moe_qmv" + quant_suffix(l), {at(l.weight), at(l.scales), at(l.biases), w.route_ids, x, y, Arg::value(p)},
+                   {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP), pairs}, {MQ_QMV_THREADS}, overlap);
+  };
+  if (grouped) {
+    const MoeGroupParams gp{E, pairs};
+    enc.dispatch("moe_group", {w.route_ids, w.expert_offsets, w.expert_order, w.expert_slot, Arg::value(gp)}, {1});
+    const MoeGatherParams xp{H, pairs, K, H, H};
+    enc.dispatch_threads("moe_gather_rows", {w.xn, w.expert_order, w.expert_x, Arg::value(xp)}, {H / 4, pairs});
+  }
+  // Grouped rows are one per pair; otherwise pairs read their token's row of xn.
+  const Arg x = grouped ? Arg(w.expert_x) : Arg(w.xn);
+  experts(m.gate_proj, x, w.expert_gate, grouped ? 1 : K, false);
+  experts(m.up_proj, x, w.expert_up, grouped ? 1 : K, true);
+  const SiluMulParams sm{I, pairs, I, I, I};
+  enc.dispatch_threads("silu_mul", {w.expert_gate, w.expert_up, w.expert_act, Arg::value(sm)}, {ceil_div(I, 4), pairs});
+  experts(m.down_proj, w.expert_act, w.expert_out, 1, false);
+  const MoeCombineParams cp{H, rows, K, grouped ? 1u : 0u, H, H, 1};
+  enc.dispatch_threads("moe_combine", {w.expert_out, w.expert_slot, w.route_weights, w.shared_gate, w.mix, Arg::value(cp)},
+                       {H / 4, rows});
 }
 
 void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {

@@ -24,6 +24,11 @@ struct ModelDims {
   int lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, conv_kernel = 0;
   float eps = 1e-6f, rope_theta = 1e7f;
   bool tied = false;
+  // Sparse MoE MLP in every layer when experts > 0 (then `intermediate` is unused): the
+  // router picks experts_per_token of `experts`, each of moe_intermediate; plus a shared
+  // expert of shared_intermediate. norm_top_k renormalises the chosen experts' weights.
+  int experts = 0, experts_per_token = 0, moe_intermediate = 0, shared_intermediate = 0;
+  bool norm_top_k = true;
   std::vector<bool> full_attention;  // per layer
 };
 

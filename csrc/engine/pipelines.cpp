@@ -36,7 +36,20 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";
   for (const LayerWeights& l : layers_) {
-    for (const QuantLinear* p : {&l.gate_proj, &l.up_proj, &l.down_proj}) projection(*p);
+    const MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
+    for (const QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
+    if (l.moe) {
+      const MoeWeights& m = *l.moe;
+      projection(m.gate);
+      projection(m.shared_expert_gate);
+      for (const QuantLinear* p : {&m.gate_proj, &m.up_proj, &m.down_proj}) {
+        needs["moe_qmv" + quant_suffix(*p)] = exactly(MQ_QMV_THREADS);
+        needs["moe_qmm" + quant_suffix(*p)] = exactly(MQ_QMM_THREADS);
+      }
+      needs["moe_route"] = exactly(MQ_MOE_ROUTE_THREADS);
+      needs["moe_group"] = up_to(MQ_MOE_GROUP_THREADS);
+      needs["moe_gather_rows"] = needs["moe_combine"] = up_to(kMoeRowThreads);
+    }
     if (l.delta) {
       const DeltaNetWeights& m = *l.delta;
       for (const QuantLinear* p : {&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a, &m.out_proj})

@@ -107,13 +107,15 @@ QuantLinear Weights::linear(const std::string& module) const {
   l.scales = tensor(module + ".scales");
   l.biases = tensor(module + ".biases");
   const TensorDesc& w = *l.weight.desc;
-  if (w.bits == 0 || w.dtype != "U32" || w.shape.size() != 2)
+  if (w.bits == 0 || w.dtype != "U32" || (w.shape.size() != 2 && w.shape.size() != 3))
     throw std::runtime_error("[weights] " + module + " is not a quantized linear layer (only MLX affine 4/8-bit "
                              "layers are supported)");
   l.bits = w.bits;
   l.group = w.group;
-  l.out = uint32_t(w.shape[0]);
-  l.in = uint32_t(w.shape[1] * 32 / w.bits);
+  const size_t n = w.shape.size();
+  l.experts = n == 3 ? uint32_t(w.shape[0]) : 0;
+  l.out = uint32_t(w.shape[n - 2]);
+  l.in = uint32_t(w.shape[n - 1] * 32 / w.bits);
   return l;
 }
 

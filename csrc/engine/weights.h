@@ -22,12 +22,16 @@ struct DeviceTensor {
   const TensorDesc* desc = nullptr;
 };
 
-// A quantized linear layer: y = W x with W [out][in] in MLX affine format.
+// A quantized linear layer: y = W x with W [out][in] in MLX affine format; or, with
+// experts > 0, a stack of them [experts][out][in] (MoE switch_mlp).
 struct QuantLinear {
   DeviceTensor weight, scales, biases;
   int bits = 0, group = 0;
   uint32_t in = 0, out = 0;
+  uint32_t experts = 0;
   uint64_t nbytes() const { return weight.desc->nbytes + scales.desc->nbytes + biases.desc->nbytes; }
+  // Bytes of one matrix of the stack (all of them when not stacked).
+  uint64_t expert_nbytes() const { return nbytes() / (experts ? experts : 1); }
 };
 
 class Weights {

@@ -10,7 +10,15 @@ const std::string kModel = "language_model.model.";
 
 uint64_t vector_bytes(const DeviceTensor& t) { return t.desc->nbytes; }
 
+MlpWeights load_mlp(const Weights& w, const std::string& prefix) {
+  return {w.linear(prefix + "gate_proj"), w.linear(prefix + "up_proj"), w.linear(prefix + "down_proj")};
+}
+
+uint64_t mlp_bytes(const MlpWeights& m) { return m.gate_proj.nbytes() + m.up_proj.nbytes() + m.down_proj.nbytes(); }
+
 }  // namespace
+
+uint32_t mlp_intermediate(const ModelDims& d) { return uint32_t(d.experts > 0 ? d.shared_intermediate : d.intermediate); }
 
 std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims) {
   std::vector<LayerWeights> layers(size_t(dims.layers));
@@ -20,9 +28,16 @@ std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims) {
     l.full_attention = dims.full_attention[size_t(i)];
     l.input_norm = w.tensor(p + "input_layernorm.weight");
     l.post_norm = w.tensor(p + "post_attention_layernorm.weight");
-    l.gate_proj = w.linear(p + "mlp.gate_proj");
-    l.up_proj = w.linear(p + "mlp.up_proj");
-    l.down_proj = w.linear(p + "mlp.down_proj");
+    if (dims.experts > 0) {
+      l.moe = MoeWeights{w.linear(p + "mlp.gate"),
+                         w.linear(p + "mlp.switch_mlp.gate_proj"),
+                         w.linear(p + "mlp.switch_mlp.up_proj"),
+                         w.linear(p + "mlp.switch_mlp.down_proj"),
+                         load_mlp(w, p + "mlp.shared_expert."),
+                         w.linear(p + "mlp.shared_expert_gate")};
+    } else {
+      l.mlp = load_mlp(w, p + "mlp.");
+    }
     if (l.full_attention) {
       const std::string a = p + "self_attn.";
       l.attn = AttentionWeights{w.linear(a + "q_proj"), w.linear(a + "k_proj"),        w.linear(a + "v_proj"),
@@ -48,7 +63,15 @@ uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& 
   total += w.linear(kModel + "embed_tokens").nbytes() / uint64_t(dims.vocab);
   for (const auto& l : layers) {
     total += vector_bytes(l.input_norm) + vector_bytes(l.post_norm);
-    total += l.gate_proj.nbytes() + l.up_proj.nbytes() + l.down_proj.nbytes();
+    if (l.moe) {
+      // The router, the shared expert and its gate, and the experts_per_token chosen experts.
+      const MoeWeights& m = *l.moe;
+      total += m.gate.nbytes() + m.shared_expert_gate.nbytes() + mlp_bytes(m.shared_expert);
+      total += uint64_t(dims.experts_per_token) *
+               (m.gate_proj.expert_nbytes() + m.up_proj.expert_nbytes() + m.down_proj.expert_nbytes());
+    } else {
+      total += mlp_bytes(*l.mlp);
+    }
     if (l.attn) {
       total += l.attn->q_proj.nbytes() + l.attn->k_proj.nbytes() + l.attn->v_proj.nbytes() + l.attn->o_proj.nbytes();
       total += vector_bytes(l.attn->q_norm) + vector_bytes(l.attn->k_norm);
@@ -80,7 +103,8 @@ struct Planned {
 std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o) {
   const size_t R = rows_per_step(o), H = size_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
   const size_t nv = size_t(d.lin_v_heads), C = size_t(2 * d.lin_k_heads) * D + nv * D;
-  const size_t nq = size_t(d.heads), nkv = size_t(d.kv_heads), I = size_t(d.intermediate), V = size_t(d.vocab);
+  const size_t nq = size_t(d.heads), nkv = size_t(d.kv_heads), I = mlp_intermediate(d), V = size_t(d.vocab);
+  const size_t E = size_t(d.experts), P = R * size_t(d.experts_per_token), MI = size_t(d.moe_intermediate);
   const size_t partials = (V + kArgmaxChunk - 1) / kArgmaxChunk;
   return {
       {&Workspace::ids, size_t(o.max_context) + 1},
@@ -92,6 +116,12 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::attn, R * nq * HD},
       {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD}, {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
       {&Workspace::gate, R * I}, {&Workspace::up, R * I}, {&Workspace::act, R * I},
+      {&Workspace::router_logits, R * E}, {&Workspace::shared_gate, R},
+      {&Workspace::route_ids, P}, {&Workspace::route_weights, P},
+      {&Workspace::expert_offsets, E + 1}, {&Workspace::expert_order, P}, {&Workspace::expert_slot, P},
+      {&Workspace::expert_x, P * H},
+      {&Workspace::expert_gate, P * MI}, {&Workspace::expert_up, P * MI}, {&Workspace::expert_act, P * MI},
+      {&Workspace::expert_out, P * H},
       {&Workspace::logits, R * V}, {&Workspace::partials, R * partials * 2},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},

@@ -15,6 +15,8 @@ namespace mq::engine {
 constexpr uint32_t kMaxVerifyRows = MQ_QMV_MAX_ROWS;
 // silu_mul takes any threadgroup shape; one float4 per thread.
 constexpr uint32_t kSiluMulThreads = 64;
+// moe_gather_rows and moe_combine take any threadgroup shape; one float4 per thread.
+constexpr uint32_t kMoeRowThreads = 64;
 
 struct AttentionWeights {
   QuantLinear q_proj, k_proj, v_proj, o_proj;  // q_proj rows per head: [query | gate]
@@ -29,12 +31,27 @@ struct DeltaNetWeights {
   DeviceTensor norm;     // bf16 [dv], not shifted
 };
 
+// down(silu(gate(x)) * up(x)): the dense MLP, and the shared expert of a MoE block.
+struct MlpWeights {
+  QuantLinear gate_proj, up_proj, down_proj;
+};
+
+// Qwen3.5-MoE sparse block (names as mlx-lm's): a standalone unit so that an MTP head
+// with a MoE MLP can reuse it.
+struct MoeWeights {
+  QuantLinear gate;                            // router [experts][hidden] (8-bit in mlx-lm conversions)
+  QuantLinear gate_proj, up_proj, down_proj;   // switch_mlp: stacked [experts][out][in]
+  MlpWeights shared_expert;
+  QuantLinear shared_expert_gate;              // [1][hidden]
+};
+
 struct LayerWeights {
   bool full_attention = false;
   DeviceTensor input_norm, post_norm;  // bf16 [hidden], stored as 1 + w
   std::optional<AttentionWeights> attn;
   std::optional<DeltaNetWeights> delta;
-  QuantLinear gate_proj, up_proj, down_proj;
+  std::optional<MlpWeights> mlp;  // dense models
+  std::optional<MoeWeights> moe;  // MoE models
   // Recurrent state (DeltaNet) or KV cache (attention) of this layer.
   std::shared_ptr<gpu::Buffer> state, hist;  // [nv][D][D]; [K-1][C]
   std::shared_ptr<gpu::Buffer> k_cache, v_cache;
@@ -56,7 +73,17 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> q, k, v;      // [rows][nq*2*HD], [rows][nkv*HD] x2
   std::shared_ptr<gpu::Buffer> attn;         // [rows][nq*HD]
   std::shared_ptr<gpu::Buffer> part_o, part_ms;  // decode splits: [8][nq][splits][HD], float2 [8][nq][splits]
-  std::shared_ptr<gpu::Buffer> gate, up, act;    // [rows][intermediate]
+  std::shared_ptr<gpu::Buffer> gate, up, act;    // [rows][I]: dense MLP or shared expert (mlp_intermediate)
+  // MoE (pairs = rows * experts_per_token, see shaders/params/moe.h):
+  std::shared_ptr<gpu::Buffer> router_logits;    // [rows][experts]
+  std::shared_ptr<gpu::Buffer> shared_gate;      // [rows]: shared_expert_gate logit
+  std::shared_ptr<gpu::Buffer> route_ids;        // uint [pairs]: chosen experts
+  std::shared_ptr<gpu::Buffer> route_weights;    // [pairs]
+  std::shared_ptr<gpu::Buffer> expert_offsets;   // uint [experts + 1] (prefill grouping)
+  std::shared_ptr<gpu::Buffer> expert_order, expert_slot;  // uint [pairs] (prefill grouping)
+  std::shared_ptr<gpu::Buffer> expert_x;         // [pairs][hidden]: grouped input rows (prefill)
+  std::shared_ptr<gpu::Buffer> expert_gate, expert_up, expert_act;  // [pairs][moe_intermediate]
+  std::shared_ptr<gpu::Buffer> expert_out;       // [pairs][hidden]
   std::shared_ptr<gpu::Buffer> logits;       // [rows][vocab]
   std::shared_ptr<gpu::Buffer> partials;     // uint2 [rows][n_partials]: argmax stage 1
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
@@ -71,6 +98,8 @@ size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
 // "_b<bits>_g<group>": the kernel-name suffix of a quantized projection's variant.
 std::string quant_suffix(const QuantLinear& l);
+// Intermediate size of the buffers gate/up/act: the dense MLP's, or the shared expert's.
+uint32_t mlp_intermediate(const ModelDims& dims);
 
 std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
 // Bytes of weights one decode step streams (every projection once, the lm_head, norms).

@@ -12,6 +12,7 @@ Tensor names are the ones ``mlx_lm.convert`` writes: ``language_model.model.*`` 
 
     quantized linear / embedding  P.weight U32 [out, in*bits/32], P.scales BF16 [out, in/group],
                                   P.biases BF16 [out, in/group]  (w = scale * q + bias)
+    MoE experts (switch_mlp.*)    the same with a leading [experts] axis on all three
     float linear (left unquantized) P.weight BF16 [out, in]
     norms (stored as 1 + w)       BF16 [n]; linear_attn.norm (not shifted) BF16 [d_v]
     linear_attn.conv1d.weight     BF16 [C, K, 1];  dt_bias BF16 [n_v];  A_log F32 or BF16 [n_v]
@@ -206,6 +207,7 @@ class _Linear:
     module: str  # module path, e.g. language_model.model.layers.0.mlp.down_proj
     out_features: int
     in_features: int
+    experts: int = 0  # > 0: a stack of that many [out, in] matrices (MoE switch_mlp)
 
 
 @dataclass(frozen=True)
@@ -221,13 +223,11 @@ _MODEL = "language_model.model."
 
 def _layer_spec(cfg: ModelConfig, i: int) -> list:
     """What layer i must hold, with names relative to ``language_model.model.layers.{i}.``."""
-    H, I = cfg.hidden_size, cfg.intermediate_size
+    H = cfg.hidden_size
     spec: list = [
         _Vector("input_layernorm.weight", (H,)),
         _Vector("post_attention_layernorm.weight", (H,)),
-        _Linear("mlp.gate_proj", I, H),
-        _Linear("mlp.up_proj", I, H),
-        _Linear("mlp.down_proj", H, I),
+        *(_moe_spec(cfg) if cfg.is_moe else _mlp_spec("mlp.", H, cfg.intermediate_size)),
     ]
     if cfg.is_full_attention(i):
         nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -253,6 +253,24 @@ def _layer_spec(cfg: ModelConfig, i: int) -> list:
             _Vector("linear_attn.norm.weight", (cfg.linear_value_head_dim,)),
         ]
     return spec
+
+
+def _mlp_spec(prefix: str, H: int, I: int) -> list:
+    return [_Linear(prefix + "gate_proj", I, H), _Linear(prefix + "up_proj", I, H), _Linear(prefix + "down_proj", H, I)]
+
+
+def _moe_spec(cfg: ModelConfig) -> list:
+    """The sparse MoE block as mlx-lm names it (qwen3_next's SparseMoeBlock): router, stacked experts,
+    shared expert and its gate."""
+    H, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    return [
+        _Linear("mlp.gate", E, H),
+        _Linear("mlp.switch_mlp.gate_proj", I, H, E),
+        _Linear("mlp.switch_mlp.up_proj", I, H, E),
+        _Linear("mlp.switch_mlp.down_proj", H, I, E),
+        *_mlp_spec("mlp.shared_expert.", H, cfg.shared_expert_intermediate_size),
+        _Linear("mlp.shared_expert_gate", 1, H),
+    ]
 
 
 def _global_spec(cfg: ModelConfig) -> list:
@@ -309,13 +327,14 @@ class _Validator:
         (bits, group) its shapes imply, and one without stays float.
         """
         out, inp = lin.out_features, lin.in_features
+        stack = (lin.experts,) if lin.experts else ()  # leading expert axis of every tensor
         overrides = self.cfg.quant_override_map
         has_scales = module + ".scales" in self.tensors
         if module in overrides:
             q = overrides[module]
             why = f" (config.json quantization[{module!r}] = {'false' if q is None else q})"
         elif has_scales:
-            q = self._inferred(module, inp)
+            q = self._inferred(module, inp, len(stack) + 2)
             why = ""
         elif module + ".weight" not in self.tensors:
             q, why = self.cfg.quant_for(module, inp), ""  # missing: report what config.json implies
@@ -326,25 +345,27 @@ class _Validator:
         if q is None:
             if has_scales or module + ".biases" in self.tensors:
                 self.fail(module + ".scales", "present, but the module is float" + why)
-            self.take(module + ".weight", _FLOAT, (out, inp), why=why)
+            self.take(module + ".weight", _FLOAT, (*stack, out, inp), why=why)
             return None
         bits, group = q
-        self.take(module + ".weight", ("U32",), (out, inp * bits // 32), bits, group, why=f" for {bits}-bit" + why)
-        self.take(module + ".scales", _SCALES, (out, inp // group), bits, group, why=f" for group {group}" + why)
-        self.take(module + ".biases", _SCALES, (out, inp // group), bits, group, why=f" for group {group}" + why)
+        self.take(module + ".weight", ("U32",), (*stack, out, inp * bits // 32), bits, group,
+                  why=f" for {bits}-bit" + why)
+        for part in (".scales", ".biases"):
+            self.take(module + part, _SCALES, (*stack, out, inp // group), bits, group, why=f" for group {group}" + why)
         return q
 
-    def _inferred(self, module: str, inp: int):
+    def _inferred(self, module: str, inp: int, ndim: int):
         w, s = self.tensors.get(module + ".weight"), self.tensors[module + ".scales"]
         if w is None:
             self.fail(module + ".weight", "missing (its .scales are present)")
-        if w.dtype != "U32" or len(w.shape) != 2 or len(s.shape) != 2 or s.shape[1] == 0:
+        if w.dtype != "U32" or len(w.shape) != ndim or len(s.shape) != ndim or s.shape[-1] == 0:
+            layout = "[experts, out, in*bits/32]" if ndim == 3 else "[out, in*bits/32]"
             self.fail(module + ".weight", f"{w.dtype} {list(w.shape)} with scales {list(s.shape)} is not an MLX "
-                                          f"quantized weight (expected U32 [out, in*bits/32])")
-        if (w.shape[1] * 32) % inp or inp % s.shape[1]:
+                                          f"quantized weight (expected U32 {layout})")
+        if (w.shape[-1] * 32) % inp or inp % s.shape[-1]:
             self.fail(module + ".weight", f"shape {list(w.shape)} with scales {list(s.shape)} does not quantize "
                                           f"{inp} input features")
-        bits, group = w.shape[1] * 32 // inp, inp // s.shape[1]
+        bits, group = w.shape[-1] * 32 // inp, inp // s.shape[-1]
         if bits not in SUPPORTED_BITS:
             self.fail(module + ".weight", f"{bits}-bit quantization is not supported "
                                           f"(supported: {', '.join(map(str, SUPPORTED_BITS))})")

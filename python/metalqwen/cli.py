@@ -83,12 +83,16 @@ def _print_stream(model, prompt, options: dict, chat: bool) -> str:
 
 
 def _report(model) -> None:
-    s = model.last_stats
+    s, c = model.last_stats, model.config
     reused = f" ({s.prompt_tokens_reused} reused)" if s.prompt_tokens_reused else ""
+    # What a decode step streams: for MoE models the router, shared expert and chosen experts only.
+    active = f" (active experts: {c.num_experts_per_tok} of {c.num_experts})" if c.is_moe else ""
     full = f" | stopped: context full (max_context {model.max_context})" if s.context_full else ""
     print(f"prompt: {s.prompt_tokens} tokens{reused}, {s.prompt_tokens_per_second:.1f} tok/s | "
           f"decode: {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s | "
-          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step{full}", file=sys.stderr)
+          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step | "
+          f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}{full}",
+          file=sys.stderr)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -35,10 +35,14 @@ LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 _LAYER_TYPES = (LINEAR_ATTENTION, FULL_ATTENTION)
 
-# Top-level model types whose checkpoints this loader understands. mlx-lm has a module
-# only for "qwen3_5" (qwen3_5_text is the *nested* text_config's type, never a folder's).
-_MODEL_TYPES = ("qwen3_5",)
-_TEXT_MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
+# Top-level model types whose checkpoints this loader understands: mlx-lm's modules
+# (qwen3_5_text / qwen3_5_moe_text are the *nested* text_config's types, never a folder's).
+_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
+_TEXT_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+
+# Sizes moe.metal is specialised for (shaders/params/moe.h).
+MAX_EXPERTS = 512
+MAX_EXPERTS_PER_TOKEN = 16
 
 
 class CheckpointError(MetalqwenError, ValueError):
@@ -54,6 +58,11 @@ class ModelConfig:
     """The text model of a Qwen3.5 checkpoint, as the engine consumes it.
 
     ``layer_types[i]`` is "linear_attention" (Gated DeltaNet) or "full_attention".
+    ``num_experts`` > 0 makes every layer's MLP a sparse MoE block (mlx-lm's rule): a
+    router over ``num_experts``, the ``num_experts_per_tok`` most probable experts of
+    ``moe_intermediate_size`` (their weights renormalised when ``norm_topk_prob``) and a
+    shared expert of ``shared_expert_intermediate_size`` gated by sigmoid(shared_expert_gate);
+    ``intermediate_size`` (the dense MLP) is then 0 when the config omits it.
     ``quant_default`` is the folder-wide (bits, group_size) or None when unquantized;
     ``quant_overrides`` maps module paths (``language_model.model.layers.0.mlp.down_proj``)
     to (bits, group_size) or None (kept in float). Use ``quant_for`` rather than these.
@@ -83,6 +92,10 @@ class ModelConfig:
     attention_bias: bool = False
     attn_output_gate: bool = True
     num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
     quant_default: tuple[int, int] | None = None
     quant_overrides: tuple[tuple[str, tuple[int, int] | None], ...] = ()
     source: str = "config.json"
@@ -107,6 +120,10 @@ class ModelConfig:
     def linear_conv_dim(self) -> int:
         """Channels of the DeltaNet causal conv: [q nk*dk | k nk*dk | v nv*dv]."""
         return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def is_full_attention(self, layer: int) -> bool:
         return self.layer_types[layer] == FULL_ATTENTION
@@ -157,6 +174,11 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "eos_token_ids": list(self.eos_token_ids),
             "max_position_embeddings": self.max_position_embeddings,
+            "num_experts": self.num_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
+            "norm_topk_prob": self.norm_topk_prob,
         }
 
     # ------------------------------------------------------------------ parsing
@@ -229,11 +251,13 @@ class ModelConfig:
         tied = _tied(p)
         eos = _eos_ids(p, generation_config, source)
         quant_default, overrides = _quantization(raw, source)
+        experts = p.int("num_experts", default=0, minimum=0)
+        moe = experts > 0
         return cls(
             model_type=model_type,
             hidden_size=hidden,
             num_hidden_layers=layers,
-            intermediate_size=p.int("intermediate_size"),
+            intermediate_size=p.int("intermediate_size", default=0 if moe else _MISSING, minimum=0 if moe else 1),
             vocab_size=p.int("vocab_size"),
             num_attention_heads=heads,
             num_key_value_heads=p.int("num_key_value_heads"),
@@ -253,7 +277,11 @@ class ModelConfig:
             max_position_embeddings=p.int("max_position_embeddings", default=262144),
             attention_bias=p.bool("attention_bias", default=False),
             attn_output_gate=p.bool("attn_output_gate", default=True),
-            num_experts=p.int("num_experts", default=0, minimum=0),
+            num_experts=experts,
+            num_experts_per_tok=p.int("num_experts_per_tok") if moe else 0,
+            moe_intermediate_size=p.int("moe_intermediate_size") if moe else 0,
+            shared_expert_intermediate_size=p.int("shared_expert_intermediate_size") if moe else 0,
+            norm_topk_prob=p.bool("norm_topk_prob", default=True),
             quant_default=quant_default,
             quant_overrides=overrides,
             source=source,
@@ -270,7 +298,8 @@ def check_supported(config: ModelConfig) -> None:
     """Raises ConfigError when the model needs something the kernels are not specialised for.
 
     The attention kernels assume head_dim 256, the DeltaNet kernels d_k = d_v = 128 and a
-    conv kernel of 4; attention uses an output gate and no biases; the model is dense.
+    conv kernel of 4; attention uses an output gate and no biases; MoE routing (moe.metal)
+    takes up to MAX_EXPERTS experts and MAX_EXPERTS_PER_TOKEN of them per token.
     """
     src = config.source
 
@@ -296,7 +325,14 @@ def check_supported(config: ModelConfig) -> None:
          "only plain RoPE ('default') is implemented")
     need(not config.attention_bias, "attention_bias", config.attention_bias, "attention without biases only")
     need(config.attn_output_gate, "attn_output_gate", config.attn_output_gate, "the gated attention only")
-    need(config.num_experts == 0, "num_experts", config.num_experts, "dense (non-MoE) models only")
+    if config.is_moe:
+        need(config.num_experts <= MAX_EXPERTS, "num_experts", config.num_experts,
+             f"the MoE router kernel takes up to {MAX_EXPERTS}")
+        need(config.num_experts_per_tok <= min(config.num_experts, MAX_EXPERTS_PER_TOKEN), "num_experts_per_tok",
+             config.num_experts_per_tok,
+             f"at most num_experts = {config.num_experts} and at most {MAX_EXPERTS_PER_TOKEN}")
+        for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            need(getattr(config, name) % 4 == 0, name, getattr(config, name), "a multiple of 4")
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -61,7 +61,7 @@ class Chunk:
 def _require_quantized(ckpt: Checkpoint) -> None:
     """The kernels run MLX affine 4/8-bit projections only: refuse other layers up front."""
     for name, t in ckpt.tensors.items():
-        if name.endswith(".weight") and t.dtype != "U32" and len(t.shape) == 2 and not name.endswith("conv1d.weight"):
+        if name.endswith(".weight") and t.dtype != "U32" and len(t.shape) >= 2 and not name.endswith("conv1d.weight"):
             raise CheckpointError(
                 f"[checkpoint] {name} in {t.file} is stored unquantized ({t.dtype}); metalqwen runs MLX affine "
                 "4- or 8-bit projections only (quantize it with mlx_lm.convert -q)"

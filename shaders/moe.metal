@@ -1,0 +1,272 @@
+#include <metal_stdlib>
+using namespace metal;
+#include "params.h"
+// The expert projections run quant.metal's matvec / GEMM bodies on one expert's slice.
+#include "quant.metal"
+
+// The sparse MoE MLP of Qwen3.5-MoE layers (params/moe.h has the layouts):
+//   decode / verify: moe_route -> moe_qmv (gate, up) -> silu_mul -> moe_qmv (down) -> moe_combine
+//   prefill:         moe_route -> moe_group -> moe_gather_rows -> moe_qmm (gate, up) -> silu_mul
+//                    -> moe_qmm (down) -> moe_combine
+// Expert ids never leave the GPU: the projections read them (or the grouping) from buffers.
+
+// ---------------------------------------------------------------------------------------
+// Router: softmax over the experts, then top_k rounds of a SIMD-wide argmax. Lane l holds
+// experts l, l + 32, ...; a chosen expert's probability is replaced by -2 (below every
+// probability and below the -1 a lane starts its search from), so it is never chosen twice.
+[[kernel]] void moe_route(
+    device const float* logits [[buffer(0)]],  // [rows][logit_stride], first `experts` used
+    device uint* ids [[buffer(1)]],            // [rows][top_k]: chosen experts, most probable first
+    device float* weights [[buffer(2)]],       // [rows][top_k]: their routing weights
+    constant MoeRouteParams& p [[buffer(3)]],
+    uint row [[threadgroup_position_in_grid]],
+    uint lane [[thread_index_in_simdgroup]]) {
+  constexpr uint PER_LANE = MQ_MOE_MAX_EXPERTS / 32;
+  device const float* l = logits + (ulong)row * p.logit_stride;
+  float prob[PER_LANE];
+  float m = -INFINITY;
+  for (uint i = 0; i < PER_LANE; i++) {
+    const uint e = lane + 32 * i;
+    prob[i] = e < p.experts ? l[e] : -INFINITY;
+    m = max(m, prob[i]);
+  }
+  m = simd_max(m);
+  float sum = 0.0f;
+  for (uint i = 0; i < PER_LANE; i++) {
+    prob[i] = lane + 32 * i < p.experts ? exp(prob[i] - m) : 0.0f;
+    sum += prob[i];
+  }
+  sum = simd_sum(sum);
+  for (uint i = 0; i < PER_LANE; i++) prob[i] = prob[i] / sum;
+
+  float chosen[MQ_MOE_MAX_TOP_K];
+  uint chosen_id[MQ_MOE_MAX_TOP_K];
+  float total = 0.0f;
+  for (uint k = 0; k < p.top_k; k++) {
+    float best = -1.0f;
+    uint best_id = p.experts;
+    for (uint i = 0; i < PER_LANE; i++) {  // ascending ids: a lane keeps its lowest on ties
+      if (lane + 32 * i < p.experts && prob[i] > best) {
+        best = prob[i];
+        best_id = lane + 32 * i;
+      }
+    }
+    const float top = simd_max(best);
+    const uint id = simd_min(best == top ? best_id : p.experts);
+    // No expert beats -1 only when the logits hold NaN: keep the id in range, poison the weight.
+    const bool found = id < p.experts;
+    chosen_id[k] = found ? id : k % p.experts;
+    chosen[k] = found ? top : NAN;
+    total += chosen[k];
+    if (found && id % 32 == lane) prob[id / 32] = -2.0f;
+  }
+  if (lane == 0) {
+    const float scale = p.norm_top_k ? 1.0f / total : 1.0f;
+    for (uint k = 0; k < p.top_k; k++) {
+      ids[(ulong)row * p.top_k + k] = chosen_id[k];
+      weights[(ulong)row * p.top_k + k] = p.norm_top_k ? chosen[k] * scale : chosen[k];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Grouping for prefill: a counting sort of the pairs by expert in one threadgroup. Thread t
+// owns experts t, t + T, ...: it counts their pairs, thread 0 turns the counts into
+// offsets, then each thread lists its experts' pairs in ascending order (deterministic).
+// O(experts * pairs) compares in all: a few hundred thousand for a 64-row chunk.
+[[kernel]] void moe_group(
+    device const uint* ids [[buffer(0)]],  // [pairs]: expert of each pair (moe_route's ids)
+    device uint* offsets [[buffer(1)]],    // [experts + 1]
+    device uint* order [[buffer(2)]],      // [pairs]: pair indices grouped by expert
+    device uint* slot [[buffer(3)]],       // [pairs]: position of each pair in order
+    constant MoeGroupParams& p [[buffer(4)]],
+    uint tid [[thread_index_in_threadgroup]],
+    uint threads [[threads_per_threadgroup]]) {
+  threadgroup uint start[MQ_MOE_MAX_EXPERTS + 1];
+  if (tid == 0) start[0] = 0;
+  for (uint e = tid; e < p.experts; e += threads) {
+    uint count = 0;
+    for (uint q = 0; q < p.pairs; q++) count += ids[q] == e ? 1u : 0u;
+    start[e + 1] = count;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (tid == 0)
+    for (uint e = 0; e < p.experts; e++) start[e + 1] += start[e];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint e = tid; e <= p.experts; e += threads) offsets[e] = start[e];
+  for (uint e = tid; e < p.experts; e += threads) {
+    uint n = start[e];
+    for (uint q = 0; q < p.pairs; q++) {
+      if (ids[q] == e) {
+        order[n] = q;
+        slot[q] = n;
+        n++;
+      }
+    }
+  }
+}
+
+// Each pair's input row in grouped order, so that an expert's rows are contiguous for moe_qmm.
+[[kernel]] void moe_gather_rows(
+    device const float* src [[buffer(0)]],  // [rows][src_stride]: one row per token
+    device const uint* order [[buffer(1)]], // [pairs]: moe_group's order
+    device float* dst [[buffer(2)]],        // [pairs][dst_stride]
+    constant MoeGatherParams& p [[buffer(3)]],
+    uint2 gid [[thread_position_in_grid]]) {
+  const uint i = gid.x * 4;
+  if (i >= p.dim || gid.y >= p.pairs) return;
+  const uint row = order[gid.y] / p.top_k;
+  *(device float4*)(dst + (ulong)gid.y * p.dst_stride + i) =
+      *(device const float4*)(src + (ulong)row * p.src_stride + i);
+}
+
+// ---------------------------------------------------------------------------------------
+// Expert projections. Expert e's slice of the stacked weight starts e * out_dim rows in.
+
+template <int BITS, int GROUP>
+[[kernel]] void moe_qmv(
+    device const uint* w [[buffer(0)]],         // [experts][out_dim][in_dim*BITS/32]
+    device const bfloat* scales [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
+    device const bfloat* biases [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
+    device const uint* ids [[buffer(3)]],       // [pairs]: expert of each pair
+    device const float* x [[buffer(4)]],        // [pairs / x_pairs][x_stride]
+    device float* y [[buffer(5)]],              // [pairs][y_stride], first out_dim written
+    constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
+  const uint q = tg.y;
+  const ulong e = min(ids[q], p.experts - 1);  // moe_route writes ids < experts; never read past the stack
+  const ulong rows = e * p.out_dim;
+  qmv_body<BITS, GROUP>(w + rows * (p.in_dim * BITS / 32), scales + rows * (p.in_dim / GROUP),
+                        biases + rows * (p.in_dim / GROUP), x + (ulong)(q / p.x_pairs) * p.x_stride,
+                        y + (ulong)q * p.y_stride, p.in_dim, p.out_dim, tg.x, sg, lane);
+}
+
+template <int BITS, int GROUP>
+[[kernel]] void moe_qmm(
+    device const uint* w [[buffer(0)]],         // [experts][out_dim][in_dim*BITS/32]
+    device const bfloat* scales [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
+    device const bfloat* biases [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
+    device const uint* offsets [[buffer(3)]],   // [experts + 1]: moe_group's offsets
+    device const float* x [[buffer(4)]],        // [pairs][x_stride], grouped by expert
+    device float* y [[buffer(5)]],              // [pairs][y_stride], same order
+    constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]) {
+  threadgroup float4 smem[QMM_SMEM_FLOAT4S];
+  const uint first = offsets[tg.z];
+  const uint count = offsets[tg.z + 1] - first;
+  if (tg.x * MQ_QMM_TILE_ROWS >= count) return;  // uniform: past this expert's rows
+  const ulong rows = (ulong)tg.z * p.out_dim;
+  const QuantMatmulParams mp{p.in_dim, p.out_dim, count, p.x_stride, p.y_stride};
+  qmm_tile<BITS, GROUP>(w + rows * (p.in_dim * BITS / 32), scales + rows * (p.in_dim / GROUP),
+                        biases + rows * (p.in_dim / GROUP), x + (ulong)first * p.x_stride,
+                        y + (ulong)first * p.y_stride, mp, smem, uint2(tg.x, tg.y), tid, sg);
+}
+
+// ---------------------------------------------------------------------------------------
+// Weighted sum of the chosen experts' outputs (slot order, as the router ranked them),
+// plus the shared expert scaled by its sigmoid gate.
+[[kernel]] void moe_combine(
+    device const float* expert_out [[buffer(0)]],  // [pairs][eo_stride]
+    device const uint* slot [[buffer(1)]],         // [pairs]: row of each pair (grouped only)
+    device const float* weights [[buffer(2)]],     // [rows][top_k]
+    device const float* shared_gate [[buffer(3)]], // [rows][gate_stride]: shared_expert_gate logit
+    device float* y [[buffer(4)]],                 // [rows][y_stride]: shared expert in, MLP out
+    constant MoeCombineParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]) {
+  const uint i = gid.x * 4, r = gid.y;
+  if (i >= p.dim || r >= p.rows) return;
+  float4 acc = 0.0f;
+  for (uint s = 0; s < p.top_k; s++) {
+    const uint q = r * p.top_k + s;
+    const uint at = p.grouped ? slot[q] : q;
+    acc = fma(float4(weights[q]), *(device const float4*)(expert_out + (ulong)at * p.eo_stride + i), acc);
+  }
+  const float gate = 1.0f / (1.0f + exp(-shared_gate[(ulong)r * p.gate_stride]));
+  device float4* out = (device float4*)(y + (ulong)r * p.y_stride + i);
+  *out = acc + gate * *out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Instantiations: <op>_b<bits>_g<group> for bits 4, 8 and groups 32, 64, 128, as quant.metal.
+
+template [[host_name("moe_qmv_b4_g32")]] [[kernel]] void moe_qmv<4, 32>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b4_g32")]] [[kernel]] void moe_qmm<4, 32>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+
+template [[host_name("moe_qmv_b4_g64")]] [[kernel]] void moe_qmv<4, 64>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b4_g64")]] [[kernel]] void moe_qmm<4, 64>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+
+template [[host_name("moe_qmv_b4_g128")]] [[kernel]] void moe_qmv<4, 128>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b4_g128")]] [[kernel]] void moe_qmm<4, 128>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+
+template [[host_name("moe_qmv_b8_g32")]] [[kernel]] void moe_qmv<8, 32>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b8_g32")]] [[kernel]] void moe_qmm<8, 32>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+
+template [[host_name("moe_qmv_b8_g64")]] [[kernel]] void moe_qmv<8, 64>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b8_g64")]] [[kernel]] void moe_qmm<8, 64>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+
+template [[host_name("moe_qmv_b8_g128")]] [[kernel]] void moe_qmv<8, 128>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b8_g128")]] [[kernel]] void moe_qmm<8, 128>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
+    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
