@@ -170,6 +170,18 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if text else 1
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .server import create_app
+
+    model = _load(args)
+    app = create_app(model, api_key=args.api_key, max_queue=args.max_queue)
+    print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
     from .convert import convert
 
@@ -227,6 +239,16 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("-p", "--prompt", default="Hello! Who are you?", help="the user message")
     demo.add_argument("--max-tokens", type=int, default=24, help="tokens to generate (default 24)")
     demo.set_defaults(run=_demo)
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, ...)")
+    serve.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
+    _add_common_options(serve)
+    serve.add_argument("--max-context", type=int, default=8192, help="prompt + generated tokens (default 8192)")
+    serve.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
+    serve.set_defaults(run=_serve)
     convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head kept")
     convert.add_argument("hf_dir", help="the original's folder (config.json, *.safetensors, tokenizer)")
     convert.add_argument("out_dir", help="the MLX folder to write (must not exist)")

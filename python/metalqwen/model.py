@@ -83,6 +83,7 @@ class Model:
         self.last_stats: GenerationStats | None = None
         # Every token the latest generate/stream produced, eos included (also when interrupted).
         self.last_tokens: list[int] = []
+        self.last_finish_reason = "stop"  # of the latest generate/stream: "stop" | "length"
 
     @property
     def max_context(self) -> int:
@@ -121,7 +122,8 @@ class Model:
             text.append(chunk.text)
             if chunk.token is not None:
                 tokens.append(chunk.token)
-        return Generation(tokens=tokens, text="".join(text), finish_reason=self._finish, stats=self.last_stats)
+        return Generation(tokens=tokens, text="".join(text), finish_reason=self.last_finish_reason,
+                          stats=self.last_stats)
 
     def stream(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None,
@@ -146,7 +148,7 @@ class Model:
         """The generator behind ``stream`` (arguments already checked, so errors come at the call)."""
         stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
         self.last_tokens = []
-        self._finish = "length"
+        self.last_finish_reason = "length"
         # Prefill chose one token and each decode step feeds one: room for max_context - len(ids).
         room = self.max_context - len(ids)
         budget = min(max_tokens, room)
@@ -165,12 +167,12 @@ class Model:
                 stats.generated_tokens += 1
                 self.last_tokens.append(token)
                 if token in eos:
-                    self._finish = "stop"
+                    self.last_finish_reason = "stop"
                     break
                 text, hit = stopper.feed(decoder.add(token))
                 yield Chunk(text=text, token=token)
                 if hit:
-                    self._finish = "stop"
+                    self.last_finish_reason = "stop"
                     break
         finally:
             self._engine.decode_end()
@@ -181,7 +183,7 @@ class Model:
                 self.last_tokens = fed
                 stats.generated_tokens = len(fed)
             stats.decode_seconds = time.perf_counter() - start
-            stats.context_full = self._finish == "length" and stats.generated_tokens == room < max_tokens
+            stats.context_full = self.last_finish_reason == "length" and stats.generated_tokens == room < max_tokens
             stats.engine = self.counters()
         if not hit:  # text after a stop string is dropped; otherwise flush what is held back
             tail, _ = stopper.feed(decoder.flush())

@@ -1,0 +1,227 @@
+"""The OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions,
+/health and /metrics, on FastAPI. Requests are checked by the pydantic models of
+schemas.py; every refusal is an OpenAI-style error body naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from ..errors import MetalqwenError
+from ..model import Model
+from .metrics import Metrics
+from .output_parser import Delta, OutputParser
+from .schemas import ChatCompletionRequest, CompletionRequest
+from .worker import Job, QueueFull, Worker
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.kind = status, param, kind
+
+
+def _error(status: int, message: str, param: str | None, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+
+
+def _sampling_defaults(folder: str) -> dict:
+    """Qwen's recommended sampling settings from the folder's generation_config.json."""
+    try:
+        with open(os.path.join(folder, "generation_config.json")) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: found[k] for k in ("temperature", "top_p", "top_k") if isinstance(found.get(k), (int, float))}
+
+
+def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
+               max_queue: int = 16) -> FastAPI:
+    """The server's ASGI app around a loaded model (one engine; requests take turns)."""
+    worker = Worker(model, max_queue)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        worker.stop()
+
+    app = FastAPI(title="metalqwen", docs_url=None, redoc_url=None, lifespan=lifespan)
+    model_id = model_id or os.path.basename(os.path.normpath(model.checkpoint.path))
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **_sampling_defaults(model.checkpoint.path)}
+    metrics = Metrics(model, worker)
+
+    @app.middleware("http")
+    async def _bearer(request: Request, call_next):
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            return _error(401, "missing or wrong API key (Authorization: Bearer ...)", None, "authentication_error")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+        return _error(400, f"{param or 'body'}: {first['msg']}", param, "invalid_request_error")
+
+    @app.exception_handler(_Refused)
+    async def _refused(request: Request, exc: _Refused):
+        return _error(exc.status, str(exc), exc.param, exc.kind)
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "metalqwen"}]}
+
+    def options(req, prompt: list[int], max_tokens: int | None) -> dict:
+        room = model.max_context - len(prompt)
+        if room < 1:
+            raise _Refused(400, f"the prompt has {len(prompt)} tokens; max_context is {model.max_context}", "messages")
+        pick = lambda name: getattr(req, name) if getattr(req, name) is not None else defaults[name]  # noqa: E731
+        return dict(max_tokens=min(max_tokens or room, room), temperature=pick("temperature"), top_p=pick("top_p"),
+                    top_k=max(pick("top_k"), 0), seed=req.seed, stop=req.stop or None)
+
+    def start(job: Job) -> Job:
+        try:
+            worker.submit(job)
+        except QueueFull as e:
+            raise _Refused(429, str(e), None, "rate_limit_error") from None
+        metrics.requests += 1
+        return job
+
+    async def run(job: Job):
+        """The job's text chunks; ends the job when the response ends, also a client gone mid-stream."""
+        try:
+            async for text in job.chunks():
+                yield text
+        except (MetalqwenError, ValueError, TypeError) as e:
+            raise _Refused(400, str(e)) from None
+        finally:
+            job.cancelled = True  # the worker stops before its next decode step
+        metrics.finished(job)
+
+    def usage(job: Job) -> dict:
+        s = job.stats
+        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
+                "total_tokens": s.prompt_tokens + s.generated_tokens,
+                "prompt_tokens_details": {"cached_tokens": s.prompt_tokens_reused}}
+
+    def sse(data: dict | str) -> str:
+        return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest):
+        tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
+        try:
+            text = model.tokenizer.apply_chat_template([m.for_template() for m in req.messages], tools=tools,
+                                                       **req.chat_template_kwargs)
+        except (ValueError, MetalqwenError) as e:
+            raise _Refused(400, str(e), "messages") from None
+        prompt = model.tokenizer.encode(text)
+        job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens),
+                        asyncio.get_running_loop()))
+        parser = OutputParser(in_reasoning=text.rfind("<think>") > text.rfind("</think>"), tools=tools)
+        head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model_id}
+
+        def finish_reason(calls: int) -> str:
+            return "tool_calls" if calls else job.finish_reason
+
+        def delta_json(d: Delta, first_index: int) -> dict:
+            out: dict[str, Any] = {}
+            if d.reasoning:
+                out["reasoning_content"] = d.reasoning
+            if d.content:
+                out["content"] = d.content
+            if d.tool_calls:
+                out["tool_calls"] = [{"index": first_index + i, "id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}}
+                                     for i, c in enumerate(d.tool_calls)]
+            return out
+
+        if req.stream:
+            async def events():
+                chunk = {**head, "object": "chat.completion.chunk"}
+                yield sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "finish_reason": None}]})
+                calls = 0
+                try:
+                    async for piece in run(job):
+                        if d := parser.feed(piece):
+                            yield sse({**chunk, "choices": [{"index": 0, "delta": delta_json(d, calls),
+                                                             "finish_reason": None}]})
+                            calls += len(d.tool_calls)
+                except _Refused as e:
+                    yield sse({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}})
+                    return
+                d = parser.finish()
+                calls += len(d.tool_calls)
+                yield sse({**chunk, "choices": [{"index": 0, "delta": delta_json(d, calls - len(d.tool_calls)),
+                                                 "finish_reason": finish_reason(calls)}]})
+                if req.stream_options and req.stream_options.include_usage:
+                    yield sse({**chunk, "choices": [], "usage": usage(job)})
+                yield sse("[DONE]")
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        total = Delta()
+        async for piece in run(job):
+            d = parser.feed(piece)
+            total.reasoning, total.content = total.reasoning + d.reasoning, total.content + d.content
+            total.tool_calls += d.tool_calls
+        d = parser.finish()
+        total.reasoning, total.content = total.reasoning + d.reasoning, total.content + d.content
+        total.tool_calls += d.tool_calls
+        message: dict[str, Any] = {"role": "assistant", "content": total.content or None}
+        if total.reasoning:
+            message["reasoning_content"] = total.reasoning
+        if total.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in total.tool_calls]
+        return {**head, "object": "chat.completion", "usage": usage(job),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(len(total.tool_calls))}]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        try:
+            prompt = (model.tokenizer.encode(req.prompt) if isinstance(req.prompt, str)
+                      else model.prompt_ids(req.prompt))
+        except (ValueError, TypeError) as e:
+            raise _Refused(400, str(e), "prompt") from None
+        job = start(Job(prompt, options(req, prompt, req.max_tokens or 16), asyncio.get_running_loop()))
+        head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+                "model": model_id}
+        if req.stream:
+            async def events():
+                try:
+                    async for piece in run(job):
+                        yield sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": None,
+                                                        "finish_reason": None}]})
+                except _Refused as e:
+                    yield sse({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}})
+                    return
+                yield sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                                "finish_reason": job.finish_reason}]})
+                if req.stream_options and req.stream_options.include_usage:
+                    yield sse({**head, "choices": [], "usage": usage(job)})
+                yield sse("[DONE]")
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        text = "".join([piece async for piece in run(job)])
+        return {**head, "usage": usage(job),
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason}]}
+
+    return app

@@ -1,0 +1,33 @@
+"""/metrics in the Prometheus text format, with the counters vLLM and llama-server expose."""
+
+from __future__ import annotations
+
+
+class Metrics:
+    def __init__(self, model, worker):
+        self.model, self.worker = model, worker
+        self.requests = 0
+        self.prompt_tokens = self.generated_tokens = self.cached_tokens = self.cache_hits = 0
+
+    def finished(self, job) -> None:
+        s = job.stats
+        if s is None:
+            return
+        self.prompt_tokens += s.prompt_tokens
+        self.generated_tokens += s.generated_tokens
+        self.cached_tokens += s.prompt_tokens_reused
+        self.cache_hits += s.prompt_tokens_reused > 0
+
+    def render(self) -> str:
+        counters = self.model.counters()
+        rows = [
+            ("requests_total", "counter", "requests accepted", self.requests),
+            ("prompt_tokens_total", "counter", "prompt tokens of finished requests", self.prompt_tokens),
+            ("generated_tokens_total", "counter", "tokens generated", self.generated_tokens),
+            ("cache_hits_total", "counter", "requests that reused cached tokens", self.cache_hits),
+            ("cached_tokens_total", "counter", "prompt tokens taken from the cache", self.cached_tokens),
+            ("queue_depth", "gauge", "requests waiting for the engine", self.worker.queue_depth),
+            ("engine_steps_total", "counter", "command buffers the engine committed", counters["steps"]),
+        ]
+        return "".join(f"# HELP metalqwen_{n} {h}\n# TYPE metalqwen_{n} {t}\nmetalqwen_{n} {v}\n"
+                       for n, t, h, v in rows)

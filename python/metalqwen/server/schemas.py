@@ -1,0 +1,172 @@
+"""The request bodies of the OpenAI API routes the server offers, as pydantic models.
+
+Unknown fields are ignored (clients send many); known fields are checked by type and
+range, and a failure becomes a 400 naming the field (see app.py). Fields the engine
+cannot honour yet are refused when set to anything but their neutral value, rather than
+silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Body):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[dict[str, Any]], None] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallIn]] = None
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content):
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text":
+                    raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+                texts.append(TextPart(**part).text)
+            return "".join(texts)
+        return content
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        if not (self.content or "").strip() and not self.tool_calls and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs some content")
+        return self
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (tool-call arguments parsed back to objects)."""
+        import json
+
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.content or ""}
+        if self.reasoning_content:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            calls = []
+            for c in self.tool_calls:
+                try:
+                    args = json.loads(c.function.arguments or "{}")
+                except ValueError:
+                    raise ValueError(f"tool call {c.function.name}: arguments are not JSON") from None
+                calls.append({"type": "function", "function": {"name": c.function.name, "arguments": args}})
+            out["tool_calls"] = calls
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class Function(_Body):
+    name: str = Field(min_length=1)
+    description: Optional[str] = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, schema):
+        if schema.get("type", "object") != "object" or not isinstance(schema.get("properties", {}), dict):
+            raise ValueError("parameters must be a JSON schema of type object with a properties object")
+        return schema
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: Function
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """Fields both routes share. None means: the folder's generation_config.json default."""
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0, le=2)
+    top_p: Optional[float] = Field(default=None, gt=0, le=1)
+    top_k: Optional[int] = Field(default=None, ge=-1)
+    min_p: Optional[float] = Field(default=None, ge=0, le=1)
+    presence_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
+    repetition_penalty: Optional[float] = Field(default=None, gt=0)
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop):
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > 4 or not all(stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @model_validator(mode="after")
+    def _not_yet(self):
+        # Neutral values are accepted; others need the GPU sampler's penalties and min-p.
+        for name, neutral in (("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                              ("repetition_penalty", 1.0)):
+            value = getattr(self, name)
+            if value is not None and value != neutral:
+                raise ValueError(f"{name} is not supported yet by this server (leave it out or {neutral})")
+        return self
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict, None] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.logprobs:
+            raise ValueError("logprobs is not supported yet by this server")
+        if isinstance(self.tool_choice, dict) or self.tool_choice == "required":
+            raise ValueError("tool_choice supports 'auto' and 'none'")
+        return self
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[int]]
+    logprobs: Optional[int] = None
+    echo: bool = False
+    suffix: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.logprobs is not None or self.echo or self.suffix:
+            raise ValueError("logprobs, echo and suffix are not supported yet by this server")
+        if isinstance(self.prompt, str) and not self.prompt or isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt is empty")
+        return self

@@ -1,0 +1,92 @@
+"""One engine, one thread: requests queue here (FIFO, bounded) and run one at a time.
+
+The engine is not thread-safe, and a decode step is bound by streaming the weights, so
+requests take turns. Each job streams its chunks back to the asyncio loop that waits for
+them; a cancelled job (client gone) stops before its next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import Model
+
+_DONE = object()
+
+
+class QueueFull(Exception):
+    """More requests waiting than the server takes (HTTP 429)."""
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    options: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False
+    error: BaseException | None = None
+    stats: Any = None
+    finish_reason: str = "stop"
+
+    def _put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+    async def chunks(self):
+        """The generated text, chunk by chunk; raises what the generation raised."""
+        while (item := await self.events.get()) is not _DONE:
+            yield item
+        if self.error is not None:
+            raise self.error
+
+
+class Worker:
+    def __init__(self, model: Model, max_queue: int):
+        self.model, self.max_queue = model, max_queue
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="metalqwen-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._waiting
+
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            if self._waiting >= self.max_queue:
+                raise QueueFull(f"{self._waiting} requests are waiting (--max-queue {self.max_queue}); retry later")
+            self._waiting += 1
+        self._jobs.put(job)
+        return job
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            with self._lock:
+                self._waiting -= 1
+            if not job.cancelled:
+                self._generate(job)
+            job._put(_DONE)
+
+    def _generate(self, job: Job) -> None:
+        try:
+            stream = self.model.stream(job.prompt, **job.options)
+            try:
+                for chunk in stream:
+                    if job.cancelled:
+                        break
+                    job._put(chunk.text)
+            finally:
+                stream.close()
+            job.stats, job.finish_reason = self.model.last_stats, self.model.last_finish_reason
+        except Exception as e:  # handed to the request that asked (the engine stays usable)
+            job.error = e

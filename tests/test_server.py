@@ -1,0 +1,218 @@
+"""`metalqwen serve` on 127.0.0.1 with the demo checkpoint, spoken to by the official
+`openai` client and by raw HTTP for what a client library would not send."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+import metalqwen
+from conftest import require
+from metalqwen.server import create_app
+
+
+class _LiveServer:
+    def __init__(self, app):
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def model(demo, device):
+    return metalqwen.load(demo, device=device, max_context=512, progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    live = _LiveServer(create_app(model, max_queue=4))
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = require("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+def _greedy(model, ids, n):
+    model.reset()
+    return model.generate(ids, max_tokens=n)
+
+
+def test_models_and_health(server, client, demo):
+    import os
+
+    assert [m.id for m in client.models.list().data] == [os.path.basename(demo)]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_chat_completion_equals_the_model_and_splits_thinking(client, model):
+    messages = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="x", messages=messages, max_tokens=12, temperature=0)
+    want = _greedy(model, model.tokenizer.encode_chat(messages), 12)
+    msg = r.choices[0].message
+    # The prompt ends inside <think>: the answer is reasoning until a </think>.
+    assert msg.reasoning_content == want.text.split("</think>")[0]
+    assert r.choices[0].finish_reason == want.finish_reason
+    assert r.usage.prompt_tokens == want.stats.prompt_tokens and r.usage.completion_tokens == 12
+    off = client.chat.completions.create(model="x", messages=messages, max_tokens=12, temperature=0,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    want = _greedy(model, model.tokenizer.encode_chat(messages, enable_thinking=False), 12)
+    assert off.choices[0].message.content == want.text.lstrip("\n")
+    assert getattr(off.choices[0].message, "reasoning_content", None) is None
+
+
+def test_streaming_equals_the_whole_answer_and_reports_usage(client):
+    kwargs = dict(model="x", messages=[{"role": "user", "content": "tell me"}], max_tokens=10, temperature=0,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_completions_with_text_and_ids_seeds_and_stops(client, model):
+    r = client.completions.create(model="x", prompt="The sky is", max_tokens=8, temperature=0)
+    want = _greedy(model, model.tokenizer.encode("The sky is"), 8)
+    assert r.choices[0].text == want.text
+    ids = client.completions.create(model="x", prompt=model.tokenizer.encode("The sky is"), max_tokens=8,
+                                    temperature=0)
+    assert ids.choices[0].text == want.text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="x", prompt="The sky is", max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed == want.text
+    a, b = (client.completions.create(model="x", prompt="Once", max_tokens=8, temperature=0.9, seed=7)
+            for _ in range(2))
+    assert a.choices[0].text == b.choices[0].text
+    stop = want.text[3:6]
+    cut = client.completions.create(model="x", prompt="The sky is", max_tokens=8, temperature=0, stop=[stop])
+    assert cut.choices[0].text == want.text[: want.text.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": ""}]}, "messages.0"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}, None),
+    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "string"}}}]}, "tools.0.function.parameters"),
+])
+def test_bad_requests_are_400_naming_the_field(server, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    if param:
+        assert error["param"] == param, error
+
+
+def test_malformed_requests_then_a_normal_one(server, client):
+    for raw in (b"{", b"[]", b'{"messages": "hi"}', b"\xff\xfe"):
+        r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400, (raw, r.text)
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert r.usage.completion_tokens == 3
+
+
+def test_a_client_gone_mid_stream_stops_the_engine(server, model, client):
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+    time.sleep(1.0)
+    steps = model.counters()["steps"]
+    time.sleep(1.5)
+    assert model.counters()["steps"] == steps, "the engine kept decoding for a client that left"
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert r.usage.completion_tokens == 3
+
+
+def test_metrics_count_requests_and_tokens(server, client):
+    client.completions.create(model="x", prompt="Hello", max_tokens=4, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+    assert values["metalqwen_requests_total"] >= 1 and values["metalqwen_generated_tokens_total"] >= 4
+    assert values["metalqwen_engine_steps_total"] > 0 and values["metalqwen_queue_depth"] == 0
+
+
+def test_api_key_and_a_full_queue(model):
+    live = _LiveServer(create_app(model, api_key="secret", max_queue=0))
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(live.url + "/v1/chat/completions", json=body).status_code == 401
+        assert httpx.get(live.url + "/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
+        ok = {"authorization": "Bearer secret"}
+        assert httpx.get(live.url + "/v1/models", headers=ok).status_code == 200
+        full = httpx.post(live.url + "/v1/chat/completions", json=body, headers=ok)
+        assert full.status_code == 429 and full.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        live.close()
+
+
+def test_omitted_sampling_fields_take_the_generation_config(client, model, demo):
+    with open(f"{demo}/generation_config.json") as f:
+        qwen = json.load(f)  # the demo ships Qwen's recommended settings
+    r = client.completions.create(model="x", prompt="Once", max_tokens=8, seed=5)
+    model.reset()
+    want = model.generate("Once", max_tokens=8, seed=5, temperature=qwen["temperature"], top_p=qwen["top_p"],
+                          top_k=qwen["top_k"])
+    assert r.choices[0].text == want.text
+    model.reset()
+    assert want.text != model.generate("Once", max_tokens=8, temperature=0).text  # not greedy
+
+
+def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "metalqwen.cli", "serve", "-m", demo, "--device", device.kind,
+                             "--port", str(port), "--max-context", "256"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.stderr.close()
