@@ -216,3 +216,28 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
     finally:
         proc.kill()
         proc.stderr.close()
+
+
+def test_the_next_chat_turn_resumes_from_the_prefix_cache(demo, device):
+    openai = require("openai")
+    m = metalqwen.load(demo, device=device, max_context=512, prefix_cache_bytes=64 << 20, progress=False)
+    live = _LiveServer(create_app(m))
+    try:
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused")
+        turn = [{"role": "user", "content": "hi there"}]
+        first = client.chat.completions.create(model="x", messages=turn, max_tokens=6, temperature=0)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        answer = first.choices[0].message
+        turn += [{"role": "assistant", "content": answer.content or "", "reasoning_content": answer.reasoning_content},
+                 {"role": "user", "content": "and then?"}]
+        second = client.chat.completions.create(model="x", messages=turn, max_tokens=6, temperature=0)
+        # The template drops the first answer's thinking: the hit is at the end of the first user turn.
+        end_of_user = len(m.tokenizer.encode(m.tokenizer.apply_chat_template(turn[:1], add_generation_prompt=False)))
+        assert second.usage.prompt_tokens_details.cached_tokens == end_of_user
+        cold = metalqwen.load(demo, device=device, max_context=512, progress=False)
+        want = cold.generate(m.tokenizer.encode_chat(turn), max_tokens=6)
+        assert second.choices[0].message.reasoning_content == want.text
+        metrics = httpx.get(live.url + "/metrics").text
+        assert "metalqwen_prefix_cache_entries" in metrics and "metalqwen_cache_hits_total 1" in metrics
+    finally:
+        live.close()

@@ -65,6 +65,11 @@ Sampling sampling(float temperature, int top_k, float top_p, uint64_t seed) { re
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  // Device memory holding a sequence state (see engine.h); Engine.restore puts it back.
+  py::class_<Snapshot, std::shared_ptr<Snapshot>>(m, "Snapshot")
+      .def_readonly("position", &Snapshot::position)
+      .def_readonly("tokens", &Snapshot::tokens)
+      .def_property_readonly("nbytes", &Snapshot::nbytes);
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, py::object progress) {
@@ -94,7 +99,8 @@ void bind_engine(py::module_& m) {
       .def(
           "prefill",
           [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, uint64_t seed,
-             const std::string& logits, py::object progress) -> py::object {
+             const std::string& logits, py::object progress, std::vector<int> snapshot_at,
+             py::object snapshots) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
             // Between chunks: a pending Ctrl-C raises KeyboardInterrupt here (the chunks
@@ -105,11 +111,14 @@ void bind_engine(py::module_& m) {
               if (!progress.is_none()) progress(done, total);
             };
             std::vector<float> out;
+            std::vector<std::shared_ptr<Snapshot>> taken;
             {
               py::gil_scoped_release release;
               out = e.prefill(tokens, sampling(temperature, top_k, top_p, seed), logits == "all", logits == "last",
-                              between_chunks);
+                              between_chunks, snapshot_at, &taken);
             }
+            if (!snapshots.is_none())
+              for (auto& s : taken) snapshots.attr("append")(s);
             if (logits == "none") return py::none();
             const size_t vocab = size_t(e.dims().vocab);
             py::array_t<float> a({out.size() / vocab, vocab});
@@ -117,7 +126,9 @@ void bind_engine(py::module_& m) {
             return a;
           },
           py::arg("tokens"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-          py::arg("seed") = 0, py::arg("logits") = "none", py::arg("progress") = py::none())
+          py::arg("seed") = 0, py::arg("logits") = "none", py::arg("progress") = py::none(),
+          py::arg("snapshot_at") = std::vector<int>{}, py::arg("snapshots") = py::none())
+      .def("restore", &Engine::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin",
            [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, uint64_t seed) {
              e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, seed));

@@ -96,7 +96,9 @@ void Engine::wait(gpu::CommandBuffer& cb) {
 }
 
 std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
-                                   bool last_logits, const PrefillProgress& progress) {
+                                   bool last_logits, const PrefillProgress& progress,
+                                   const std::vector<int>& snapshot_at,
+                                   std::vector<std::shared_ptr<Snapshot>>* snapshots) {
   decode_end();
   if (tokens.empty()) throw EngineError("[engine] prefill needs at least one token");
   // One slot past the last token receives the chosen next token.
@@ -106,15 +108,29 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
     if (t >= vocab) throw EngineError("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
   std::memcpy(static_cast<uint32_t*>(ws_->ids->contents()) + position_, tokens.data(), tokens.size() * 4);
 
+  const int end = position_ + int(tokens.size());
+  for (size_t i = 0; i < snapshot_at.size(); ++i)
+    if (snapshot_at[i] <= position_ || snapshot_at[i] > end || (i > 0 && snapshot_at[i] <= snapshot_at[i - 1]))
+      throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(position_) + ", " +
+                        std::to_string(end) + "]");
+  auto next_snapshot = snapshot_at.begin();
+
   std::vector<float> logits;
   if (all_logits) logits.reserve(tokens.size() * vocab);
   std::unique_ptr<gpu::CommandBuffer> pending;
   for (size_t done = 0; done < tokens.size();) {
-    const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, tokens.size() - done));
+    // A chunk ends at the next snapshot position, so the state there can be copied.
+    size_t limit = tokens.size() - done;
+    if (next_snapshot != snapshot_at.end()) limit = std::min<size_t>(limit, *next_snapshot - position_);
+    const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, limit));
     const bool last = done + rows == tokens.size();
     const uint32_t logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
     Encoder enc(*device_, kernels_);
-    encode_step(enc, rows, logit_row0, last ? &sampling : nullptr);
+    encode_step(enc, rows, logit_row0, last ? &sampling : nullptr, true);
+    if (next_snapshot != snapshot_at.end() && *next_snapshot == position_ + int(rows)) {
+      if (snapshots) snapshots->push_back(encode_snapshot(enc, *next_snapshot));
+      ++next_snapshot;
+    }
     // Chunks queue behind each other on the GPU; only logits force a wait.
     if (pending) wait(*pending);
     pending = commit(enc);
@@ -149,7 +165,7 @@ void Engine::decode_begin(int max_tokens, const Sampling& sampling) {
 void Engine::commit_decode_step() {
   check_room(2);
   Encoder enc(*device_, kernels_);
-  encode_step(enc, 1, 0, &decoding_->sampling);
+  encode_step(enc, 1, 0, &decoding_->sampling, false);
   decoding_->in_flight.emplace_back(commit(enc), position_ + 1);
   position_ += 1;
   decoding_->committed += 1;

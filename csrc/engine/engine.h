@@ -45,6 +45,17 @@ struct MlpWeights;
 struct MoeWeights;
 struct Workspace;
 
+// The state after the first `position` tokens, saved aside: every DeltaNet state and
+// conv history, and the attention K/V rows [0, position). Restoring it resumes exactly
+// that sequence, whatever ran since (see snapshot.cpp).
+struct Snapshot {
+  const void* engine = nullptr;        // the engine that took it: only that one restores it
+  int position = 0;
+  std::vector<uint32_t> tokens;        // ids [0, position)
+  std::shared_ptr<gpu::Buffer> data;   // the state regions back to back, in Engine::state_regions order
+  size_t nbytes() const { return data ? data->size() : 0; }
+};
+
 // Load progress: weights placed (bytes), then kernels built (see Kernels::Progress).
 struct LoadProgress {
   Weights::Progress weights;
@@ -72,8 +83,14 @@ class Engine {
   // `all_logits`, else the last row's logits when `last_logits`, else nothing. Throws
   // ContextFull (before running anything) when the tokens and the chosen one do not fit.
   // When `progress` throws, the chunks already submitted stay fed (position() tells).
+  // `snapshot_at`: absolute positions in (position(), position() + tokens.size()], ascending,
+  // after which the state is saved into `snapshots` by the chunk that ends there.
   std::vector<float> prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
-                             bool last_logits, const PrefillProgress& progress = {});
+                             bool last_logits, const PrefillProgress& progress = {},
+                             const std::vector<int>& snapshot_at = {},
+                             std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr);
+  // Puts a snapshot's state back: position() and tokens() become the snapshot's.
+  void restore(const Snapshot& snapshot);
 
   // Token-by-token decoding from the token prefill chose: decode_begin, then
   // decode_next until it returns nothing (after max_tokens) or the caller stops,
@@ -94,8 +111,11 @@ class Engine {
   void check_room(size_t extra) const;
   // Encodes the model over `rows` tokens at position_ (ids[position_ ..]): logits of
   // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token
-  // (from the last row) into ids[position_ + rows].
-  void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose);
+  // (from the last row) into ids[position_ + rows]. A `prefill` step always takes the
+  // GEMM / prefill-attention path, whose per-row results do not depend on the other rows
+  // of the chunk: so a prompt resumed from a snapshot gets a cold run's logits exactly.
+  // Decode and verify steps of up to kMaxVerifyRows rows take the matvec path.
+  void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose, bool prefill);
   void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows);
   // The MLP on xn into mix: dense, or the sparse MoE block (routing stays on the GPU).
   void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate);
@@ -105,6 +125,14 @@ class Engine {
   void encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
                    const std::shared_ptr<gpu::Buffer>& residual);
   void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
+  // Where the state after `position` tokens lives: (buffer, byte offset, bytes) regions.
+  struct StateRegion {
+    std::shared_ptr<gpu::Buffer> buffer;
+    size_t offset, bytes;
+  };
+  std::vector<StateRegion> state_regions(int position) const;
+  // Copies the state after `position` tokens (what `enc` leaves) into a new snapshot.
+  std::shared_ptr<Snapshot> encode_snapshot(Encoder& enc, int position);
   std::unique_ptr<gpu::CommandBuffer> commit(Encoder& enc);
   void wait(gpu::CommandBuffer& cb);
 
@@ -118,6 +146,7 @@ class Engine {
   QuantLinear embed_, lm_head_;  // lm_head_ is embed_ when the embeddings are tied
   DeviceTensor final_norm_;
   std::unique_ptr<Workspace> ws_;
+  bool matvec_ = false;  // the step being encoded takes the matvec / flash-decode path
   int position_ = 0;
   Counters counters_;
 

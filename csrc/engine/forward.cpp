@@ -18,7 +18,7 @@ void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x,
                                uint32_t y_stride, uint32_t rows, bool overlap) {
   const QuantMatmulParams p{l.in, l.out, rows, x_stride, y_stride};
   const std::string suffix = quant_suffix(l);
-  if (rows <= kMaxVerifyRows) {
+  if (matvec_) {
     // One row streams the weights at full width; 2..8 verify rows share one stream.
     enc.dispatch((rows == 1 ? "qmv" : "qmv_rows") + suffix,
                  {at(l.weight), at(l.scales), at(l.biases), x, y, Arg::value(p)},
@@ -76,7 +76,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     enc.dispatch(prep, {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
                  {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
     AttnParams ap{rows, nq, nkv, q_stride, nq * HD, pos, uint32_t(options_.max_context), 0, 1};
-    if (rows <= kMaxVerifyRows) {
+    if (matvec_) {
       // Flash-decode: the context is split across threadgroups, then merged.
       const uint32_t context = pos + rows;
       const uint32_t splits = std::min(w.max_splits, ceil_div(context, 128));
@@ -128,7 +128,7 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, uint32_t rows) {
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), E = uint32_t(d.experts), K = uint32_t(d.experts_per_token);
   const uint32_t I = uint32_t(d.moe_intermediate), pairs = rows * K;
-  const bool grouped = rows > kMaxVerifyRows;
+  const bool grouped = !matvec_;
   encode_projection(enc, m.gate, w.xn, H, w.router_logits, E, rows);
   encode_projection(enc, m.shared_expert_gate, w.xn, H, w.shared_gate, 1, rows, true);
   const MoeRouteParams rp{E, K, E, d.norm_top_k ? 1u : 0u};
@@ -179,7 +179,8 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
   }
 }
 
-void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose) {
+void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose, bool prefill) {
+  matvec_ = !prefill && rows <= kMaxVerifyRows;
   const ModelDims& d = model_.dims;
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab);
   const QuantEmbedParams ep{H, V, uint32_t(position_), rows};

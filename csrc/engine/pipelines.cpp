@@ -30,6 +30,7 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   projection(lm_head_);
   needs["rms_norm"] = needs["rms_norm_residual"] = up_to(MQ_NORM_THREADS);
   needs["silu_mul"] = up_to(kSiluMulThreads);
+  needs["copy_u32"] = up_to(kCopyThreads);  // snapshots of the sequence state
   needs["argmax_partial"] = needs["argmax_final"] = up_to(MQ_ARGMAX_THREADS);
   needs["sample_top_kp"] = up_to(MQ_SAMPLE_THREADS);
 

@@ -15,6 +15,8 @@ namespace mq::engine {
 constexpr uint32_t kMaxVerifyRows = MQ_QMV_MAX_ROWS;
 // silu_mul takes any threadgroup shape; one float4 per thread.
 constexpr uint32_t kSiluMulThreads = 64;
+// copy_u32 (state snapshots) takes any threadgroup shape; one word per thread.
+constexpr uint32_t kCopyThreads = 256;
 // moe_gather_rows and moe_combine take any threadgroup shape; one float4 per thread.
 constexpr uint32_t kMoeRowThreads = 64;
 

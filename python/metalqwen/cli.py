@@ -57,7 +57,8 @@ def _load(args: argparse.Namespace):
     from .model import load
 
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
-                progress=True if args.progress else None)
+                progress=True if args.progress else None,
+                prefix_cache_bytes=int(getattr(args, "cache_gb", 0) * 2**30))
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -248,6 +249,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
+    serve.add_argument("--cache-gb", type=float, default=2.0,
+                       help="device memory for the prefix cache's saved states, GiB (default 2; 0 = off)")
     serve.set_defaults(run=_serve)
     convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head kept")
     convert.add_argument("hf_dir", help="the original's folder (config.json, *.safetensors, tokenizer)")

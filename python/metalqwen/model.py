@@ -14,6 +14,7 @@ from . import _core, arguments, gpu
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ModelConfig
 from .errors import ContextFullError
+from .prefix_cache import PrefixCache
 from .progress import LoadProgress, PrefillProgress
 from .tokenizer import StopMatcher, Tokenizer
 
@@ -71,7 +72,8 @@ def _require_quantized(ckpt: Checkpoint) -> None:
 class Model:
     """A checkpoint on a device. Not thread-safe: one generation at a time."""
 
-    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool):
+    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool,
+                 prefix_cache: PrefixCache | None = None):
         self.checkpoint = checkpoint
         self.config: ModelConfig = checkpoint.config
         self.tokenizer = tokenizer
@@ -79,6 +81,7 @@ class Model:
         self._engine = engine
         self.eos_token_ids = sorted(set(self.config.eos_token_ids) | {tokenizer.eos_token_id} - {None})
         self.progress = progress  # show prefill progress on stderr
+        self.prefix_cache = prefix_cache
         # Statistics of the latest generate/stream (complete once the stream is exhausted).
         self.last_stats: GenerationStats | None = None
         # Every token the latest generate/stream produced, eos included (also when interrupted).
@@ -127,24 +130,28 @@ class Model:
 
     def stream(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None,
-               chat: bool = False) -> Iterator[Chunk]:
+               chat: bool = False, boundaries: Sequence[int] = ()) -> Iterator[Chunk]:
         """Yields text as tokens are generated. ``prompt``: text (chat template applied when ``chat``) or ids.
 
         Greedy when temperature is 0; else sampling with top-k (0 = off) and top-p (1 = off),
         reproducible for a given seed. Stops at an eos token, a ``stop`` string (not included in
         the text), ``max_tokens`` or the end of the context (``finish_reason`` "length",
         ``stats.context_full``); a prompt that leaves no room raises ContextFullError. The cache
-        is kept: a next prompt that extends this conversation only feeds the new tokens. Ctrl-C
-        (KeyboardInterrupt) stops within one step and leaves the cache holding what was fed."""
+        is kept: a next prompt that extends this conversation only feeds the new tokens. With a
+        prefix cache (``load(prefix_cache_bytes=...)``) the state is also saved at the end of the
+        prompt and at ``boundaries`` (prompt positions, e.g. message ends), and a prompt resumes
+        from the longest saved prefix it starts with. Ctrl-C (KeyboardInterrupt) stops within
+        one step and leaves the cache holding what was fed."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
         sampling = arguments.sampling(temperature, top_p, top_k, seed)
         sampling.setdefault("seed", int.from_bytes(os.urandom(8), "little"))
         stopper = StopMatcher(arguments.stop_strings(stop))
         ids = self.prompt_ids(prompt, chat)
         self._check_fits(ids)
-        return self._run(ids, max_tokens, sampling, stopper)
+        return self._run(ids, max_tokens, sampling, stopper, boundaries)
 
-    def _run(self, ids: list[int], max_tokens: int, sampling: dict, stopper: StopMatcher) -> Iterator[Chunk]:
+    def _run(self, ids: list[int], max_tokens: int, sampling: dict, stopper: StopMatcher,
+             boundaries: Sequence[int]) -> Iterator[Chunk]:
         """The generator behind ``stream`` (arguments already checked, so errors come at the call)."""
         stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
         self.last_tokens = []
@@ -154,7 +161,7 @@ class Model:
         budget = min(max_tokens, room)
 
         start = time.perf_counter()
-        stats.prompt_tokens_reused = self._feed_prompt(ids, sampling)
+        stats.prompt_tokens_reused = self._feed_prompt(ids, sampling, boundaries)
         stats.prompt_seconds = time.perf_counter() - start
 
         decoder = self.tokenizer.stream_decoder()
@@ -198,35 +205,49 @@ class Model:
                                    f"max_context {self.max_context} (load with a larger max_context, or shorten "
                                    "the prompt)")
 
-    def _feed_prompt(self, ids: list[int], sampling: dict) -> int:
+    def _feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = ()) -> int:
         """Prefills what the cache lacks of ``ids`` (progress on stderr past a second, when
-        shown); returns how many tokens were reused."""
+        shown), resuming from the live state or the prefix cache's longest match and saving
+        snapshots there; returns how many tokens were reused."""
         cached = self._engine.tokens()
         reuse = len(cached) if 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
+        snapshot_at = []
+        if self.prefix_cache is not None:
+            saved = self.prefix_cache.longest(ids)
+            if saved is not None and saved.position > reuse:
+                self._engine.restore(saved)
+                reuse = saved.position
+            snapshot_at = sorted({int(b) for b in boundaries if reuse < b < len(ids)} | {len(ids)})
         if reuse == 0:
             self._engine.reset()
         bar = PrefillProgress() if self.progress else None
+        taken = []
         try:
-            self._engine.prefill(ids[reuse:], logits="none", progress=bar, **sampling)
+            self._engine.prefill(ids[reuse:], logits="none", progress=bar, snapshot_at=snapshot_at, snapshots=taken,
+                                 **sampling)
         finally:
             if bar:
                 bar.close()
+            for snapshot in taken:
+                self.prefix_cache.add(snapshot)
         return reuse
 
-
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
-         prefill_chunk: int = 64, progress: bool | None = None) -> Model:
+         prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
     bounds prompt + generated tokens (the caches are sized for it); ``kv_bits`` 8 (q8 KV
     cache) or 16 (f16). ``progress`` (default: when stderr is a terminal) shows the load,
-    a first-run kernel compile and prefills longer than a second on stderr. Bad
+    a first-run kernel compile and prefills longer than a second on stderr.
+    ``prefix_cache_bytes`` > 0 keeps snapshots of the sequence state up to that many bytes of
+    device memory (see ``prefix_cache.PrefixCache``; the server uses it). Bad
     checkpoints raise CheckpointError naming the file and tensor."""
     if isinstance(kv_bits, bool) or kv_bits not in (8, 16):
         raise ValueError(f"kv_bits must be 8 or 16, got {kv_bits!r}")
     max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
     prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
+    prefix_cache_bytes = arguments.integer("prefix_cache_bytes", prefix_cache_bytes, low=0, allowed="bytes >= 0")
     if device is not None and not isinstance(device, (str, gpu.Device)):
         raise TypeError(f"device must be 'metal', 'cpu', a metalqwen.gpu.Device or None, got {type(device).__name__}")
     show = sys.stderr.isatty() if progress is None else bool(progress)
@@ -244,4 +265,5 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
             shown.close()
     if shown:
         print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return Model(ckpt, tokenizer, dev, engine, progress=show)
+    return Model(ckpt, tokenizer, dev, engine, progress=show,
+                 prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)

@@ -44,6 +44,20 @@ def _sampling_defaults(folder: str) -> dict:
     return {k: found[k] for k in ("temperature", "top_p", "top_k") if isinstance(found.get(k), (int, float))}
 
 
+def _message_boundaries(tokenizer, messages: list[dict], ids: list[int], **template) -> list[int]:
+    """Where the system prompt and the last user (or tool) turn end in ``ids``: the points a
+    next turn shares even when the template re-renders the answers after them."""
+    last = max((i for i, m in enumerate(messages) if m["role"] != "assistant"), default=None)
+    ends = sorted({0 if messages[0]["role"] == "system" else None, last} - {None})
+    found = []
+    for i in ends:
+        prefix = tokenizer.encode(tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False,
+                                                                **template))
+        if 0 < len(prefix) < len(ids) and ids[: len(prefix)] == prefix:
+            found.append(len(prefix))
+    return found
+
+
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
                max_queue: int = 16) -> FastAPI:
     """The server's ASGI app around a loaded model (one engine; requests take turns)."""
@@ -87,13 +101,13 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     def models():
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "metalqwen"}]}
 
-    def options(req, prompt: list[int], max_tokens: int | None) -> dict:
+    def options(req, prompt: list[int], max_tokens: int | None, boundaries: list[int] = ()) -> dict:
         room = model.max_context - len(prompt)
         if room < 1:
             raise _Refused(400, f"the prompt has {len(prompt)} tokens; max_context is {model.max_context}", "messages")
         pick = lambda name: getattr(req, name) if getattr(req, name) is not None else defaults[name]  # noqa: E731
         return dict(max_tokens=min(max_tokens or room, room), temperature=pick("temperature"), top_p=pick("top_p"),
-                    top_k=max(pick("top_k"), 0), seed=req.seed, stop=req.stop or None)
+                    top_k=max(pick("top_k"), 0), seed=req.seed, stop=req.stop or None, boundaries=boundaries)
 
     def start(job: Job) -> Job:
         try:
@@ -127,12 +141,14 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     async def chat(req: ChatCompletionRequest):
         tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
         try:
-            text = model.tokenizer.apply_chat_template([m.for_template() for m in req.messages], tools=tools,
-                                                       **req.chat_template_kwargs)
+            messages = [m.for_template() for m in req.messages]
+            text = model.tokenizer.apply_chat_template(messages, tools=tools, **req.chat_template_kwargs)
+            prompt = model.tokenizer.encode(text)
+            boundaries = _message_boundaries(model.tokenizer, messages, prompt, tools=tools,
+                                             **req.chat_template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
-        prompt = model.tokenizer.encode(text)
-        job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens),
+        job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens, boundaries),
                         asyncio.get_running_loop()))
         parser = OutputParser(in_reasoning=text.rfind("<think>") > text.rfind("</think>"), tools=tools)
         head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model_id}

@@ -29,5 +29,10 @@ class Metrics:
             ("queue_depth", "gauge", "requests waiting for the engine", self.worker.queue_depth),
             ("engine_steps_total", "counter", "command buffers the engine committed", counters["steps"]),
         ]
+        cache = self.model.prefix_cache
+        if cache is not None:
+            rows += [("prefix_cache_bytes", "gauge", "device memory the prefix cache holds", cache.bytes),
+                     ("prefix_cache_entries", "gauge", "snapshots the prefix cache holds", len(cache)),
+                     ("prefix_cache_evictions_total", "counter", "snapshots evicted (LRU)", cache.evictions)]
         return "".join(f"# HELP metalqwen_{n} {h}\n# TYPE metalqwen_{n} {t}\nmetalqwen_{n} {v}\n"
                        for n, t, h, v in rows)

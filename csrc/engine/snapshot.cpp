@@ -1,0 +1,77 @@
+// Snapshots of the sequence state for the prefix cache: the DeltaNet recurrent state
+// cannot be rewound, so a prompt can only resume where a full copy of the state was
+// saved. The copies are dispatches (copy_u32) in the command buffer that reaches the
+// position, so taking one costs no extra pass over the model.
+#include <cstring>
+
+#include "workspace.h"
+
+namespace mq::engine {
+
+std::vector<Engine::StateRegion> Engine::state_regions(int position) const {
+  const size_t kv_dim = size_t(model_.dims.kv_heads) * MQ_ATTN_HEAD_DIM, p = size_t(position);
+  const size_t ctx = size_t(options_.max_context);
+  std::vector<StateRegion> regions;
+  for (const LayerWeights& l : layers_) {
+    if (!l.full_attention) {
+      regions.push_back({l.state, 0, l.state->size()});
+      regions.push_back({l.hist, 0, l.hist->size()});
+      continue;
+    }
+    for (const auto& cache : {l.k_cache, l.v_cache}) {
+      // Rows [0, p) of each plane (params/attention.h): q8 codes and their f16 scales, or f16.
+      if (options_.kv_bits == 8) {
+        regions.push_back({cache, 0, p * kv_dim});
+        regions.push_back({cache, ctx * kv_dim, p * kv_dim / MQ_ATTN_Q8_BLOCK * 2});
+      } else {
+        regions.push_back({cache, 0, p * kv_dim * 2});
+      }
+    }
+  }
+  return regions;
+}
+
+namespace {
+
+// dst = src, `bytes` (a multiple of 4) as 32-bit words.
+void encode_copy(Encoder& enc, const Arg& src, const Arg& dst, size_t bytes) {
+  if (bytes == 0) return;
+  const CopyParams p{uint32_t(bytes / 4), 1, 0, 0, 0, 0};
+  enc.dispatch_threads("copy_u32", {src, dst, Arg::value(p)}, {p.cols, 1});
+}
+
+}  // namespace
+
+std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int position) {
+  auto s = std::make_shared<Snapshot>();
+  s->engine = this;
+  s->position = position;
+  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
+  s->tokens.assign(ids, ids + position);
+  const auto regions = state_regions(position);
+  size_t total = 0;
+  for (const StateRegion& r : regions) total += r.bytes;
+  s->data = device_->new_buffer(std::max<size_t>(total, 4));
+  size_t at = 0;
+  for (const StateRegion& r : regions) {
+    encode_copy(enc, Arg(r.buffer, r.offset), Arg(s->data, at), r.bytes);
+    at += r.bytes;
+  }
+  return s;
+}
+
+void Engine::restore(const Snapshot& s) {
+  if (s.engine != this) throw EngineError("[engine] a snapshot can only be restored by the engine that took it");
+  decode_end();
+  Encoder enc(*device_, kernels_);
+  size_t at = 0;
+  for (const StateRegion& r : state_regions(s.position)) {
+    encode_copy(enc, Arg(s.data, at), Arg(r.buffer, r.offset), r.bytes);
+    at += r.bytes;
+  }
+  wait(*commit(enc));
+  std::memcpy(ws_->ids->contents(), s.tokens.data(), s.tokens.size() * 4);
+  position_ = s.position;
+}
+
+}  // namespace mq::engine

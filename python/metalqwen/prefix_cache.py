@@ -1,0 +1,52 @@
+"""The prefix cache: saved sequence states, found by the tokens that led to them.
+
+Qwen3.5's DeltaNet state cannot be trimmed back to a shorter prefix, so a cache that
+only keeps the latest sequence misses whenever a chat template re-renders history (Qwen's
+drops the thinking of earlier answers). Instead the engine snapshots the whole state
+(DeltaNet states, conv histories, attention K/V rows) at chosen positions — message
+boundaries and the end of each prompt — and a later prompt resumes from the longest
+snapshot whose tokens it starts with. Resuming gives exactly a cold run's logits (the
+engine's prefill path computes each row independently of how the prompt was chunked).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+
+class PrefixCache:
+    """Snapshots by token prefix, least recently used evicted beyond ``budget_bytes``."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget = int(budget_bytes)
+        self._entries: OrderedDict[tuple[int, ...], object] = OrderedDict()
+        self.bytes = 0  # device memory the snapshots hold
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def longest(self, ids: Sequence[int]):
+        """The snapshot of the longest proper prefix of ``ids`` held here, or None."""
+        for position in sorted({len(k) for k in self._entries if len(k) < len(ids)}, reverse=True):
+            key = tuple(ids[:position])
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+        return None
+
+    def add(self, snapshot) -> None:
+        """Keeps ``snapshot`` (a _core.Snapshot), evicting the least recently used over budget."""
+        key = tuple(snapshot.tokens)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return
+        if snapshot.nbytes > self.budget:
+            return
+        self._entries[key] = snapshot
+        self.bytes += snapshot.nbytes
+        while self.bytes > self.budget:
+            _, old = self._entries.popitem(last=False)
+            self.bytes -= old.nbytes
+            self.evictions += 1
