@@ -104,13 +104,15 @@ def write_hf_checkpoint(
     return folder
 
 
-def convert_to_mlx(hf_path, mlx_path, *, bits: int = 4, group_size: int = 64, quant_predicate=None) -> str:
-    """Runs ``mlx_lm.convert(hf_path, mlx_path, quantize=True, ...)`` quietly; returns mlx_path."""
+def convert_to_mlx(hf_path, mlx_path, *, bits: int | None = 4, group_size: int | None = 64, mode: str = "affine",
+                   quant_predicate=None, quantize: bool = True) -> str:
+    """Runs ``mlx_lm.convert(hf_path, mlx_path, quantize=quantize, ...)`` quietly; returns mlx_path.
+    ``quant_predicate`` may be a function or one of mlx-lm's recipe names (``mixed_3_6``, ...)."""
     from mlx_lm import convert
 
     with contextlib.redirect_stdout(io.StringIO()):
-        convert(os.fspath(hf_path), os.fspath(mlx_path), quantize=True, q_group_size=group_size, q_bits=bits,
-                quant_predicate=quant_predicate)
+        convert(os.fspath(hf_path), os.fspath(mlx_path), quantize=quantize, q_group_size=group_size, q_bits=bits,
+                q_mode=mode, quant_predicate=quant_predicate)
     return os.fspath(mlx_path)
 
 
@@ -126,6 +128,28 @@ def _mixed_predicate(path, module):
     return True
 
 
+def _affine_bits_predicate(path, module):
+    """Every affine width in one folder (each with its own group size, recorded in config.json),
+    and the attention/DeltaNet output projections left in bf16."""
+    for suffix, quant in [("mlp.gate_proj", (2, 32)), ("mlp.up_proj", (3, 64)), ("mlp.down_proj", (5, 128)),
+                          ("in_proj_qkv", (6, 32)), ("in_proj_z", (3, 128)), ("q_proj", (5, 32)),
+                          ("k_proj", (6, 128)), ("v_proj", (2, 64)), ("embed_tokens", (8, 32)), ("lm_head", (3, 32))]:
+        if path.endswith(suffix):
+            return {"bits": quant[0], "group_size": quant[1], "mode": "affine"}
+    if path.endswith(("o_proj", "out_proj")):
+        return False
+    return True
+
+
+def _fp_modes_predicate(path, module):
+    """A folder whose default is mxfp4, with nvfp4 and mxfp8 modules recorded per module."""
+    if path.endswith(("mlp.down_proj", "in_proj_z", "o_proj")):
+        return {"bits": 4, "group_size": 16, "mode": "nvfp4"}
+    if path.endswith(("mlp.up_proj", "out_proj", "k_proj")):
+        return {"bits": 8, "group_size": 32, "mode": "mxfp8"}
+    return True
+
+
 @dataclass(frozen=True)
 class Variant:
     """One tiny checkpoint shape: HF writer options, model dims and conversion settings."""
@@ -138,7 +162,9 @@ class Variant:
     mtp: bool = False
     a_log_dtype: str = "F32"
     template_file: bool = False
-    mixed: bool = False
+    mode: str = "affine"
+    quantize: bool = True
+    predicate: object = None  # a quant_predicate function or an mlx-lm recipe name
     dims: dict = field(default_factory=dict)
 
     def hf_kwargs(self) -> dict:
@@ -161,7 +187,15 @@ VARIANTS = {
         dims=dict(num_hidden_layers=6, full_attention_interval=2, linear_num_key_heads=1, linear_num_value_heads=2),
     ),
     # per-module overrides: down_proj 8-bit group 32, in_proj_a kept in bf16.
-    "mixed": Variant(mixed=True),
+    "mixed": Variant(predicate=_mixed_predicate),
+    # affine 2, 3, 5, 6 and 8 bits at groups 32/64/128, o_proj/out_proj in bf16, untied.
+    "affine_bits": Variant(tied=False, predicate=_affine_bits_predicate),
+    # mlx-lm's mixed_3_6 recipe: 3-bit, with v_proj/down_proj of some layers and lm_head at 6 bits.
+    "recipe_3_6": Variant(tied=False, predicate="mixed_3_6"),
+    # microscaling FP: mxfp4 by default (embedding included), nvfp4 and mxfp8 modules.
+    "fp_modes": Variant(tied=False, mode="mxfp4", bits=None, group_size=None, predicate=_fp_modes_predicate),
+    # unquantized: every projection, the embedding and lm_head in bf16.
+    "bf16": Variant(tied=False, quantize=False),
 }
 
 
@@ -170,7 +204,7 @@ def build_variant(name: str, root) -> tuple[str, str]:
     v = VARIANTS[name]
     hf = write_hf_checkpoint(os.path.join(os.fspath(root), f"{name}-hf"), seed=len(name), **v.hf_kwargs())
     mlx = convert_to_mlx(hf, os.path.join(os.fspath(root), f"{name}-mlx"), bits=v.bits, group_size=v.group_size,
-                         quant_predicate=_mixed_predicate if v.mixed else None)
+                         mode=v.mode, quant_predicate=v.predicate, quantize=v.quantize)
     return hf, mlx
 
 
@@ -243,20 +277,22 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
     written from DESIGN.md section 2 alone (not from mlx-lm): a cross-check that the
     mlx-lm reference and our reading of the checkpoint mean the same model.
     """
-    from metalqwen.demo_checkpoint import bf16_to_f32, dequantize_affine
+    import reference as ref
 
     c = ck.config
 
     def f(name):
         a = ck.array(name)
-        return (bf16_to_f32(a) if ck.tensors[name].dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
+        return (ref.bf16_to_f32(a) if ck.tensors[name].dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
 
     def weight(module):
         q = ck.quant(module)
         if q is None:
             return f(module + ".weight")
-        return dequantize_affine(ck.array(module + ".weight"), ck.array(module + ".scales"),
-                                 ck.array(module + ".biases"), *q).astype(np.float64)
+        w, s = ck.array(module + ".weight"), ck.array(module + ".scales")
+        if q.mode != "affine":
+            return ref.dequantize_fp(w, s, q.mode).astype(np.float64)
+        return ref.dequantize(w, s, ck.array(module + ".biases"), q.group_size, q.bits).astype(np.float64)
 
     def linear(module, x):
         return x @ weight(module).T

@@ -12,6 +12,11 @@ uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 
+// The weight, scales and biases slots of a projection kernel (buffers 0..2); formats
+// without scales or biases get the weight bound there (never read).
+Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
+Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
+
 }  // namespace
 
 void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
@@ -21,10 +26,10 @@ void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x,
   if (rows <= kMaxVerifyRows) {
     // One row streams the weights at full width; 2..8 verify rows share one stream.
     enc.dispatch((rows == 1 ? "qmv" : "qmv_rows") + suffix,
-                 {at(l.weight), at(l.scales), at(l.biases), x, y, Arg::value(p)},
+                 {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS}, overlap);
   } else {
-    enc.dispatch("qmm" + suffix, {at(l.weight), at(l.scales), at(l.biases), x, y, Arg::value(p)},
+    enc.dispatch("qmm" + suffix, {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT)}, {MQ_QMM_THREADS}, overlap);
   }
 }
@@ -131,8 +136,8 @@ void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab);
   const QuantEmbedParams ep{H, V, uint32_t(position_), rows};
   enc.dispatch("embed" + quant_suffix(embed_),
-               {at(embed_.weight), at(embed_.scales), at(embed_.biases), ws_->ids, ws_->x, Arg::value(ep)},
-               {ceil_div(H, MQ_EMBED_THREADS * 128 / uint32_t(embed_.bits)), rows}, {MQ_EMBED_THREADS});
+               {at(embed_.weight), scales_of(embed_), biases_of(embed_), ws_->ids, ws_->x, Arg::value(ep)},
+               {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS});
   for (size_t i = 0; i < layers_.size(); ++i) {
     // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
     encode_norm(enc, layers_[i].input_norm, rows, i > 0, ws_->mix);

@@ -15,9 +15,7 @@ ThreadgroupNeed up_to(uint32_t threads) { return {threads, kSimd}; }
 
 }  // namespace
 
-std::string quant_suffix(const QuantLinear& l) {
-  return "_b" + std::to_string(l.bits) + "_g" + std::to_string(l.group);
-}
+std::string quant_suffix(const QuantLinear& l) { return "_" + l.format; }
 
 std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   std::map<std::string, ThreadgroupNeed> needs;

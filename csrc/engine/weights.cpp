@@ -102,17 +102,30 @@ DeviceTensor Weights::tensor(const std::string& name) const {
 }
 
 QuantLinear Weights::linear(const std::string& module) const {
+  static const std::map<std::string, std::string> kFloat = {{"BF16", "bf16"}, {"F16", "f16"}, {"F32", "f32"}};
   QuantLinear l;
   l.weight = tensor(module + ".weight");
-  l.scales = tensor(module + ".scales");
-  l.biases = tensor(module + ".biases");
   const TensorDesc& w = *l.weight.desc;
-  if (w.bits == 0 || w.dtype != "U32" || w.shape.size() != 2)
-    throw std::runtime_error("[weights] " + module + " is not a quantized linear layer (only MLX affine 4/8-bit "
-                             "layers are supported)");
-  l.bits = w.bits;
-  l.group = w.group;
+  if (w.shape.size() != 2) throw std::runtime_error("[weights] " + module + ".weight is not a matrix");
   l.out = uint32_t(w.shape[0]);
+  if (w.bits == 0) {
+    auto f = kFloat.find(w.dtype);
+    if (f == kFloat.end())
+      throw std::runtime_error("[weights] " + module + ".weight: " + w.dtype + " is neither quantized nor float");
+    l.format = f->second;
+    l.in = uint32_t(w.shape[1]);
+    return l;
+  }
+  if (w.dtype != "U32") throw std::runtime_error("[weights] " + module + ".weight: quantized weights must be U32");
+  l.scales = tensor(module + ".scales");
+  if (w.mode == "affine") {
+    l.biases = tensor(module + ".biases");
+    l.format = "b" + std::to_string(w.bits) + "_g" + std::to_string(w.group);
+  } else if (w.mode == "mxfp4" || w.mode == "nvfp4" || w.mode == "mxfp8") {
+    l.format = w.mode;
+  } else {
+    throw std::runtime_error("[weights] " + module + ": unknown quantization mode '" + w.mode + "'");
+  }
   l.in = uint32_t(w.shape[1] * 32 / w.bits);
   return l;
 }

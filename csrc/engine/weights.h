@@ -22,12 +22,16 @@ struct DeviceTensor {
   const TensorDesc* desc = nullptr;
 };
 
-// A quantized linear layer: y = W x with W [out][in] in MLX affine format.
+// A linear layer (or embedding table): y = W x with W [out][in] in one of the weight
+// formats of shaders/quant_formats.h. Formats without scales or biases leave those
+// tensors empty (no buffer).
 struct QuantLinear {
   DeviceTensor weight, scales, biases;
-  int bits = 0, group = 0;
+  std::string format;  // kernel-name suffix: b<bits>_g<group>, mxfp4, nvfp4, mxfp8, bf16, f16, f32
   uint32_t in = 0, out = 0;
-  uint64_t nbytes() const { return weight.desc->nbytes + scales.desc->nbytes + biases.desc->nbytes; }
+  uint64_t nbytes() const {
+    return weight.desc->nbytes + (scales.desc ? scales.desc->nbytes : 0) + (biases.desc ? biases.desc->nbytes : 0);
+  }
 };
 
 class Weights {

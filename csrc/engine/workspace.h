@@ -69,7 +69,7 @@ struct Workspace {
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.
 uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
-// "_b<bits>_g<group>": the kernel-name suffix of a quantized projection's variant.
+// "_<format>" (e.g. "_b4_g64", "_mxfp4", "_bf16"): the kernel-name suffix of a projection's variant.
 std::string quant_suffix(const QuantLinear& l);
 
 std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
