@@ -257,8 +257,8 @@ template <typename Fmt>
 }
 
 // ---------------------------------------------------------------------------------------
-// Instantiations: <op>_<format> with format b<bits>_g<group> (affine), mxfp4, nvfp4, mxfp8,
-// bf16, f16, f32. Written out (not macro-generated): the CPU runtime reads kernel
+// Instantiations: <op>_<format> with format b<bits>_g<group> (affine, bf16 scales),
+// b<bits>_g64_sf32 (affine, float scales), mxfp4, nvfp4, mxfp8, bf16, f16, f32. Written out (not macro-generated): the CPU runtime reads kernel
 // signatures before preprocessing.
 
 template [[host_name("qmv_b2_g32")]] [[kernel]] void qmv<affine<2, 32>>(
@@ -811,5 +811,148 @@ template [[host_name("qmm_f32")]] [[kernel]] void qmm<dense<float>>(
 template [[host_name("embed_f32")]] [[kernel]] void embed<dense<float>>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+
+// Affine with float scales and biases, group 64 only (mlx-lm's default; each variant costs
+// compile time): checkpoints whose scales are f32 (used as stored) or f16 (widened to f32
+// copies at load).
+
+template [[host_name("qmv_b2_g64_sf32")]] [[kernel]] void qmv<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b2_g64_sf32")]] [[kernel]] void qmv_rows<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b2_g64_sf32")]] [[kernel]] void qmm<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b2_g64_sf32")]] [[kernel]] void embed<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b3_g64_sf32")]] [[kernel]] void qmv<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b3_g64_sf32")]] [[kernel]] void qmv_rows<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b3_g64_sf32")]] [[kernel]] void qmm<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b3_g64_sf32")]] [[kernel]] void embed<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b4_g64_sf32")]] [[kernel]] void qmv<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b4_g64_sf32")]] [[kernel]] void qmv_rows<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b4_g64_sf32")]] [[kernel]] void qmm<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b4_g64_sf32")]] [[kernel]] void embed<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b5_g64_sf32")]] [[kernel]] void qmv<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b5_g64_sf32")]] [[kernel]] void qmv_rows<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b5_g64_sf32")]] [[kernel]] void qmm<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b5_g64_sf32")]] [[kernel]] void embed<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b6_g64_sf32")]] [[kernel]] void qmv<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b6_g64_sf32")]] [[kernel]] void qmv_rows<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b6_g64_sf32")]] [[kernel]] void qmm<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b6_g64_sf32")]] [[kernel]] void embed<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b8_g64_sf32")]] [[kernel]] void qmv<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b8_g64_sf32")]] [[kernel]] void qmv_rows<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b8_g64_sf32")]] [[kernel]] void qmm<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b8_g64_sf32")]] [[kernel]] void embed<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);

@@ -77,18 +77,19 @@ inline float values_dot(thread const typename Fmt::Block& blk, thread const floa
 // ---------------------------------------------------------------------------------------
 // MLX affine: w = scale * q + bias per group of GROUP weights, q an unsigned BITS-bit code
 // (BITS in 2, 3, 4, 5, 6, 8). Weight [out][in*BITS/32] uint32 (a continuous bit stream per
-// row: 32 codes fill exactly BITS words); scales, biases bf16 [out][in/GROUP]. GROUP >= 32, so
-// a block has one scale and one bias; dot uses s * sum(q x) + b * sum(x).
-template <int BITS, int GROUP>
+// row: 32 codes fill exactly BITS words); scales, biases S [out][in/GROUP] (bfloat, or float
+// for checkpoints whose scales are f32/f16). GROUP >= 32, so a block has one scale and one
+// bias; dot uses s * sum(q x) + b * sum(x).
+template <int BITS, int GROUP, typename S = bfloat>
 struct affine {
-  typedef bfloat scale_t;
+  typedef S scale_t;
   static constexpr int WORDS = BITS;
   struct Block {
     uint w[BITS];
     float s, b;
   };
-  static Block load(device const uint* w, device const bfloat* scales, device const bfloat* biases, ulong row,
-                    uint k, uint nblk) {
+  static Block load(device const uint* w, device const S* scales, device const S* biases, ulong row, uint k,
+                    uint nblk) {
     Block blk;
     load_words<BITS>(w + (row * nblk + k) * BITS, blk.w);
     const ulong g = row * (nblk * QBLOCK / GROUP) + k * QBLOCK / GROUP;

@@ -6,6 +6,7 @@
 //                     [out][in*bits/32] (each row one little-endian bit stream, code 0 in the
 //                     lowest bits; 3/5/6-bit codes straddle words), scales and biases bf16
 //                     [out][in/group], w = scale * q + bias
+//   b<bits>_g64_sf32  the same with float scales and biases (group 64 only)
 //   mxfp4             E2M1 codes (8 per word), uint8 E8M0 scales [out][in/32], w = 2^(s-127) * v
 //   nvfp4             E2M1 codes (8 per word), uint8 E4M3 scales [out][in/16], w = e4m3(s) * v
 //   mxfp8             E4M3 codes (4 per word), uint8 E8M0 scales [out][in/32]

@@ -17,7 +17,8 @@ from .params import header_constants
 
 VARIANTS = [(bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in (32, 64, 128)]
 # Every weight format: the kernels' host-name suffix.
-FORMATS = [f"b{bits}_g{group}" for bits, group in VARIANTS] + ["mxfp4", "nvfp4", "mxfp8", "bf16", "f16", "f32"]
+FORMATS = ([f"b{bits}_g{group}" for bits, group in VARIANTS] + [f"b{bits}_g64_sf32" for bits in (2, 3, 4, 5, 6, 8)]
+           + ["mxfp4", "nvfp4", "mxfp8", "bf16", "f16", "f32"])
 
 
 C = header_constants("quant")
@@ -113,10 +114,10 @@ def matmul_ref(value, x):
 
 
 def affine_format(fmt: str):
-    """(bits, group) of an affine suffix "b<bits>_g<group>", else None."""
+    """(bits, group) of an affine suffix "b<bits>_g<group>[_sf32]", else None."""
     if not fmt.startswith("b") or "_g" not in fmt:
         return None
-    bits, group = fmt[1:].split("_g")
+    bits, group = fmt[1:].removesuffix("_sf32").split("_g")
     return int(bits), int(group)
 
 
@@ -124,7 +125,8 @@ def format_weights(rng, fmt: str, out_dim: int, in_dim: int):
     """Gaussian rows of different magnitude in format ``fmt``, quantized by ``mx.quantize``.
 
     Returns (words uint32 [out, ...], scales or None, biases or None, dequantized f32 [out, in]):
-    affine scales/biases as bf16 bit patterns, fp-mode scales uint8, floats without either;
+    affine scales/biases as bf16 bit patterns (float32 for the *_sf32 formats), fp-mode scales
+    uint8, floats without either;
     the dequantized weights are what the kernels must use (exactly: fma(scale, q, bias) for affine).
     """
     import mlx.core as mx
@@ -140,6 +142,13 @@ def format_weights(rng, fmt: str, out_dim: int, in_dim: int):
             bits = value
         return np.ascontiguousarray(bits).view(np.uint32), None, None, value.astype(np.float32)
     aff = affine_format(fmt)
+    if aff is not None and fmt.endswith("_sf32"):
+        bits, group = aff
+        q, s, b = mx.quantize(mx.array(w), group_size=group, bits=bits, mode="affine")  # f32 scales
+        words, s, b = np.array(q), np.array(s), np.array(b)
+        codes = ref.unpack_bits(words, bits).astype(np.float64)
+        value = codes * np.repeat(s.astype(np.float64), group, 1) + np.repeat(b.astype(np.float64), group, 1)
+        return words, s, b, value.astype(np.float32)  # rounded once, as fma(scale, q, bias)
     if aff is not None:
         bits, group = aff
         q, s, b = mx.quantize(mx.array(w).astype(mx.bfloat16), group_size=group, bits=bits, mode="affine")
