@@ -105,14 +105,15 @@ def write_hf_checkpoint(
 
 
 def convert_to_mlx(hf_path, mlx_path, *, bits: int | None = 4, group_size: int | None = 64, mode: str = "affine",
-                   quant_predicate=None, quantize: bool = True) -> str:
+                   quant_predicate=None, quantize: bool = True, dtype: str | None = None) -> str:
     """Runs ``mlx_lm.convert(hf_path, mlx_path, quantize=quantize, ...)`` quietly; returns mlx_path.
-    ``quant_predicate`` may be a function or one of mlx-lm's recipe names (``mixed_3_6``, ...)."""
+    ``quant_predicate`` may be a function or one of mlx-lm's recipe names (``mixed_3_6``, ...);
+    ``dtype`` (float16, float32) is what the converter casts the float parameters to."""
     from mlx_lm import convert
 
     with contextlib.redirect_stdout(io.StringIO()):
         convert(os.fspath(hf_path), os.fspath(mlx_path), quantize=quantize, q_group_size=group_size, q_bits=bits,
-                q_mode=mode, quant_predicate=quant_predicate)
+                q_mode=mode, quant_predicate=quant_predicate, dtype=dtype)
     return os.fspath(mlx_path)
 
 
@@ -150,6 +151,17 @@ def _fp_modes_predicate(path, module):
     return True
 
 
+def _f16_predicate(path, module):
+    """With --dtype float16: 3-, 4- and 6-bit modules with f16 scales, o_proj/out_proj left in f16."""
+    if path.endswith(("o_proj", "out_proj")):
+        return False
+    if path.endswith("mlp.down_proj"):
+        return {"bits": 6, "group_size": 64, "mode": "affine"}
+    if path.endswith("in_proj_qkv"):
+        return {"bits": 3, "group_size": 64, "mode": "affine"}
+    return True
+
+
 @dataclass(frozen=True)
 class Variant:
     """One tiny checkpoint shape: HF writer options, model dims and conversion settings."""
@@ -165,6 +177,7 @@ class Variant:
     mode: str = "affine"
     quantize: bool = True
     predicate: object = None  # a quant_predicate function or an mlx-lm recipe name
+    dtype: str | None = None  # mlx_lm.convert --dtype
     dims: dict = field(default_factory=dict)
 
     def hf_kwargs(self) -> dict:
@@ -196,6 +209,10 @@ VARIANTS = {
     "fp_modes": Variant(tied=False, mode="mxfp4", bits=None, group_size=None, predicate=_fp_modes_predicate),
     # unquantized: every projection, the embedding and lm_head in bf16.
     "bf16": Variant(tied=False, quantize=False),
+    # --dtype float16: f16 norms, conv, dt_bias and scales/biases (widened at load), f16 o_proj/out_proj.
+    "f16": Variant(dtype="float16", predicate=_f16_predicate),
+    # --dtype float32, unquantized: f32 projections, embedding, norms and vectors.
+    "f32": Variant(quantize=False, dtype="float32"),
 }
 
 
@@ -204,7 +221,7 @@ def build_variant(name: str, root) -> tuple[str, str]:
     v = VARIANTS[name]
     hf = write_hf_checkpoint(os.path.join(os.fspath(root), f"{name}-hf"), seed=len(name), **v.hf_kwargs())
     mlx = convert_to_mlx(hf, os.path.join(os.fspath(root), f"{name}-mlx"), bits=v.bits, group_size=v.group_size,
-                         mode=v.mode, quant_predicate=v.predicate, quantize=v.quantize)
+                         mode=v.mode, quant_predicate=v.predicate, quantize=v.quantize, dtype=v.dtype)
     return hf, mlx
 
 
@@ -289,10 +306,12 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
         q = ck.quant(module)
         if q is None:
             return f(module + ".weight")
-        w, s = ck.array(module + ".weight"), ck.array(module + ".scales")
+        w = ck.array(module + ".weight")
         if q.mode != "affine":
-            return ref.dequantize_fp(w, s, q.mode).astype(np.float64)
-        return ref.dequantize(w, s, ck.array(module + ".biases"), q.group_size, q.bits).astype(np.float64)
+            return ref.dequantize_fp(w, ck.array(module + ".scales"), q.mode).astype(np.float64)
+        codes = ref.unpack_bits(w, q.bits).astype(np.float64)
+        s, b = (np.repeat(f(f"{module}.{part}"), q.group_size, axis=-1) for part in ("scales", "biases"))
+        return s * codes + b
 
     def linear(module, x):
         return x @ weight(module).T

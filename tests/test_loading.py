@@ -370,8 +370,9 @@ def test_mlx_convert_output_validates(converted, name):
     # Norms are stored shifted (1 + w): the HF file holds w.
     hf_norm = mf.read_header(_shard(hf))["model.language_model.norm.weight"]
     assert hf_norm["shape"] == [c.hidden_size]
-    norm = bf16_to_f32(ck.array("language_model.model.norm.weight"))
-    assert 0.5 < norm.mean() < 1.5
+    norm = ck.array("language_model.model.norm.weight")
+    norm = bf16_to_f32(norm) if ck.tensors["language_model.model.norm.weight"].dtype == "BF16" else norm
+    assert 0.5 < norm.astype(np.float32).mean() < 1.5
 
 
 def test_mixed_quantization_overrides(converted):
@@ -572,9 +573,8 @@ def test_missing_whole_module(damaged):
     ("language_model.model.layers.0.mlp.gate_proj.weight", {"shape": [16384, 4]},
      r"shape \[16384, 4\] with scales \[1024, 8\] does not quantize 512 input features"),
     ("language_model.model.layers.3.self_attn.q_norm.weight", {"shape": [16, 16]}, r"shape \[16, 16\], expected \[256\]"),
-    ("language_model.model.layers.0.linear_attn.A_log", {"dtype": "I32"}, "dtype I32, expected F32 or BF16"),
-    ("language_model.model.norm.weight", {"dtype": "F16"}, "dtype F16, expected BF16"),
-    ("language_model.model.embed_tokens.scales", {"dtype": "F16"}, "dtype F16, expected BF16"),
+    ("language_model.model.layers.0.linear_attn.A_log", {"dtype": "I32"}, "dtype I32, expected F32 or BF16 or F16"),
+    ("language_model.model.norm.weight", {"dtype": "I16"}, "dtype I16, expected BF16 or F16 or F32"),
     ("language_model.model.layers.0.linear_attn.conv1d.weight", {"shape": [1024, 1, 4]},
      r"shape \[1024, 1, 4\], expected \[1024, 4, 1\] \(this is the Hugging Face \[C, 1, K\] layout"),
 ])
@@ -635,6 +635,41 @@ def test_fp_mode_with_biases_or_wrong_scale_dtype_is_refused(damaged):
     mf.edit_json(os.path.join(folder, "config.json"), lambda c: c["quantization"].update(mode="mxfp4", group_size=32))
     with pytest.raises(CheckpointError, match=r"embed_tokens\.weight: shape .* is 4-bit with group 64, not the "
                                               r"folder's mxfp4"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("name, match", [
+    # f16 scales are fine at group 64, but not next to bf16 biases: one kernel reads both
+    ("language_model.model.embed_tokens.scales",
+     r"embed_tokens\.biases: dtype BF16, but language_model\.model\.embed_tokens\.scales is F16"),
+    ("language_model.model.layers.3.self_attn.k_norm.weight",
+     r"k_norm\.weight: dtype F16, but language_model\.model\.layers\.3\.self_attn\.q_norm\.weight is BF16"),
+])
+def test_tensors_read_together_share_a_width(damaged, name, match):
+    folder = damaged()
+    mf.rewrite_header(_shard(folder), lambda h: h[name].update(dtype="F16"))
+    with pytest.raises(CheckpointError, match=match + ": the kernels read these together"):
+        load_checkpoint(folder)
+
+
+def test_wide_scales_only_where_kernels_exist(damaged):
+    """f16/f32 affine scales have kernels at group 64 only: group 32 ones are refused by name."""
+    folder = damaged("wide_untied_g32")
+    module = "language_model.model.layers.0.mlp.up_proj"
+    mf.rewrite_header(_shard(folder), lambda h: [h[f"{module}.{p}"].update(dtype="F16") for p in ("scales", "biases")])
+    with pytest.raises(CheckpointError, match=f"tensor {module}.scales: F16 scales with group 32: the kernels take "
+                                              f"f16/f32 scales with group 64 only"):
+        load_checkpoint(folder)
+
+
+def test_f32_conv_weights_need_an_f32_a_log(damaged):
+    folder = damaged("f16")
+    d = "language_model.model.layers.0.linear_attn."
+    def narrow(h):  # the first half of the f32 bytes, read as bf16
+        begin = h[d + "A_log"]["data_offsets"][0]
+        h[d + "A_log"].update(dtype="BF16", data_offsets=[begin, begin + 8])
+    mf.rewrite_header(_shard(folder), narrow)
+    with pytest.raises(CheckpointError, match=f"tensor {d}A_log: dtype BF16, but {d}conv1d.weight is F16"):
         load_checkpoint(folder)
 
 

@@ -21,7 +21,7 @@ from metalqwen import CheckpointError
 
 RUNNABLE = ["base", "wide_untied_g32", "flat_b8"]
 # Weight formats (model_fixtures.VARIANTS): the KV cache does not depend on them, so one cache each.
-FORMATS = ["mixed", "affine_bits", "recipe_3_6", "fp_modes", "bf16"]
+FORMATS = ["mixed", "affine_bits", "recipe_3_6", "fp_modes", "bf16", "f16", "f32"]
 CASES = [(name, kv_bits) for name in RUNNABLE for kv_bits in (16, 8)] + [(name, 16) for name in FORMATS]
 
 

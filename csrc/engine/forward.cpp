@@ -40,9 +40,10 @@ void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows
   const uint32_t H = uint32_t(model_.dims.hidden);
   const RmsNormParams p{H, H, H, H, model_.dims.eps};
   if (add_residual)
-    enc.dispatch("rms_norm_residual", {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)}, {rows});
+    enc.dispatch("rms_norm_residual" + vector_suffix(weight), {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)},
+                 {rows});
   else
-    enc.dispatch("rms_norm", {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
+    enc.dispatch("rms_norm" + vector_suffix(weight), {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
 void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
@@ -57,14 +58,14 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     encode_projection(enc, m.in_proj_b, w.xn, H, w.b, nv, rows, true);
     encode_projection(enc, m.in_proj_a, w.xn, H, w.a, nv, rows, true);
     const DeltaConvParams cp{nk, nv, uint32_t(d.conv_kernel), rows, 0, C, nv, 0, 1e-6f};
-    const char* conv = m.a_log.desc->dtype == "F32" ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16";
+    const std::string conv = delta_conv_kernel(m);
     // SIMD-group g convolves rows g, g + s, ...: one is enough for a decode row.
     enc.dispatch(conv,
                  {w.qkv_raw, at(m.conv1d), l.hist, w.qkv, w.a, w.b, at(m.a_log), at(m.dt_bias), w.gates,
                   w.no_snapshots, Arg::value(cp)},
                  {2 * nk + nv}, {rows == 1 ? uint32_t(MQ_SIMD_WIDTH) : kernels_.threads(conv)});
     const DeltaScanParams sp{nk, nv, rows, 0, nv * D, 0, 1, d.eps};
-    enc.dispatch("delta_scan_norm",
+    enc.dispatch("delta_scan_norm" + vector_suffix(m.norm),
                  {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
@@ -76,7 +77,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     encode_projection(enc, m.k_proj, w.xn, H, w.k, kv_stride, rows, true);
     encode_projection(enc, m.v_proj, w.xn, H, w.v, kv_stride, rows, true);
     const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, uint32_t(options_.max_context), d.eps};
-    const std::string prep = std::string("attn_qk_norm_rope_append_") + cache;
+    const std::string prep = std::string("attn_qk_norm_rope_append_") + cache + vector_suffix(m.q_norm);
     const uint32_t prep_threads = kernels_.threads(prep);  // one SIMD-group per (row, head)
     enc.dispatch(prep, {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
                  {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});

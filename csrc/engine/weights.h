@@ -1,6 +1,8 @@
 // Checkpoint tensors on the device: safetensors files are memory-mapped and handed
 // to the GPU without a copy where a tensor's offset allows (16-byte aligned, the
-// kernels' vector loads), copied into an aligned buffer otherwise. A file larger than
+// kernels' vector loads), copied into an aligned buffer otherwise. F16 tensors other
+// than unquantized matrices (norms, conv, dt_bias, A_log, scales, biases) are widened
+// to F32 copies: those kernels read bf16 (as stored) or f32. A file larger than
 // the device's max_buffer_length is wrapped as several buffers of whole pages, split
 // at tensor boundaries: each tensor lies entirely inside one buffer.
 #pragma once
@@ -53,6 +55,9 @@ class Weights {
   void place_file(gpu::Device& device, const std::string& path, std::vector<const Entry*> entries,
                   const std::function<void(uint64_t bytes)>& placed);
   DeviceTensor copy_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry);
+  DeviceTensor widen_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry);
+
+  std::map<std::string, TensorDesc> widened_;  // descriptions of the F32 copies of F16 tensors
 
   std::map<std::string, DeviceTensor> tensors_;
   uint64_t copied_bytes_ = 0;

@@ -16,8 +16,10 @@ Tensor names are the ones ``mlx_lm.convert`` writes: ``language_model.model.*`` 
     mxfp4 / nvfp4 / mxfp8         P.weight U32 [out, in*bits/32], P.scales U8 [out, in/group], no biases
                                   (config.json's quantization "mode" says which; see shaders/params/quant.h)
     float linear (left unquantized) P.weight BF16, F16 or F32 [out, in]
-    norms (stored as 1 + w)       BF16 [n]; linear_attn.norm (not shifted) BF16 [d_v]
-    linear_attn.conv1d.weight     BF16 [C, K, 1];  dt_bias BF16 [n_v];  A_log F32 or BF16 [n_v]
+    norms (stored as 1 + w)       BF16, F16 or F32 [n]; linear_attn.norm (not shifted) [d_v]
+    linear_attn.conv1d.weight     [C, K, 1];  dt_bias [n_v];  A_log F32, BF16 or F16 [n_v]
+    (affine scales/biases may be F16/F32 too, at group 64; F16 vectors/scales are widened to
+    f32 copies at load, BF16 and F32 ones are used in place)
 
 Absolute offsets are NOT aligned in general: mlx writes the header without padding, so
 data may start at any even byte. Consumers copy (or realign) rather than alias the map.
@@ -56,11 +58,14 @@ _NUMPY_DTYPE = {
 }
 _MAX_HEADER = 100 * 1024 * 1024  # the safetensors reference reader's limit
 
-# dtypes the engine accepts for each kind of tensor
-_FLOAT = ("BF16",)
+# dtypes the engine accepts for each kind of tensor. Kernels read vectors and affine
+# scales/biases as bf16 (as stored) or f32 (stored so, or F16 widened at load): tensors
+# one kernel reads together must agree on that width (_check_widths).
+_FLOAT = ("BF16", "F16", "F32")
 _FLOAT_LINEAR = ("BF16", "F16", "F32")  # unquantized projections, embeddings, lm_head
-_A_LOG = ("F32", "BF16")
-_SCALES = ("BF16",)
+_A_LOG = ("F32", "BF16", "F16")
+_SCALES = ("BF16", "F16", "F32")
+_WIDE_SCALE_GROUPS = (64,)  # affine kernels with f32 scales exist for this group size only
 
 
 @dataclass(frozen=True)
@@ -348,12 +353,25 @@ class _Validator:
             for part in ("scales", "biases"):
                 self.take(f"{module}.{part}", _SCALES, (out, inp // group), bits, group, mode,
                           why=f" for group {group}" + why)
+            self.check_widths([module + ".scales", module + ".biases"])
+            if _wide(self.used[module + ".scales"].dtype) and group not in _WIDE_SCALE_GROUPS:
+                self.fail(module + ".scales", f"{self.used[module + '.scales'].dtype} scales with group {group}: "
+                                              f"the kernels take f16/f32 scales with group "
+                                              f"{', '.join(map(str, _WIDE_SCALE_GROUPS))} only (bf16 scales with "
+                                              f"any group; mlx_lm.convert --dtype bfloat16 writes those)")
         else:
             self.take(module + ".scales", ("U8",), (out, inp // group), bits, group, mode,
                       why=f" ({mode} scales, group {group})" + why)
             if module + ".biases" in self.tensors:
                 self.fail(module + ".biases", f"present, but {mode} quantization has no biases" + why)
         return Quant(bits, group, mode)
+
+    def check_widths(self, names: list[str], why: str = "") -> None:
+        """Tensors one kernel reads together must all be bf16 or all f16/f32 (read as f32)."""
+        dtypes = [self.used[n].dtype for n in names]
+        if len({_wide(d) for d in dtypes}) > 1:
+            self.fail(names[-1], f"dtype {dtypes[-1]}, but {names[0]} is {dtypes[0]}: the kernels read these "
+                                 f"together, all bf16 or all f16/f32{why}")
 
     def _undeclared_mode(self, module: str, bits: int, group: int) -> str:
         """A module whose config.json entry names no mode is affine (as mlx-lm reads it),
@@ -395,6 +413,11 @@ class _Validator:
             self.fail(module + ".scales", f"group size {group} is not supported "
                                           f"(supported: {', '.join(map(str, SUPPORTED_GROUP_SIZES))})")
         return Quant(bits, group, mode)
+
+
+def _wide(dtype: str) -> bool:
+    """Read as f32 by the kernels (F32, or F16 widened at load) rather than as bf16."""
+    return dtype != "BF16"
 
 
 class Checkpoint:
@@ -529,6 +552,14 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
                 v.linear(item, prefix + item.module)
             else:
                 v.vector(item, prefix + item.name)
+        if config.is_full_attention(i):
+            v.check_widths([prefix + "self_attn.q_norm.weight", prefix + "self_attn.k_norm.weight"])
+        else:
+            d = prefix + "linear_attn."
+            v.check_widths([d + "conv1d.weight", d + "dt_bias"])
+            if _wide(v.used[d + "conv1d.weight"].dtype):  # no f32-conv kernel takes a bf16 A_log
+                v.check_widths([d + "conv1d.weight", d + "A_log"], " (A_log may be f32 with bf16 conv weights, "
+                                                                   "not bf16 with f16/f32 ones)")
 
     rest = [n for n in tensors if n not in v.used]
     mtp = {n: tensors[n] for n in rest if n.startswith(_MTP_PREFIXES)}
