@@ -30,10 +30,10 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
+}  // namespace
+
 // Unquantized matrices have f16 kernels; every other F16 tensor is read as f32.
 bool widened_on_load(const TensorDesc& t) { return t.dtype == "F16" && !(t.bits == 0 && t.shape.size() == 2); }
-
-}  // namespace
 
 // A read-only mapping of a whole file, unmapped when the last buffer using it goes.
 struct Weights::MappedFile {

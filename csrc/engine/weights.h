@@ -36,6 +36,9 @@ struct QuantLinear {
   }
 };
 
+// True for the F16 tensors Weights places as F32 copies (twice their file bytes on the device).
+bool widened_on_load(const TensorDesc& t);
+
 class Weights {
  public:
   // `progress(done, total)` is called as tensors are placed (bytes).
