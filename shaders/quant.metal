@@ -173,7 +173,7 @@ template <typename Fmt>
   // others copy x: thread BN + t stages elements 16*(t%2) .. +16 of tile row t/2.
   const bool stages_weights = tid < BN;
   const ulong wrow = (ulong)min(n0 + tid, p.out_dim - 1);
-  const uint xm = (tid - BN) / 2 % BM;
+  const uint xm = tid % BN / 2;
   const uint xk = 16 * (tid % 2);
   device const float* xsrc = x + (ulong)min(m0 + xm, p.rows - 1) * p.x_stride + xk;
 
