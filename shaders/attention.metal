@@ -86,12 +86,12 @@ inline void kv_append_head(device char* cache, uint max_ctx, uint kv_dim, uint p
 //   kc, vc:     this layer's K and V caches (q8 or f16 layout), rows pos_base.. written
 // Grid: one SIMD-group per (row, slot), slot = q head | k head | v head; lane holds
 // elements lane + 32 j, so RoPE pair (i, i + ROT/2) and each q8 block live in registers.
-template <bool Q8>
+template <bool Q8, typename W>
 [[kernel]] void attn_qk_norm_rope_append(device float* q [[buffer(0)]],
                                          device float* k [[buffer(1)]],
                                          device const float* v [[buffer(2)]],
-                                         device const bfloat* q_norm [[buffer(3)]],
-                                         device const bfloat* k_norm [[buffer(4)]],
+                                         device const W* q_norm [[buffer(3)]],
+                                         device const W* k_norm [[buffer(4)]],
                                          device const ulong* rope_turns [[buffer(5)]],
                                          device char* kc [[buffer(6)]],
                                          device char* vc [[buffer(7)]],
@@ -122,7 +122,7 @@ template <bool Q8>
   const bool is_q = slot < p.nq;
   device float* h = is_q ? q + (ulong)row * p.q_stride + slot * 2 * HD
                          : k + (ulong)row * p.k_stride + (slot - p.nq) * HD;
-  device const bfloat* w = is_q ? q_norm : k_norm;
+  device const W* w = is_q ? q_norm : k_norm;
   float ss = 0.0f;
   for (uint j = 0; j < PER_LANE; j++) {
     x[j] = h[lane + 32 * j];
@@ -147,16 +147,30 @@ template <bool Q8>
   if (!is_q) kv_append_head<Q8>(kc, p.max_ctx, kv_dim, pos, slot - p.nq, x, lane);
 }
 
-template [[host_name("attn_qk_norm_rope_append_q8")]] [[kernel]] void attn_qk_norm_rope_append<true>(
+template [[host_name("attn_qk_norm_rope_append_q8")]] [[kernel]] void attn_qk_norm_rope_append<true, bfloat>(
     device float* q [[buffer(0)]], device float* k [[buffer(1)]], device const float* v [[buffer(2)]],
     device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     constant AttnPrepParams& p [[buffer(8)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("attn_qk_norm_rope_append_f16")]] [[kernel]] void attn_qk_norm_rope_append<false>(
+template [[host_name("attn_qk_norm_rope_append_q8_wf32")]] [[kernel]] void attn_qk_norm_rope_append<true, float>(
+    device float* q [[buffer(0)]], device float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    constant AttnPrepParams& p [[buffer(8)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_qk_norm_rope_append_f16")]] [[kernel]] void attn_qk_norm_rope_append<false, bfloat>(
     device float* q [[buffer(0)]], device float* k [[buffer(1)]], device const float* v [[buffer(2)]],
     device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    constant AttnPrepParams& p [[buffer(8)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_qk_norm_rope_append_f16_wf32")]] [[kernel]] void attn_qk_norm_rope_append<false, float>(
+    device float* q [[buffer(0)]], device float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     constant AttnPrepParams& p [[buffer(8)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],

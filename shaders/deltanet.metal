@@ -40,21 +40,22 @@ inline float4 conv_input(device const float* x, device const float* hist, uint k
 // Causal depthwise conv + silu, then per 128-channel head block: q and k blocks are
 // L2-normalised (q also scaled by 1/sqrt(D)); the SIMD-group of v-head h also writes
 // that head's gates (decay, beta). Snapshots and the history update of DeltaConvParams.
-//   x [rows][x_stride] raw inputs; conv_w bf16 [C][K]; hist [K-1][C] (read, then updated);
+//   x [rows][x_stride] raw inputs; conv_w W [C][K]; hist [K-1][C] (read, then updated);
 //   qkv [rows][C] out (must not alias x); a, b [rows][ab_stride]; a_log [n_v] (ALogT);
-//   dt_bias bf16 [n_v]; gates float2 [rows][n_v] out; hist_snaps planes of [K-1][C].
+//   dt_bias W [n_v]; gates float2 [rows][n_v] out; hist_snaps planes of [K-1][C].
+//   W is bfloat, or float for checkpoints whose vectors are f32/f16 (host names *_wf32).
 // Grid: threadgroup = head block (2*n_k + n_v of them); 32*s threads, SIMD-group g takes
 // rows g, g+s, ...; lane l owns channels block*D + 4l .. 4l+3.
 // Numerics: conv taps accumulate by fma in tap order j = 0..K-1 from zero.
-template <typename ALogT>
+template <typename ALogT, typename W>
 [[kernel]] void delta_conv_prep(device const float* x [[buffer(0)]],
-                                device const bfloat* conv_w [[buffer(1)]],
+                                device const W* conv_w [[buffer(1)]],
                                 device float* hist [[buffer(2)]],
                                 device float* qkv [[buffer(3)]],
                                 device const float* a [[buffer(4)]],
                                 device const float* b [[buffer(5)]],
                                 device const ALogT* a_log [[buffer(6)]],
-                                device const bfloat* dt_bias [[buffer(7)]],
+                                device const W* dt_bias [[buffer(7)]],
                                 device float2* gates [[buffer(8)]],
                                 device float* hist_snaps [[buffer(9)]],
                                 constant DeltaConvParams& p [[buffer(10)]],
@@ -70,7 +71,7 @@ template <typename ALogT>
   const uint c0 = block * D + lane * 4;
   const bool is_q = block < p.n_k;
   const bool is_v = block >= 2 * p.n_k;  // uniform over the threadgroup
-  device const bfloat* w0 = conv_w + (ulong)c0 * K;
+  device const W* w0 = conv_w + (ulong)c0 * K;
 
   for (uint t = sg; t < p.rows; t += n_sg) {
     float4 acc = 0.0f;
@@ -112,17 +113,24 @@ template <typename ALogT>
   }
 }
 
-template [[host_name("delta_conv_prep_alog_f32")]] [[kernel]] void delta_conv_prep<float>(
+template [[host_name("delta_conv_prep_alog_f32")]] [[kernel]] void delta_conv_prep<float, bfloat>(
     device const float* x [[buffer(0)]], device const bfloat* conv_w [[buffer(1)]], device float* hist [[buffer(2)]],
     device float* qkv [[buffer(3)]], device const float* a [[buffer(4)]], device const float* b [[buffer(5)]],
     device const float* a_log [[buffer(6)]], device const bfloat* dt_bias [[buffer(7)]], device float2* gates [[buffer(8)]],
     device float* hist_snaps [[buffer(9)]], constant DeltaConvParams& p [[buffer(10)]],
     uint block [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("delta_conv_prep_alog_bf16")]] [[kernel]] void delta_conv_prep<bfloat>(
+template [[host_name("delta_conv_prep_alog_bf16")]] [[kernel]] void delta_conv_prep<bfloat, bfloat>(
     device const float* x [[buffer(0)]], device const bfloat* conv_w [[buffer(1)]], device float* hist [[buffer(2)]],
     device float* qkv [[buffer(3)]], device const float* a [[buffer(4)]], device const float* b [[buffer(5)]],
     device const bfloat* a_log [[buffer(6)]], device const bfloat* dt_bias [[buffer(7)]], device float2* gates [[buffer(8)]],
+    device float* hist_snaps [[buffer(9)]], constant DeltaConvParams& p [[buffer(10)]],
+    uint block [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("delta_conv_prep_alog_f32_wf32")]] [[kernel]] void delta_conv_prep<float, float>(
+    device const float* x [[buffer(0)]], device const float* conv_w [[buffer(1)]], device float* hist [[buffer(2)]],
+    device float* qkv [[buffer(3)]], device const float* a [[buffer(4)]], device const float* b [[buffer(5)]],
+    device const float* a_log [[buffer(6)]], device const float* dt_bias [[buffer(7)]], device float2* gates [[buffer(8)]],
     device float* hist_snaps [[buffer(9)]], constant DeltaConvParams& p [[buffer(10)]],
     uint block [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
@@ -135,18 +143,20 @@ template [[host_name("delta_conv_prep_alog_bf16")]] [[kernel]] void delta_conv_p
 // independent; then S = decay S + delta k elementwise. y goes to out; once every block is
 // done (one device barrier) each row is normalised in place by one SIMD-group.
 //   qkv [rows][C] from delta_conv_prep; gates float2 [rows][n_v]; z [rows][z_stride];
-//   norm_w bf16 [D]; state [n_v][D][D] read-write; out [rows][n_v*D];
+//   norm_w W [D] (bfloat, or float: host name delta_scan_norm_wf32); state [n_v][D][D]
+//   read-write; out [rows][n_v*D];
 //   state_snaps planes of [n_v][D][D].
 // Grid: n_v threadgroups (threadgroup = v-head) of any multiple of 32 threads up to
 // MQ_DELTA_SCAN_THREADS (one block per SIMD-group there).
 // Numerics (keep: verify rows must reproduce decode rows bit for bit, and they do
 // because every row runs the same code whatever `rows` is): a row's norm sums lane
 // partials of 4 y^2 each by simd_sum, whatever the threadgroup size.
+template <typename W>
 [[max_total_threads_per_threadgroup(MQ_DELTA_SCAN_THREADS)]]
 [[kernel]] void delta_scan_norm(device const float* qkv [[buffer(0)]],
                                 device const float2* gates [[buffer(1)]],
                                 device const float* z [[buffer(2)]],
-                                device const bfloat* norm_w [[buffer(3)]],
+                                device const W* norm_w [[buffer(3)]],
                                 device float* state [[buffer(4)]],
                                 device float* out [[buffer(5)]],
                                 device float* state_snaps [[buffer(6)]],
@@ -214,6 +224,19 @@ template [[host_name("delta_conv_prep_alog_bf16")]] [[kernel]] void delta_conv_p
     *o = y * inv * w * silu(zv);
   }
 }
+
+template [[host_name("delta_scan_norm")]] [[kernel]] void delta_scan_norm<bfloat>(
+    device const float* qkv [[buffer(0)]], device const float2* gates [[buffer(1)]], device const float* z [[buffer(2)]],
+    device const bfloat* norm_w [[buffer(3)]], device float* state [[buffer(4)]], device float* out [[buffer(5)]],
+    device float* state_snaps [[buffer(6)]], constant DeltaScanParams& p [[buffer(7)]],
+    uint head [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("delta_scan_norm_wf32")]] [[kernel]] void delta_scan_norm<float>(
+    device const float* qkv [[buffer(0)]], device const float2* gates [[buffer(1)]], device const float* z [[buffer(2)]],
+    device const float* norm_w [[buffer(3)]], device float* state [[buffer(4)]], device float* out [[buffer(5)]],
+    device float* state_snaps [[buffer(6)]], constant DeltaScanParams& p [[buffer(7)]],
+    uint head [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
 
 // Rollback after a rejected speculative draft: state and conv history become snapshot
 // plane `plane` (the state after that row). Copies float4s: indices below

@@ -123,34 +123,32 @@ using namespace metal;
 // ---------------------------------------------------------------------------------------
 // Expert projections. Expert e's slice of the stacked weight starts e * out_dim rows in.
 
-template <int BITS, int GROUP>
+template <typename Fmt>
 [[kernel]] void moe_qmv(
-    device const uint* w [[buffer(0)]],         // [experts][out_dim][in_dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
-    device const uint* ids [[buffer(3)]],       // [pairs]: expert of each pair
-    device const float* x [[buffer(4)]],        // [pairs / x_pairs][x_stride]
-    device float* y [[buffer(5)]],              // [pairs][y_stride], first out_dim written
+    device const uint* w [[buffer(0)]],                         // [experts][out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* scales [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* biases [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
+    device const uint* ids [[buffer(3)]],                       // [pairs]: expert of each pair
+    device const float* x [[buffer(4)]],                        // [pairs / x_pairs][x_stride]
+    device float* y [[buffer(5)]],                              // [pairs][y_stride], first out_dim written
     constant MoeMatmulParams& p [[buffer(6)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
   const uint q = tg.y;
   const ulong e = min(ids[q], p.experts - 1);  // moe_route writes ids < experts; never read past the stack
-  const ulong rows = e * p.out_dim;
-  qmv_body<BITS, GROUP>(w + rows * (p.in_dim * BITS / 32), scales + rows * (p.in_dim / GROUP),
-                        biases + rows * (p.in_dim / GROUP), x + (ulong)(q / p.x_pairs) * p.x_stride,
-                        y + (ulong)q * p.y_stride, p.in_dim, p.out_dim, tg.x, sg, lane);
+  qmv_body<Fmt>(w, scales, biases, x + (ulong)(q / p.x_pairs) * p.x_stride, y + (ulong)q * p.y_stride, p.in_dim,
+                p.out_dim, e * p.out_dim, tg.x, sg, lane);
 }
 
-template <int BITS, int GROUP>
+template <typename Fmt>
 [[kernel]] void moe_qmm(
-    device const uint* w [[buffer(0)]],         // [experts][out_dim][in_dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
-    device const uint* offsets [[buffer(3)]],   // [experts + 1]: moe_group's offsets
-    device const float* x [[buffer(4)]],        // [pairs][x_stride], grouped by expert
-    device float* y [[buffer(5)]],              // [pairs][y_stride], same order
+    device const uint* w [[buffer(0)]],                         // [experts][out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* scales [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* biases [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
+    device const uint* offsets [[buffer(3)]],                   // [experts + 1]: moe_group's offsets
+    device const float* x [[buffer(4)]],                        // [pairs][x_stride], grouped by expert
+    device float* y [[buffer(5)]],                              // [pairs][y_stride], same order
     constant MoeMatmulParams& p [[buffer(6)]],
     uint3 tg [[threadgroup_position_in_grid]],
     uint tid [[thread_index_in_threadgroup]],
@@ -159,11 +157,9 @@ template <int BITS, int GROUP>
   const uint first = offsets[tg.z];
   const uint count = offsets[tg.z + 1] - first;
   if (tg.x * MQ_QMM_TILE_ROWS >= count) return;  // uniform: past this expert's rows
-  const ulong rows = (ulong)tg.z * p.out_dim;
   const QuantMatmulParams mp{p.in_dim, p.out_dim, count, p.x_stride, p.y_stride};
-  qmm_tile<BITS, GROUP>(w + rows * (p.in_dim * BITS / 32), scales + rows * (p.in_dim / GROUP),
-                        biases + rows * (p.in_dim / GROUP), x + (ulong)first * p.x_stride,
-                        y + (ulong)first * p.y_stride, mp, smem, uint2(tg.x, tg.y), tid, sg);
+  qmm_tile<Fmt>(w, scales, biases, x + (ulong)first * p.x_stride, y + (ulong)first * p.y_stride, mp,
+                (ulong)tg.z * p.out_dim, smem, uint2(tg.x, tg.y), tid, sg);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -191,82 +187,366 @@ template <int BITS, int GROUP>
 }
 
 // ---------------------------------------------------------------------------------------
-// Instantiations: <op>_b<bits>_g<group> for bits 4, 8 and groups 32, 64, 128, as quant.metal.
+// Instantiations: moe_<op>_<format> for every format quant.metal instantiates. Written out
+// (not macro-generated): the CPU runtime reads kernel signatures before preprocessing.
 
-template [[host_name("moe_qmv_b4_g32")]] [[kernel]] void moe_qmv<4, 32>(
+template [[host_name("moe_qmv_b2_g32")]] [[kernel]] void moe_qmv<affine<2, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("moe_qmm_b4_g32")]] [[kernel]] void moe_qmm<4, 32>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b2_g32")]] [[kernel]] void moe_qmm<affine<2, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
-
-template [[host_name("moe_qmv_b4_g64")]] [[kernel]] void moe_qmv<4, 64>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b2_g64")]] [[kernel]] void moe_qmv<affine<2, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("moe_qmm_b4_g64")]] [[kernel]] void moe_qmm<4, 64>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b2_g64")]] [[kernel]] void moe_qmm<affine<2, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
-
-template [[host_name("moe_qmv_b4_g128")]] [[kernel]] void moe_qmv<4, 128>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b2_g128")]] [[kernel]] void moe_qmv<affine<2, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("moe_qmm_b4_g128")]] [[kernel]] void moe_qmm<4, 128>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b2_g128")]] [[kernel]] void moe_qmm<affine<2, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
-
-template [[host_name("moe_qmv_b8_g32")]] [[kernel]] void moe_qmv<8, 32>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b3_g32")]] [[kernel]] void moe_qmv<affine<3, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("moe_qmm_b8_g32")]] [[kernel]] void moe_qmm<8, 32>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b3_g32")]] [[kernel]] void moe_qmm<affine<3, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
-
-template [[host_name("moe_qmv_b8_g64")]] [[kernel]] void moe_qmv<8, 64>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b3_g64")]] [[kernel]] void moe_qmv<affine<3, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("moe_qmm_b8_g64")]] [[kernel]] void moe_qmm<8, 64>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b3_g64")]] [[kernel]] void moe_qmm<affine<3, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
-
-template [[host_name("moe_qmv_b8_g128")]] [[kernel]] void moe_qmv<8, 128>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b3_g128")]] [[kernel]] void moe_qmv<affine<3, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("moe_qmm_b8_g128")]] [[kernel]] void moe_qmm<8, 128>(
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b3_g128")]] [[kernel]] void moe_qmm<affine<3, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
-    device const float* x [[buffer(4)]], device float* y [[buffer(5)]],
-    constant MoeMatmulParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b4_g32")]] [[kernel]] void moe_qmv<affine<4, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b4_g32")]] [[kernel]] void moe_qmm<affine<4, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b4_g64")]] [[kernel]] void moe_qmv<affine<4, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b4_g64")]] [[kernel]] void moe_qmm<affine<4, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b4_g128")]] [[kernel]] void moe_qmv<affine<4, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b4_g128")]] [[kernel]] void moe_qmm<affine<4, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b5_g32")]] [[kernel]] void moe_qmv<affine<5, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b5_g32")]] [[kernel]] void moe_qmm<affine<5, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b5_g64")]] [[kernel]] void moe_qmv<affine<5, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b5_g64")]] [[kernel]] void moe_qmm<affine<5, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b5_g128")]] [[kernel]] void moe_qmv<affine<5, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b5_g128")]] [[kernel]] void moe_qmm<affine<5, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b6_g32")]] [[kernel]] void moe_qmv<affine<6, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b6_g32")]] [[kernel]] void moe_qmm<affine<6, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b6_g64")]] [[kernel]] void moe_qmv<affine<6, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b6_g64")]] [[kernel]] void moe_qmm<affine<6, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b6_g128")]] [[kernel]] void moe_qmv<affine<6, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b6_g128")]] [[kernel]] void moe_qmm<affine<6, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b8_g32")]] [[kernel]] void moe_qmv<affine<8, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b8_g32")]] [[kernel]] void moe_qmm<affine<8, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b8_g64")]] [[kernel]] void moe_qmv<affine<8, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b8_g64")]] [[kernel]] void moe_qmm<affine<8, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b8_g128")]] [[kernel]] void moe_qmv<affine<8, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b8_g128")]] [[kernel]] void moe_qmm<affine<8, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_mxfp4")]] [[kernel]] void moe_qmv<mxfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_mxfp4")]] [[kernel]] void moe_qmm<mxfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_nvfp4")]] [[kernel]] void moe_qmv<nvfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_nvfp4")]] [[kernel]] void moe_qmm<nvfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_mxfp8")]] [[kernel]] void moe_qmv<mxfp8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_mxfp8")]] [[kernel]] void moe_qmm<mxfp8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_bf16")]] [[kernel]] void moe_qmv<dense<bfloat>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_bf16")]] [[kernel]] void moe_qmm<dense<bfloat>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_f16")]] [[kernel]] void moe_qmv<dense<half>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_f16")]] [[kernel]] void moe_qmm<dense<half>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_f32")]] [[kernel]] void moe_qmv<dense<float>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_f32")]] [[kernel]] void moe_qmm<dense<float>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b2_g64_sf32")]] [[kernel]] void moe_qmv<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b2_g64_sf32")]] [[kernel]] void moe_qmm<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b3_g64_sf32")]] [[kernel]] void moe_qmv<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b3_g64_sf32")]] [[kernel]] void moe_qmm<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b4_g64_sf32")]] [[kernel]] void moe_qmv<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b4_g64_sf32")]] [[kernel]] void moe_qmm<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b5_g64_sf32")]] [[kernel]] void moe_qmv<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b5_g64_sf32")]] [[kernel]] void moe_qmm<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b6_g64_sf32")]] [[kernel]] void moe_qmv<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b6_g64_sf32")]] [[kernel]] void moe_qmm<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_b8_g64_sf32")]] [[kernel]] void moe_qmv<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmm_b8_g64_sf32")]] [[kernel]] void moe_qmm<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* offsets [[buffer(3)]],
+    device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
+    uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);

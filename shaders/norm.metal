@@ -23,8 +23,8 @@ inline float threadgroup_sum(float v, threadgroup float* partial, uint sg, uint 
 inline float silu(float g) { return g / (1.0f + exp(min(-g, 88.0f))); }
 
 // One row: y = x * rsqrt(mean(x^2) + eps) * w, after x += r when RESIDUAL.
-template <bool RESIDUAL>
-inline void rms_norm_row(device float* xr, device const float* rr, device const bfloat* w, device float* yr,
+template <bool RESIDUAL, typename W>
+inline void rms_norm_row(device float* xr, device const float* rr, device const W* w, device float* yr,
                          constant RmsNormParams& p, threadgroup float* partial, uint tid, uint tpg, uint sg,
                          uint n_sg, uint lane) {
   float ss = 0.0f;
@@ -46,11 +46,13 @@ inline void rms_norm_row(device float* xr, device const float* rr, device const 
 }  // namespace mq_norm
 
 // y[row] = x[row] * rsqrt(mean(x[row]^2) + eps) * w.
-//   x: [rows][x_stride] f32, w: [dim] bf16 norm weight multiplied as stored,
-//   y: [rows][y_stride] f32 (may alias x).
+//   x: [rows][x_stride] f32, w: [dim] norm weight multiplied as stored (W: bfloat, or
+//   float for checkpoints whose norms are f32/f16: host names *_wf32), y: [rows][y_stride]
+//   f32 (may alias x).
 // Grid: one threadgroup per row (threadgroup_position.x = row); threads a multiple of 32.
+template <typename W>
 [[kernel]] void rms_norm(device float* x [[buffer(0)]],
-                         device const bfloat* w [[buffer(1)]],
+                         device const W* w [[buffer(1)]],
                          device float* y [[buffer(2)]],
                          constant RmsNormParams& p [[buffer(3)]],
                          uint row [[threadgroup_position_in_grid]],
@@ -60,19 +62,20 @@ inline void rms_norm_row(device float* xr, device const float* rr, device const 
                          uint n_sg [[simdgroups_per_threadgroup]],
                          uint lane [[thread_index_in_simdgroup]]) {
   threadgroup float partial[32];
-  mq_norm::rms_norm_row<false>(x + (ulong)row * p.x_stride, x, w, y + (ulong)row * p.y_stride, p, partial, tid,
-                               tpg, sg, n_sg, lane);
+  mq_norm::rms_norm_row<false, W>(x + (ulong)row * p.x_stride, x, w, y + (ulong)row * p.y_stride, p, partial, tid,
+                                  tpg, sg, n_sg, lane);
 }
 
 // x[row] += r[row] (the residual stream, written back), then
 // y[row] = x[row] * rsqrt(mean(x[row]^2) + eps) * w: the residual add fused into the
 // norm that always follows it.
-//   x: [rows][x_stride] f32 read-write, r: [rows][r_stride] f32, w: [dim] bf16,
+//   x: [rows][x_stride] f32 read-write, r: [rows][r_stride] f32, w: [dim] W (as rms_norm),
 //   y: [rows][y_stride] f32 (must not alias x or r).
 // Grid: one threadgroup per row; threads a multiple of 32.
+template <typename W>
 [[kernel]] void rms_norm_residual(device float* x [[buffer(0)]],
                                   device const float* r [[buffer(1)]],
-                                  device const bfloat* w [[buffer(2)]],
+                                  device const W* w [[buffer(2)]],
                                   device float* y [[buffer(3)]],
                                   constant RmsNormParams& p [[buffer(4)]],
                                   uint row [[threadgroup_position_in_grid]],
@@ -82,9 +85,35 @@ inline void rms_norm_row(device float* xr, device const float* rr, device const 
                                   uint n_sg [[simdgroups_per_threadgroup]],
                                   uint lane [[thread_index_in_simdgroup]]) {
   threadgroup float partial[32];
-  mq_norm::rms_norm_row<true>(x + (ulong)row * p.x_stride, r + (ulong)row * p.r_stride, w,
-                              y + (ulong)row * p.y_stride, p, partial, tid, tpg, sg, n_sg, lane);
+  mq_norm::rms_norm_row<true, W>(x + (ulong)row * p.x_stride, r + (ulong)row * p.r_stride, w,
+                                 y + (ulong)row * p.y_stride, p, partial, tid, tpg, sg, n_sg, lane);
 }
+
+template [[host_name("rms_norm")]] [[kernel]] void rms_norm<bfloat>(
+    device float* x [[buffer(0)]], device const bfloat* w [[buffer(1)]], device float* y [[buffer(2)]],
+    constant RmsNormParams& p [[buffer(3)]], uint row [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("rms_norm_residual")]] [[kernel]] void rms_norm_residual<bfloat>(
+    device float* x [[buffer(0)]], device const float* r [[buffer(1)]], device const bfloat* w [[buffer(2)]],
+    device float* y [[buffer(3)]], constant RmsNormParams& p [[buffer(4)]], uint row [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+
+template [[host_name("rms_norm_wf32")]] [[kernel]] void rms_norm<float>(
+    device float* x [[buffer(0)]], device const float* w [[buffer(1)]], device float* y [[buffer(2)]],
+    constant RmsNormParams& p [[buffer(3)]], uint row [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("rms_norm_residual_wf32")]] [[kernel]] void rms_norm_residual<float>(
+    device float* x [[buffer(0)]], device const float* r [[buffer(1)]], device const float* w [[buffer(2)]],
+    device float* y [[buffer(3)]], constant RmsNormParams& p [[buffer(4)]], uint row [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
 
 // out[row][i] = silu(gate[row][i]) * up[row][i] (MLP activation).
 //   gate: [rows][gate_stride] f32, up: [rows][up_stride] f32 (may be the same buffer as

@@ -1,97 +1,61 @@
 #include <metal_stdlib>
 using namespace metal;
 #include "params.h"
+#include "quant_formats.h"
 
-// MLX affine quantized projections (w = scale * q + bias per group) with f32 activations:
-// decode matvec, verify matvec over 1..8 rows, prefill GEMM, and embedding gather.
+// Projections y = W x with f32 activations for every weight format of quant_formats.h
+// (MLX affine 2..8-bit, mxfp4, nvfp4, mxfp8, and unquantized bf16/f16/f32): decode matvec,
+// verify matvec over 1..8 rows, prefill GEMM, and embedding gather. Each kernel has one
+// body templated on the format; host names are <op>_<format suffix> (see the end).
 //
-// Weight layout shared by every kernel (BITS in {4, 8}, GROUP in {32, 64, 128}):
-//   w       [out][in*BITS/32] uint32, code j of a word in bits BITS*j .. (code 0 lowest)
-//   scales  [out][in/GROUP] bf16
-//   biases  [out][in/GROUP] bf16
-// The matvecs walk a row in 16-byte blocks of 128/BITS codes; a block never crosses a
-// group (GROUP >= 32 >= 128/BITS and both are powers of two), so it has one scale/bias.
+// Buffers of every kernel: w [[buffer(0)]] (the format's words, row-major [out][...]),
+// scales [[buffer(1)]] and biases [[buffer(2)]] (the format's, [out][in/GROUP]; not read by
+// formats without them: bind anything), x/ids [[buffer(3)]], y [[buffer(4)]], params [[buffer(5)]].
+// Rows are walked in blocks of MQ_QUANT_BLOCK weights (quant_formats.h).
 
-// x[0 .. 128/BITS) into registers in the order qdot_block consumes it, returning its sum
-// (the bias term of every row is bias * sum(x)). At 4 bits xa[j]/xb[j] hold the even/odd
-// elements of word j, matching the byte-wise nibble split; at 8 bits xa[j] = x[4j .. 4j+4).
-template <int BITS>
-inline float qload_x(device const float* x, thread float4* xa, thread float4* xb) {
+// x[0 .. MQ_QUANT_BLOCK) into registers (8 float4s), returning its sum (the bias term of
+// every affine row is bias * sum(x); other formats ignore it).
+inline float load_x(device const float* x, thread float4* xv) {
   device const float4* x4 = (device const float4*)x;
   float4 sum = 0.0f;
-  if (BITS == 4) {
-    for (int j = 0; j < 4; j++) {
-      const float4 lo = x4[2 * j];
-      const float4 hi = x4[2 * j + 1];
-      xa[j] = float4(lo.x, lo.z, hi.x, hi.z);
-      xb[j] = float4(lo.y, lo.w, hi.y, hi.w);
-      sum += lo + hi;
-    }
-  } else {
-    for (int j = 0; j < 4; j++) {
-      xa[j] = x4[j];
-      sum += xa[j];
-    }
+  for (uint i = 0; i < QBLOCK / 4; i++) {
+    xv[i] = x4[i];
+    sum += xv[i];
   }
   return (sum.x + sum.y) + (sum.z + sum.w);
-}
-
-// sum_j q_j x_j over one 16-byte block: codes are exact small integers in float, so the
-// only rounding is the f32 fma chain (fixed order: word 0..3, low codes before high).
-template <int BITS>
-inline float qdot_block(uint4 w, thread const float4* xa, thread const float4* xb) {
-  float4 acc = 0.0f;
-  for (int j = 0; j < 4; j++) {
-    const uint word = w[j];
-    if (BITS == 4) {
-      acc = fma(float4(as_type<uchar4>(word & 0x0F0F0F0Fu)), xa[j], acc);
-      acc = fma(float4(as_type<uchar4>((word >> 4) & 0x0F0F0F0Fu)), xb[j], acc);
-    } else {
-      acc = fma(float4(as_type<uchar4>(word)), xa[j], acc);
-    }
-  }
-  return (acc.x + acc.y) + (acc.z + acc.w);
 }
 
 // ---------------------------------------------------------------------------------------
 // Decode matvec: y = W x for one activation row.
 // Each SIMD-group owns MQ_QMV_ROWS_PER_SIMDGROUP output rows; lane l takes blocks
-// l, l+32, ... of every one of them (a uint4 per row per step: the whole SIMD-group
-// streams 512 contiguous bytes of a row at a time), loading its x block once for all rows.
-// Per row: acc = fma(s, sum q x, fma(b, sum x, acc)) over the lane's blocks in order, then
-// simd_sum. qmv_rows repeats exactly this order per row, so a verify row is bit-identical
-// to the decode result for the same x (with the same compiler settings).
-// qmv_body is the whole kernel over explicit pointers: moe.metal's gathered expert matvec
-// calls it on one expert's slice of a stacked [experts][out][in] weight.
-template <int BITS, int GROUP>
-inline void qmv_body(device const uint* w, device const bfloat* scales, device const bfloat* biases,
-                     device const float* x, device float* y, uint in_dim, uint out_dim, uint tg, uint sg,
-                     uint lane) {
-  constexpr uint QB = 128 / BITS;  // codes per 16-byte block
+// l, l+32, ... of every one of them (the whole SIMD-group streams 32 contiguous blocks of a
+// row at a time), loading its x block once for all rows.
+// Per row: acc = Fmt::dot(block, x, acc) over the lane's blocks in order, then simd_sum.
+// qmv_rows repeats exactly this order per row, so a verify row is bit-identical to the
+// decode result for the same x (with the same compiler settings).
+// The body of qmv over rows row_base .. row_base + out_dim of w (a stack of matrices, e.g.
+// MoE experts [experts][out_dim][..], is addressed by its first row); y gets out_dim values.
+template <typename Fmt>
+inline void qmv_body(device const uint* w, device const typename Fmt::scale_t* scales,
+                     device const typename Fmt::scale_t* biases, device const float* x, device float* y,
+                     uint in_dim, uint out_dim, ulong row_base, uint tg, uint sg, uint lane) {
   constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
   const uint row0 = (tg * MQ_QMV_SIMDGROUPS + sg) * R;
   if (row0 >= out_dim) return;  // uniform over the SIMD-group
-  const uint nblk = in_dim / QB;
-  const uint gpr = in_dim / GROUP;
+  const uint nblk = in_dim / QBLOCK;
 
   // Rows past out_dim re-read the last row (never stored) so the loop stays branch-free.
-  ulong roff[R];
-  for (int i = 0; i < R; i++) roff[i] = (ulong)min(row0 + i, out_dim - 1);
-  device const uint4* w4 = (device const uint4*)w;
+  ulong rows[R];
+  for (int i = 0; i < R; i++) rows[i] = row_base + min(row0 + i, out_dim - 1);
 
   float acc[R];
   for (int i = 0; i < R; i++) acc[i] = 0.0f;
   for (uint blk = lane; blk < nblk; blk += 32) {
-    float4 xa[4], xb[4];
-    const float xs = qload_x<BITS>(x + blk * QB, xa, xb);
-    const uint g = blk * QB / GROUP;
-    uint4 wq[R];
-    for (int i = 0; i < R; i++) wq[i] = w4[roff[i] * nblk + blk];
-    for (int i = 0; i < R; i++) {
-      const float s = float(scales[roff[i] * gpr + g]);
-      const float b = float(biases[roff[i] * gpr + g]);
-      acc[i] = fma(s, qdot_block<BITS>(wq[i], xa, xb), fma(b, xs, acc[i]));
-    }
+    float4 xv[QBLOCK / 4];
+    const float xs = load_x(x + blk * QBLOCK, xv);
+    typename Fmt::Block wb[R];
+    for (int i = 0; i < R; i++) wb[i] = Fmt::load(w, scales, biases, rows[i], blk, nblk);
+    for (int i = 0; i < R; i++) acc[i] = Fmt::dot(wb[i], xv, xs, acc[i]);
   }
   for (int i = 0; i < R; i++) {
     const float sum = simd_sum(acc[i]);
@@ -99,67 +63,56 @@ inline void qmv_body(device const uint* w, device const bfloat* scales, device c
   }
 }
 
-template <int BITS, int GROUP>
+template <typename Fmt>
 [[kernel]] void qmv(
-    device const uint* w [[buffer(0)]],         // [out_dim][in_dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
-    device const float* x [[buffer(3)]],        // [in_dim]
-    device float* y [[buffer(4)]],              // [out_dim]
+    device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
+    device const float* x [[buffer(3)]],                        // [in_dim]
+    device float* y [[buffer(4)]],                              // [out_dim]
     constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  qmv_body<BITS, GROUP>(w, scales, biases, x, y, p.in_dim, p.out_dim, tg, sg, lane);
+  qmv_body<Fmt>(w, scales, biases, x, y, p.in_dim, p.out_dim, 0, tg, sg, lane);
 }
 
 // ---------------------------------------------------------------------------------------
 // Verify matvec: y[r] = W x[r] for r < p.rows (1..MQ_QMV_MAX_ROWS) with ONE weight
 // stream: each weight block is loaded once and applied to every x row. Same geometry,
 // block walk and per-row reduction order as qmv (see there).
-template <int BITS, int GROUP>
+template <typename Fmt>
 [[kernel]] void qmv_rows(
-    device const uint* w [[buffer(0)]],         // [out_dim][in_dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
-    device const float* x [[buffer(3)]],        // [rows][x_stride], first in_dim used
-    device float* y [[buffer(4)]],              // [rows][y_stride], first out_dim written
+    device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
+    device const float* x [[buffer(3)]],                        // [rows][x_stride], first in_dim used
+    device float* y [[buffer(4)]],                              // [rows][y_stride], first out_dim written
     constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint QB = 128 / BITS;  // codes per 16-byte block
   constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
   constexpr int M = MQ_QMV_MAX_ROWS;
   const uint row0 = (tg * MQ_QMV_SIMDGROUPS + sg) * R;
   if (row0 >= p.out_dim) return;  // uniform over the SIMD-group
-  const uint nblk = p.in_dim / QB;
-  const uint gpr = p.in_dim / GROUP;
+  const uint nblk = p.in_dim / QBLOCK;
   const uint nrows = min(p.rows, (uint)M);
 
-  ulong roff[R];
-  for (int i = 0; i < R; i++) roff[i] = (ulong)min(row0 + i, p.out_dim - 1);
-  device const uint4* w4 = (device const uint4*)w;
+  ulong rows[R];
+  for (int i = 0; i < R; i++) rows[i] = (ulong)min(row0 + i, p.out_dim - 1);
 
   float acc[M][R];
   for (int r = 0; r < M; r++)
     for (int i = 0; i < R; i++) acc[r][i] = 0.0f;
   for (uint blk = lane; blk < nblk; blk += 32) {
-    const uint g = blk * QB / GROUP;
-    uint4 wq[R];
-    float s[R], b[R];
-    for (int i = 0; i < R; i++) wq[i] = w4[roff[i] * nblk + blk];
-    for (int i = 0; i < R; i++) {
-      s[i] = float(scales[roff[i] * gpr + g]);
-      b[i] = float(biases[roff[i] * gpr + g]);
-    }
+    typename Fmt::Block wb[R];
+    for (int i = 0; i < R; i++) wb[i] = Fmt::load(w, scales, biases, rows[i], blk, nblk);
     for (int r = 0; r < M; r++) {
       if ((uint)r >= nrows) break;  // uniform
-      float4 xa[4], xb[4];
-      const float xs = qload_x<BITS>(x + (ulong)r * p.x_stride + blk * QB, xa, xb);
-      for (int i = 0; i < R; i++) {
-        acc[r][i] = fma(s[i], qdot_block<BITS>(wq[i], xa, xb), fma(b[i], xs, acc[r][i]));
-      }
+      float4 xv[QBLOCK / 4];
+      const float xs = load_x(x + (ulong)r * p.x_stride + blk * QBLOCK, xv);
+      for (int i = 0; i < R; i++) acc[r][i] = Fmt::dot(wb[i], xv, xs, acc[r][i]);
     }
   }
   for (int r = 0; r < M; r++) {
@@ -173,76 +126,63 @@ template <int BITS, int GROUP>
 
 // ---------------------------------------------------------------------------------------
 // Prefill GEMM: Y[rows][out] = X[rows][in] W^T with f32 simdgroup-matrix tiles.
-// A threadgroup (4 SIMD-groups) computes a 32-row x 64-column tile of Y; per K-step of 32
-// it dequantizes a 64 x 32 weight tile into threadgroup memory (f32, exactly
-// fma(scale, q, bias)) next to a 32 x 32 tile of X. SIMD-group sg owns rows
-// 16*(sg/2) .. +16 and columns 32*(sg%2) .. +32 (2 x 4 accumulators of 8x8). The next
-// K-step's device loads are issued before the current tile's multiplies to overlap them.
+// A threadgroup (4 SIMD-groups) computes a 32-row x 64-column tile of Y; per K-step of one
+// block (32) SIMD-groups 0-1 dequantize a 64 x 32 weight tile into threadgroup memory (f32,
+// exactly Fmt::dequant: one weight row's block per thread) while SIMD-groups 2-3 copy a
+// 32 x 32 tile of X (16 floats per thread). SIMD-group sg owns rows 16*(sg/2) .. +16 and
+// columns 32*(sg%2) .. +32 (2 x 4 accumulators of 8x8). The next K-step's device loads are
+// issued before the current tile's multiplies to overlap them.
 // Edges: X rows and W rows past the end are clamped re-reads of the last one (never a read
 // past a buffer), and partial tiles are stored through threadgroup memory with guards.
 constant constexpr uint QMM_LD = MQ_QMM_TILE_K + 4;  // padded row stride of the K tiles
 constant constexpr uint QMM_LDC = MQ_QMM_TILE_OUT + 4;
 
-// Device loads of one K-step for one thread: its 16 codes (+ scale, bias) of a weight row
-// at k0 + wk, and 8 floats of an x row at k0 (the pointers already hold row and lane offsets).
-template <int BITS, int GROUP>
-inline void qmm_fetch(device const uint* wsrc, device const bfloat* ssrc, device const bfloat* bsrc,
-                      device const float* xsrc, uint k0, uint wk, thread uint* wreg,
-                      thread float& sreg, thread float& breg, thread float4* xreg) {
-  device const uint* src = wsrc + k0 * BITS / 32;
-  if (BITS == 4) {
-    const uint2 v = *(device const uint2*)src;
-    wreg[0] = v.x;
-    wreg[1] = v.y;
+// One thread's device loads of the K-step at block k: a weight row's block (threads < BN)
+// or 16 floats of an x row (the others; xsrc already holds the row and lane offset).
+template <typename Fmt>
+inline void qmm_fetch(bool weights, device const uint* w, device const typename Fmt::scale_t* scales,
+                      device const typename Fmt::scale_t* biases, ulong wrow, uint nblk,
+                      device const float* xsrc, uint k, thread typename Fmt::Block& wreg, thread float4* xreg) {
+  if (weights) {
+    wreg = Fmt::load(w, scales, biases, wrow, k, nblk);
   } else {
-    const uint4 v = *(device const uint4*)src;
-    for (uint j = 0; j < 16 * BITS / 32; j++) wreg[j] = v[j];
+    device const float4* src = (device const float4*)(xsrc + k * QBLOCK);
+    for (uint i = 0; i < 4; i++) xreg[i] = src[i];
   }
-  sreg = float(ssrc[(k0 + wk) / GROUP]);
-  breg = float(bsrc[(k0 + wk) / GROUP]);
-  xreg[0] = *(device const float4*)(xsrc + k0);
-  xreg[1] = *(device const float4*)(xsrc + k0 + 4);
 }
 
-// Tile memory of one qmm threadgroup: X tile [BM][QMM_LD], then W tile [BN][QMM_LD];
-// reused as the C tile [BM][QMM_LDC] for edge stores. float4 for the 16-byte alignment of
-// the float4 staging stores. The kernel declares it (threadgroup memory lives in kernels).
+// Tile memory of qmm: the X tile [BM][QMM_LD], then the W tile [BN][QMM_LD]; reused as the
+// C tile [BM][QMM_LDC] for edge stores. float4 for the 16-byte alignment of the staging stores.
 constant constexpr uint QMM_SMEM_FLOAT4S = (MQ_QMM_TILE_ROWS + MQ_QMM_TILE_OUT) * QMM_LD / 4;
 
-// qmm_tile is the whole kernel over explicit pointers and sizes: moe.metal's grouped GEMM
-// calls it on one expert's slice of a stacked weight and that expert's rows.
-template <int BITS, int GROUP>
-inline void qmm_tile(device const uint* w, device const bfloat* scales, device const bfloat* biases,
-                     device const float* x, device float* y, thread const QuantMatmulParams& p,
-                     threadgroup float4* smem, uint2 tg, uint tid, uint sg) {
+// The body of qmm for tile tg over rows row_base .. row_base + p.out_dim of w (a stack of
+// matrices is addressed by its first row, as in qmv_body); `smem` is the kernel's tile memory.
+template <typename Fmt>
+inline void qmm_tile(device const uint* w, device const typename Fmt::scale_t* scales,
+                     device const typename Fmt::scale_t* biases, device const float* x, device float* y,
+                     thread const QuantMatmulParams& p, ulong row_base, threadgroup float4* smem, uint2 tg,
+                     uint tid, uint sg) {
   constexpr uint BM = MQ_QMM_TILE_ROWS, BN = MQ_QMM_TILE_OUT, BK = MQ_QMM_TILE_K;
-  static_assert(MQ_QMM_THREADS == 128 && BM == 32 && BN == 64 && BK == 32,
-                "qmm's thread-to-tile mapping assumes 128 threads, 32 x 64 tiles, K-step 32");
+  static_assert(MQ_QMM_THREADS == 128 && BM == 32 && BN == 64 && BK == QBLOCK,
+                "qmm's thread-to-tile mapping assumes 128 threads, 32 x 64 tiles, K-step of one block");
   static_assert(BM * QMM_LDC <= (BM + BN) * QMM_LD, "the C tile must fit in the K tiles' memory");
-  constexpr uint WORDS = 16 * BITS / 32;  // words of the 16 codes a thread dequantizes
   threadgroup float* xs = (threadgroup float*)smem;
   threadgroup float* ws = xs + BM * QMM_LD;
 
   const uint m0 = tg.x * BM;
   const uint n0 = tg.y * BN;
-  const uint wpr = p.in_dim * BITS / 32;
-  const uint gpr = p.in_dim / GROUP;
+  const uint nblk = p.in_dim / QBLOCK;
 
-  // Weight staging: thread t dequantizes codes 16*(t%2) .. +16 of tile row t/2.
-  const uint wn = tid / 2;
-  const uint wk = 16 * (tid % 2);
-  const ulong wrow = (ulong)min(n0 + wn, p.out_dim - 1);
-  device const uint* wsrc = w + wrow * wpr + wk * BITS / 32;
-  device const bfloat* ssrc = scales + wrow * gpr;
-  device const bfloat* bsrc = biases + wrow * gpr;
-  // X staging: thread t copies elements 8*(t%4) .. +8 of tile row t/4.
-  const uint xm = tid / 4;
-  const uint xk = 8 * (tid % 4);
+  // Threads 0..BN-1 (SIMD-groups 0, 1: uniform) stage weight row tid of the tile; the
+  // others copy x: thread BN + t stages elements 16*(t%2) .. +16 of tile row t/2.
+  const bool stages_weights = tid < BN;
+  const ulong wrow = row_base + min(n0 + tid, p.out_dim - 1);
+  const uint xm = tid % BN / 2;
+  const uint xk = 16 * (tid % 2);
   device const float* xsrc = x + (ulong)min(m0 + xm, p.rows - 1) * p.x_stride + xk;
 
-  uint wreg[WORDS];
-  float sreg, breg;
-  float4 xreg[2];
+  typename Fmt::Block wreg;
+  float4 xreg[4];
 
   const uint sm = 16 * (sg / 2);
   const uint sn = 32 * (sg % 2);
@@ -250,29 +190,21 @@ inline void qmm_tile(device const uint* w, device const bfloat* scales, device c
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 4; j++) acc[i][j] = make_filled_simdgroup_matrix<float, 8>(0.0f);
 
-  qmm_fetch<BITS, GROUP>(wsrc, ssrc, bsrc, xsrc, 0, wk, wreg, sreg, breg, xreg);
-  for (uint k0 = 0; k0 < p.in_dim; k0 += BK) {
+  qmm_fetch<Fmt>(stages_weights, w, scales, biases, wrow, nblk, xsrc, 0, wreg, xreg);
+  for (uint k = 0; k < nblk; k++) {
     threadgroup_barrier(mem_flags::mem_threadgroup);  // previous tiles fully consumed
-    {
-      const float4 s4 = sreg, b4 = breg;
-      threadgroup float4* dst = (threadgroup float4*)(ws + wn * QMM_LD + wk);
-      if (BITS == 4) {
-        for (uint j = 0; j < WORDS; j++) {
-          const float4 lo = float4(as_type<uchar4>(wreg[j] & 0x0F0F0F0Fu));         // codes 0,2,4,6
-          const float4 hi = float4(as_type<uchar4>((wreg[j] >> 4) & 0x0F0F0F0Fu));  // codes 1,3,5,7
-          dst[2 * j] = fma(s4, float4(lo.x, hi.x, lo.y, hi.y), b4);
-          dst[2 * j + 1] = fma(s4, float4(lo.z, hi.z, lo.w, hi.w), b4);
-        }
-      } else {
-        for (uint j = 0; j < WORDS; j++) dst[j] = fma(s4, float4(as_type<uchar4>(wreg[j])), b4);
-      }
-      threadgroup float4* xdst = (threadgroup float4*)(xs + xm * QMM_LD + xk);
-      xdst[0] = xreg[0];
-      xdst[1] = xreg[1];
+    if (stages_weights) {
+      float v[QBLOCK];
+      Fmt::dequant(wreg, v);
+      threadgroup float4* dst = (threadgroup float4*)(ws + tid * QMM_LD);
+      for (uint i = 0; i < QBLOCK / 4; i++) dst[i] = float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    } else {
+      threadgroup float4* dst = (threadgroup float4*)(xs + xm * QMM_LD + xk);
+      for (uint i = 0; i < 4; i++) dst[i] = xreg[i];
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (k0 + BK < p.in_dim)  // uniform
-      qmm_fetch<BITS, GROUP>(wsrc, ssrc, bsrc, xsrc, k0 + BK, wk, wreg, sreg, breg, xreg);
+    if (k + 1 < nblk)  // uniform
+      qmm_fetch<Fmt>(stages_weights, w, scales, biases, wrow, nblk, xsrc, k + 1, wreg, xreg);
     for (uint kk = 0; kk < BK; kk += 8) {
       simdgroup_float8x8 a[2], b[4];
       for (int i = 0; i < 2; i++) simdgroup_load(a[i], xs + (sm + 8 * i) * QMM_LD + kk, QMM_LD);
@@ -303,203 +235,746 @@ inline void qmm_tile(device const uint* w, device const bfloat* scales, device c
   }
 }
 
-template <int BITS, int GROUP>
+
+template <typename Fmt>
 [[kernel]] void qmm(
-    device const uint* w [[buffer(0)]],         // [out_dim][in_dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
-    device const float* x [[buffer(3)]],        // [rows][x_stride], first in_dim used
-    device float* y [[buffer(4)]],              // [rows][y_stride], first out_dim written
+    device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* biases [[buffer(2)]],  // [out_dim][in_dim/GROUP]
+    device const float* x [[buffer(3)]],                        // [rows][x_stride], first in_dim used
+    device float* y [[buffer(4)]],                              // [rows][y_stride], first out_dim written
     constant QuantMatmulParams& p [[buffer(5)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]) {
   threadgroup float4 smem[QMM_SMEM_FLOAT4S];
-  const QuantMatmulParams tp{p.in_dim, p.out_dim, p.rows, p.x_stride, p.y_stride};  // thread copy for qmm_tile
-  qmm_tile<BITS, GROUP>(w, scales, biases, x, y, tp, smem, tg, tid, sg);
+  // Field by field: a whole-struct copy out of the constant address space is not portable MSL.
+  const QuantMatmulParams params{p.in_dim, p.out_dim, p.rows, p.x_stride, p.y_stride};
+  qmm_tile<Fmt>(w, scales, biases, x, y, params, 0, smem, tg, tid, sg);
 }
 
 // ---------------------------------------------------------------------------------------
 // Embedding gather: hidden[r][:] = dequantized table row ids[first + r], each value exactly
-// fma(scale, q, bias). Thread (gid.x, gid.y) writes block gid.x (128/BITS values) of row gid.y.
-template <int BITS, int GROUP>
+// Fmt::dequant. Thread (gid.x, gid.y) writes block gid.x (MQ_QUANT_BLOCK values) of row gid.y.
+template <typename Fmt>
 [[kernel]] void embed(
-    device const uint* w [[buffer(0)]],         // [vocab][dim*BITS/32]
-    device const bfloat* scales [[buffer(1)]],  // [vocab][dim/GROUP]
-    device const bfloat* biases [[buffer(2)]],  // [vocab][dim/GROUP]
-    device const uint* ids [[buffer(3)]],       // token ids; rows first .. first+rows used
-    device float* hidden [[buffer(4)]],         // [rows][dim]
+    device const uint* w [[buffer(0)]],                         // [vocab][dim / 32 * WORDS]
+    device const typename Fmt::scale_t* scales [[buffer(1)]],  // [vocab][dim/GROUP]
+    device const typename Fmt::scale_t* biases [[buffer(2)]],  // [vocab][dim/GROUP]
+    device const uint* ids [[buffer(3)]],                       // token ids; rows first .. first+rows used
+    device float* hidden [[buffer(4)]],                         // [rows][dim]
     constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]) {
-  constexpr uint QB = 128 / BITS;  // codes per 16-byte block
-  const uint nblk = p.dim / QB;
+  const uint nblk = p.dim / QBLOCK;
   if (gid.x >= nblk || gid.y >= p.rows) return;
-  device float4* dst = (device float4*)(hidden + (ulong)gid.y * p.dim + gid.x * QB);
+  device float4* dst = (device float4*)(hidden + (ulong)gid.y * p.dim + gid.x * QBLOCK);
   const uint id = ids[p.first + gid.y];
   if (id >= p.vocab) {  // a bad id poisons its row instead of reading outside the table
-    for (uint j = 0; j < QB / 4; j++) dst[j] = float4(NAN);
+    for (uint i = 0; i < QBLOCK / 4; i++) dst[i] = float4(NAN);
     return;
   }
-  const uint g = gid.x * QB / GROUP;
-  const float4 s4 = float(scales[(ulong)id * (p.dim / GROUP) + g]);
-  const float4 b4 = float(biases[(ulong)id * (p.dim / GROUP) + g]);
-  const uint4 wq = ((device const uint4*)w)[(ulong)id * nblk + gid.x];
-  for (int j = 0; j < 4; j++) {
-    if (BITS == 4) {
-      const float4 lo = float4(as_type<uchar4>(wq[j] & 0x0F0F0F0Fu));
-      const float4 hi = float4(as_type<uchar4>((wq[j] >> 4) & 0x0F0F0F0Fu));
-      dst[2 * j] = fma(s4, float4(lo.x, hi.x, lo.y, hi.y), b4);
-      dst[2 * j + 1] = fma(s4, float4(lo.z, hi.z, lo.w, hi.w), b4);
-    } else {
-      dst[j] = fma(s4, float4(as_type<uchar4>(wq[j])), b4);
-    }
-  }
+  float v[QBLOCK];
+  Fmt::dequant(Fmt::load(w, scales, biases, id, gid.x, nblk), v);
+  for (uint i = 0; i < QBLOCK / 4; i++) dst[i] = float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
 
 // ---------------------------------------------------------------------------------------
-// Instantiations: <op>_b<bits>_g<group> for bits 4, 8 and groups 32, 64, 128. Written out
-// (not macro-generated): the CPU runtime reads kernel signatures before preprocessing.
+// Instantiations: <op>_<format> with format b<bits>_g<group> (affine, bf16 scales),
+// b<bits>_g64_sf32 (affine, float scales), mxfp4, nvfp4, mxfp8, bf16, f16, f32. Written out (not macro-generated): the CPU runtime reads kernel
+// signatures before preprocessing.
 
-template [[host_name("qmv_b4_g32")]] [[kernel]] void qmv<4, 32>(
+template [[host_name("qmv_b2_g32")]] [[kernel]] void qmv<affine<2, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b4_g32")]] [[kernel]] void qmv_rows<4, 32>(
+template [[host_name("qmv_rows_b2_g32")]] [[kernel]] void qmv_rows<affine<2, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmm_b4_g32")]] [[kernel]] void qmm<4, 32>(
+template [[host_name("qmm_b2_g32")]] [[kernel]] void qmm<affine<2, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]);
-template [[host_name("embed_b4_g32")]] [[kernel]] void embed<4, 32>(
+template [[host_name("embed_b2_g32")]] [[kernel]] void embed<affine<2, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-
-template [[host_name("qmv_b4_g64")]] [[kernel]] void qmv<4, 64>(
+template [[host_name("qmv_b2_g64")]] [[kernel]] void qmv<affine<2, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b4_g64")]] [[kernel]] void qmv_rows<4, 64>(
+template [[host_name("qmv_rows_b2_g64")]] [[kernel]] void qmv_rows<affine<2, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmm_b4_g64")]] [[kernel]] void qmm<4, 64>(
+template [[host_name("qmm_b2_g64")]] [[kernel]] void qmm<affine<2, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]);
-template [[host_name("embed_b4_g64")]] [[kernel]] void embed<4, 64>(
+template [[host_name("embed_b2_g64")]] [[kernel]] void embed<affine<2, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-
-template [[host_name("qmv_b4_g128")]] [[kernel]] void qmv<4, 128>(
+template [[host_name("qmv_b2_g128")]] [[kernel]] void qmv<affine<2, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b4_g128")]] [[kernel]] void qmv_rows<4, 128>(
+template [[host_name("qmv_rows_b2_g128")]] [[kernel]] void qmv_rows<affine<2, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmm_b4_g128")]] [[kernel]] void qmm<4, 128>(
+template [[host_name("qmm_b2_g128")]] [[kernel]] void qmm<affine<2, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]);
-template [[host_name("embed_b4_g128")]] [[kernel]] void embed<4, 128>(
+template [[host_name("embed_b2_g128")]] [[kernel]] void embed<affine<2, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-
-template [[host_name("qmv_b8_g32")]] [[kernel]] void qmv<8, 32>(
+template [[host_name("qmv_b3_g32")]] [[kernel]] void qmv<affine<3, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b8_g32")]] [[kernel]] void qmv_rows<8, 32>(
+template [[host_name("qmv_rows_b3_g32")]] [[kernel]] void qmv_rows<affine<3, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmm_b8_g32")]] [[kernel]] void qmm<8, 32>(
+template [[host_name("qmm_b3_g32")]] [[kernel]] void qmm<affine<3, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]);
-template [[host_name("embed_b8_g32")]] [[kernel]] void embed<8, 32>(
+template [[host_name("embed_b3_g32")]] [[kernel]] void embed<affine<3, 32>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-
-template [[host_name("qmv_b8_g64")]] [[kernel]] void qmv<8, 64>(
+template [[host_name("qmv_b3_g64")]] [[kernel]] void qmv<affine<3, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b8_g64")]] [[kernel]] void qmv_rows<8, 64>(
+template [[host_name("qmv_rows_b3_g64")]] [[kernel]] void qmv_rows<affine<3, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmm_b8_g64")]] [[kernel]] void qmm<8, 64>(
+template [[host_name("qmm_b3_g64")]] [[kernel]] void qmm<affine<3, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]);
-template [[host_name("embed_b8_g64")]] [[kernel]] void embed<8, 64>(
+template [[host_name("embed_b3_g64")]] [[kernel]] void embed<affine<3, 64>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-
-template [[host_name("qmv_b8_g128")]] [[kernel]] void qmv<8, 128>(
+template [[host_name("qmv_b3_g128")]] [[kernel]] void qmv<affine<3, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b8_g128")]] [[kernel]] void qmv_rows<8, 128>(
+template [[host_name("qmv_rows_b3_g128")]] [[kernel]] void qmv_rows<affine<3, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmm_b8_g128")]] [[kernel]] void qmm<8, 128>(
+template [[host_name("qmm_b3_g128")]] [[kernel]] void qmm<affine<3, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]);
-template [[host_name("embed_b8_g128")]] [[kernel]] void embed<8, 128>(
+template [[host_name("embed_b3_g128")]] [[kernel]] void embed<affine<3, 128>>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b4_g32")]] [[kernel]] void qmv<affine<4, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b4_g32")]] [[kernel]] void qmv_rows<affine<4, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b4_g32")]] [[kernel]] void qmm<affine<4, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b4_g32")]] [[kernel]] void embed<affine<4, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b4_g64")]] [[kernel]] void qmv<affine<4, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b4_g64")]] [[kernel]] void qmv_rows<affine<4, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b4_g64")]] [[kernel]] void qmm<affine<4, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b4_g64")]] [[kernel]] void embed<affine<4, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b4_g128")]] [[kernel]] void qmv<affine<4, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b4_g128")]] [[kernel]] void qmv_rows<affine<4, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b4_g128")]] [[kernel]] void qmm<affine<4, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b4_g128")]] [[kernel]] void embed<affine<4, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b5_g32")]] [[kernel]] void qmv<affine<5, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b5_g32")]] [[kernel]] void qmv_rows<affine<5, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b5_g32")]] [[kernel]] void qmm<affine<5, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b5_g32")]] [[kernel]] void embed<affine<5, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b5_g64")]] [[kernel]] void qmv<affine<5, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b5_g64")]] [[kernel]] void qmv_rows<affine<5, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b5_g64")]] [[kernel]] void qmm<affine<5, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b5_g64")]] [[kernel]] void embed<affine<5, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b5_g128")]] [[kernel]] void qmv<affine<5, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b5_g128")]] [[kernel]] void qmv_rows<affine<5, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b5_g128")]] [[kernel]] void qmm<affine<5, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b5_g128")]] [[kernel]] void embed<affine<5, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b6_g32")]] [[kernel]] void qmv<affine<6, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b6_g32")]] [[kernel]] void qmv_rows<affine<6, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b6_g32")]] [[kernel]] void qmm<affine<6, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b6_g32")]] [[kernel]] void embed<affine<6, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b6_g64")]] [[kernel]] void qmv<affine<6, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b6_g64")]] [[kernel]] void qmv_rows<affine<6, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b6_g64")]] [[kernel]] void qmm<affine<6, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b6_g64")]] [[kernel]] void embed<affine<6, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b6_g128")]] [[kernel]] void qmv<affine<6, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b6_g128")]] [[kernel]] void qmv_rows<affine<6, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b6_g128")]] [[kernel]] void qmm<affine<6, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b6_g128")]] [[kernel]] void embed<affine<6, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b8_g32")]] [[kernel]] void qmv<affine<8, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b8_g32")]] [[kernel]] void qmv_rows<affine<8, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b8_g32")]] [[kernel]] void qmm<affine<8, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b8_g32")]] [[kernel]] void embed<affine<8, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b8_g64")]] [[kernel]] void qmv<affine<8, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b8_g64")]] [[kernel]] void qmv_rows<affine<8, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b8_g64")]] [[kernel]] void qmm<affine<8, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b8_g64")]] [[kernel]] void embed<affine<8, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b8_g128")]] [[kernel]] void qmv<affine<8, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b8_g128")]] [[kernel]] void qmv_rows<affine<8, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b8_g128")]] [[kernel]] void qmm<affine<8, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b8_g128")]] [[kernel]] void embed<affine<8, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_mxfp4")]] [[kernel]] void qmv<mxfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_mxfp4")]] [[kernel]] void qmv_rows<mxfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_mxfp4")]] [[kernel]] void qmm<mxfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_mxfp4")]] [[kernel]] void embed<mxfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_nvfp4")]] [[kernel]] void qmv<nvfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_nvfp4")]] [[kernel]] void qmv_rows<nvfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_nvfp4")]] [[kernel]] void qmm<nvfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_nvfp4")]] [[kernel]] void embed<nvfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_mxfp8")]] [[kernel]] void qmv<mxfp8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_mxfp8")]] [[kernel]] void qmv_rows<mxfp8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_mxfp8")]] [[kernel]] void qmm<mxfp8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_mxfp8")]] [[kernel]] void embed<mxfp8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_bf16")]] [[kernel]] void qmv<dense<bfloat>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_bf16")]] [[kernel]] void qmv_rows<dense<bfloat>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_bf16")]] [[kernel]] void qmm<dense<bfloat>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_bf16")]] [[kernel]] void embed<dense<bfloat>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_f16")]] [[kernel]] void qmv<dense<half>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_f16")]] [[kernel]] void qmv_rows<dense<half>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_f16")]] [[kernel]] void qmm<dense<half>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_f16")]] [[kernel]] void embed<dense<half>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_f32")]] [[kernel]] void qmv<dense<float>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_f32")]] [[kernel]] void qmv_rows<dense<float>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_f32")]] [[kernel]] void qmm<dense<float>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_f32")]] [[kernel]] void embed<dense<float>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+
+// Affine with float scales and biases, group 64 only (mlx-lm's default; each variant costs
+// compile time): checkpoints whose scales are f32 (used as stored) or f16 (widened to f32
+// copies at load).
+
+template [[host_name("qmv_b2_g64_sf32")]] [[kernel]] void qmv<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b2_g64_sf32")]] [[kernel]] void qmv_rows<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b2_g64_sf32")]] [[kernel]] void qmm<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b2_g64_sf32")]] [[kernel]] void embed<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b3_g64_sf32")]] [[kernel]] void qmv<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b3_g64_sf32")]] [[kernel]] void qmv_rows<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b3_g64_sf32")]] [[kernel]] void qmm<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b3_g64_sf32")]] [[kernel]] void embed<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b4_g64_sf32")]] [[kernel]] void qmv<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b4_g64_sf32")]] [[kernel]] void qmv_rows<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b4_g64_sf32")]] [[kernel]] void qmm<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b4_g64_sf32")]] [[kernel]] void embed<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b5_g64_sf32")]] [[kernel]] void qmv<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b5_g64_sf32")]] [[kernel]] void qmv_rows<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b5_g64_sf32")]] [[kernel]] void qmm<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b5_g64_sf32")]] [[kernel]] void embed<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b6_g64_sf32")]] [[kernel]] void qmv<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b6_g64_sf32")]] [[kernel]] void qmv_rows<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b6_g64_sf32")]] [[kernel]] void qmm<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b6_g64_sf32")]] [[kernel]] void embed<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
+    uint2 gid [[thread_position_in_grid]]);
+template [[host_name("qmv_b8_g64_sf32")]] [[kernel]] void qmv<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_b8_g64_sf32")]] [[kernel]] void qmv_rows<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmm_b8_g64_sf32")]] [[kernel]] void qmm<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("embed_b8_g64_sf32")]] [[kernel]] void embed<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);

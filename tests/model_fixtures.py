@@ -147,13 +147,16 @@ def moe_weights(weights: dict, dims: dict, moe: dict, seed: int) -> dict:
     return out
 
 
-def convert_to_mlx(hf_path, mlx_path, *, bits: int = 4, group_size: int = 64, quant_predicate=None) -> str:
-    """Runs ``mlx_lm.convert(hf_path, mlx_path, quantize=True, ...)`` quietly; returns mlx_path."""
+def convert_to_mlx(hf_path, mlx_path, *, bits: int | None = 4, group_size: int | None = 64, mode: str = "affine",
+                   quant_predicate=None, quantize: bool = True, dtype: str | None = None) -> str:
+    """Runs ``mlx_lm.convert(hf_path, mlx_path, quantize=quantize, ...)`` quietly; returns mlx_path.
+    ``quant_predicate`` may be a function or one of mlx-lm's recipe names (``mixed_3_6``, ...);
+    ``dtype`` (float16, float32) is what the converter casts the float parameters to."""
     from mlx_lm import convert
 
     with contextlib.redirect_stdout(io.StringIO()):
-        convert(os.fspath(hf_path), os.fspath(mlx_path), quantize=True, q_group_size=group_size, q_bits=bits,
-                quant_predicate=quant_predicate)
+        convert(os.fspath(hf_path), os.fspath(mlx_path), quantize=quantize, q_group_size=group_size, q_bits=bits,
+                q_mode=mode, quant_predicate=quant_predicate, dtype=dtype)
     return os.fspath(mlx_path)
 
 
@@ -169,6 +172,39 @@ def _mixed_predicate(path, module):
     return True
 
 
+def _affine_bits_predicate(path, module):
+    """Every affine width in one folder (each with its own group size, recorded in config.json),
+    and the attention/DeltaNet output projections left in bf16."""
+    for suffix, quant in [("mlp.gate_proj", (2, 32)), ("mlp.up_proj", (3, 64)), ("mlp.down_proj", (5, 128)),
+                          ("in_proj_qkv", (6, 32)), ("in_proj_z", (3, 128)), ("q_proj", (5, 32)),
+                          ("k_proj", (6, 128)), ("v_proj", (2, 64)), ("embed_tokens", (8, 32)), ("lm_head", (3, 32))]:
+        if path.endswith(suffix):
+            return {"bits": quant[0], "group_size": quant[1], "mode": "affine"}
+    if path.endswith(("o_proj", "out_proj")):
+        return False
+    return True
+
+
+def _fp_modes_predicate(path, module):
+    """A folder whose default is mxfp4, with nvfp4 and mxfp8 modules recorded per module."""
+    if path.endswith(("mlp.down_proj", "in_proj_z", "o_proj")):
+        return {"bits": 4, "group_size": 16, "mode": "nvfp4"}
+    if path.endswith(("mlp.up_proj", "out_proj", "k_proj")):
+        return {"bits": 8, "group_size": 32, "mode": "mxfp8"}
+    return True
+
+
+def _f16_predicate(path, module):
+    """With --dtype float16: 3-, 4- and 6-bit modules with f16 scales, o_proj/out_proj left in f16."""
+    if path.endswith(("o_proj", "out_proj")):
+        return False
+    if path.endswith("mlp.down_proj"):
+        return {"bits": 6, "group_size": 64, "mode": "affine"}
+    if path.endswith("in_proj_qkv"):
+        return {"bits": 3, "group_size": 64, "mode": "affine"}
+    return True
+
+
 @dataclass(frozen=True)
 class Variant:
     """One tiny checkpoint shape: HF writer options, model dims and conversion settings."""
@@ -181,7 +217,10 @@ class Variant:
     mtp: bool = False
     a_log_dtype: str = "F32"
     template_file: bool = False
-    mixed: bool = False
+    mode: str = "affine"
+    quantize: bool = True
+    predicate: object = None  # a quant_predicate function or an mlx-lm recipe name
+    dtype: str | None = None  # mlx_lm.convert --dtype
     moe: dict | None = None
     dims: dict = field(default_factory=dict)
 
@@ -205,7 +244,19 @@ VARIANTS = {
         dims=dict(num_hidden_layers=6, full_attention_interval=2, linear_num_key_heads=1, linear_num_value_heads=2),
     ),
     # per-module overrides: down_proj 8-bit group 32, in_proj_a kept in bf16.
-    "mixed": Variant(mixed=True),
+    "mixed": Variant(predicate=_mixed_predicate),
+    # affine 2, 3, 5, 6 and 8 bits at groups 32/64/128, o_proj/out_proj in bf16, untied.
+    "affine_bits": Variant(tied=False, predicate=_affine_bits_predicate),
+    # mlx-lm's mixed_3_6 recipe: 3-bit, with v_proj/down_proj of some layers and lm_head at 6 bits.
+    "recipe_3_6": Variant(tied=False, predicate="mixed_3_6"),
+    # microscaling FP: mxfp4 by default (embedding included), nvfp4 and mxfp8 modules.
+    "fp_modes": Variant(tied=False, mode="mxfp4", bits=None, group_size=None, predicate=_fp_modes_predicate),
+    # unquantized: every projection, the embedding and lm_head in bf16.
+    "bf16": Variant(tied=False, quantize=False),
+    # --dtype float16: f16 norms, conv, dt_bias and scales/biases (widened at load), f16 o_proj/out_proj.
+    "f16": Variant(dtype="float16", predicate=_f16_predicate),
+    # --dtype float32, unquantized: f32 projections, embedding, norms and vectors.
+    "f32": Variant(quantize=False, dtype="float32"),
     # qwen3_5_moe: 8 experts, top-2 renormalised, 4-bit group 64 (router and shared_expert_gate
     # at 8 bits group 64 by mlx-lm's quant predicate), nested config, tied.
     "moe": Variant(moe=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
@@ -226,7 +277,7 @@ def build_variant(name: str, root) -> tuple[str, str]:
     v = VARIANTS[name]
     hf = write_hf_checkpoint(os.path.join(os.fspath(root), f"{name}-hf"), seed=len(name), **v.hf_kwargs())
     mlx = convert_to_mlx(hf, os.path.join(os.fspath(root), f"{name}-mlx"), bits=v.bits, group_size=v.group_size,
-                         quant_predicate=_mixed_predicate if v.mixed else None)
+                         mode=v.mode, quant_predicate=v.predicate, quantize=v.quantize, dtype=v.dtype)
     return hf, mlx
 
 
@@ -299,13 +350,13 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
     written from DESIGN.md section 2 alone (not from mlx-lm): a cross-check that the
     mlx-lm reference and our reading of the checkpoint mean the same model.
     """
-    from metalqwen.demo_checkpoint import bf16_to_f32, dequantize_affine
+    import reference as ref
 
     c = ck.config
 
     def f(name):
         a = ck.array(name)
-        return (bf16_to_f32(a) if ck.tensors[name].dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
+        return (ref.bf16_to_f32(a) if ck.tensors[name].dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
 
     def weight(module, expert=None):
         """The float weight of a module, or of one expert of a stacked switch_mlp module."""
@@ -313,8 +364,12 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
         part = (lambda a: a) if expert is None else (lambda a: a[expert])
         if q is None:
             return part(f(module + ".weight"))
-        return dequantize_affine(part(ck.array(module + ".weight")), part(ck.array(module + ".scales")),
-                                 part(ck.array(module + ".biases")), *q).astype(np.float64)
+        w = part(ck.array(module + ".weight"))
+        if q.mode != "affine":
+            return ref.dequantize_fp(w, part(ck.array(module + ".scales")), q.mode).astype(np.float64)
+        codes = ref.unpack_bits(w, q.bits).astype(np.float64)
+        s, b = (np.repeat(part(f(f"{module}.{p}")), q.group_size, axis=-1) for p in ("scales", "biases"))
+        return s * codes + b
 
     def linear(module, x):
         return x @ weight(module).T

@@ -74,12 +74,47 @@ def pack_bits(q, bits: int) -> np.ndarray:
 
 
 def unpack_bits(words, bits: int) -> np.ndarray:
-    """uint32 words [rows, m] -> integer codes [rows, m*32/bits] (uint32)."""
-    per_word = _check_bits(bits)
-    w = np.asarray(words, dtype=np.uint32)
-    shifts = (bits * np.arange(per_word, dtype=np.uint32))
-    q = (w[..., None] >> shifts) & np.uint32((1 << bits) - 1)
-    return q.reshape(*w.shape[:-1], w.shape[-1] * per_word)
+    """uint32 words [rows, m] -> integer codes [rows, m*32/bits] (uint32).
+
+    Each row is one little-endian bit stream: code j occupies stream bits
+    bits*j .. bits*j + bits - 1, word 0's low bit first, so 3-, 5- and 6-bit codes
+    straddle words."""
+    w = np.ascontiguousarray(words, dtype="<u4")
+    stream = np.unpackbits(w.view(np.uint8).reshape(*w.shape[:-1], -1), axis=-1, bitorder="little")
+    n = w.shape[-1] * 32 // bits
+    stream = stream[..., : n * bits].reshape(*w.shape[:-1], n, bits).astype(np.uint32)
+    return (stream << np.arange(bits, dtype=np.uint32)).sum(axis=-1, dtype=np.uint32)
+
+
+# ---------------------------------------------------------------------------
+# microscaling FP formats (mlx modes mxfp4, nvfp4, mxfp8): w = scale * value(code)
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+FP_MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # (bits, group)
+
+
+def e4m3_values(codes) -> np.ndarray:
+    """FP8 E4M3 ("fn": bias 7, no infinities, 0x7f/0xff NaN) -> float64."""
+    c = np.asarray(codes, dtype=np.int64)
+    e, m = (c >> 3) & 15, c & 7
+    v = np.where(e == 0, m * 2.0**-9, (8 + m) * 2.0 ** (e - 10))
+    v = np.where((e == 15) & (m == 7), np.nan, v)
+    return np.where(c & 0x80, -v, v)
+
+
+def e8m0_values(codes) -> np.ndarray:
+    """E8M0 scales: 2^(c - 127), 255 NaN -> float64."""
+    c = np.asarray(codes, dtype=np.float64)
+    return np.where(c == 255, np.nan, 2.0 ** (c - 127))
+
+
+def dequantize_fp(words, scales, mode: str) -> np.ndarray:
+    """float32 [out, in] of an mxfp4 / nvfp4 / mxfp8 weight (scales uint8 [out, in/group]); exact."""
+    bits, group = FP_MODES[mode]
+    q = unpack_bits(words, bits)
+    v = E2M1[q] if bits == 4 else e4m3_values(q)
+    s = (e4m3_values if mode == "nvfp4" else e8m0_values)(np.asarray(scales, dtype=np.uint8))
+    return (v * np.repeat(s, group, axis=-1)).astype(np.float32)
 
 
 def quantize(w, group_size: int, bits: int):

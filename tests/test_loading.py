@@ -19,7 +19,7 @@ import pytest
 import model_fixtures as mf
 from conftest import require
 from metalqwen.checkpoint import CheckpointError, load_checkpoint, read_safetensors_header
-from metalqwen.config import ConfigError, ModelConfig, check_supported
+from metalqwen.config import FP_MODES, ConfigError, ModelConfig, check_supported
 from metalqwen.demo_checkpoint import (
     bf16_bits,
     bf16_to_f32,
@@ -132,23 +132,29 @@ def test_config_quantization_overrides():
         "language_model.model.layers.1.linear_attn.in_proj_a": False,
     }
     c = ModelConfig.from_dict(raw)
-    assert c.quant_for("language_model.model.layers.0.mlp.gate_proj") == (4, 64)
-    assert c.quant_for("language_model.model.layers.0.mlp.down_proj") == (8, 32)
+    assert c.quant_for("language_model.model.layers.0.mlp.gate_proj") == (4, 64, "affine")
+    assert c.quant_for("language_model.model.layers.0.mlp.down_proj") == (8, 32, None)  # mode not written
     assert c.quant_for("language_model.model.layers.1.linear_attn.in_proj_a") is None
     assert c.quant_for("language_model.model.layers.2.mlp.up_proj", in_features=100) is None  # not a group multiple
     assert ModelConfig.from_dict(_nested()).quant_for("language_model.lm_head") is None  # unquantized folder
     raw["quantization"]["vision_tower.blocks.0.attn.qkv"] = {"group_size": 64, "bits": 6}  # never used: no error
-    assert ModelConfig.from_dict(raw).quant_for("vision_tower.blocks.0.attn.qkv") == (4, 64)
+    assert ModelConfig.from_dict(raw).quant_for("vision_tower.blocks.0.attn.qkv") == (4, 64, "affine")
+    raw["quantization"] = {"group_size": 32, "bits": 4, "mode": "mxfp4",
+                           "language_model.model.layers.0.mlp.down_proj": {"group_size": 16, "bits": 4, "mode": "nvfp4"}}
+    c = ModelConfig.from_dict(raw)
+    assert c.quant_for("language_model.model.layers.0.mlp.gate_proj") == (4, 32, "mxfp4")
+    assert c.quant_for("language_model.model.layers.0.mlp.down_proj") == (4, 16, "nvfp4")
 
 
 @pytest.mark.parametrize("quant, match", [
-    ({"group_size": 64, "bits": 3}, "bits = 3 for the folder default"),
-    ({"group_size": 16, "bits": 4}, "group_size = 16 for the folder default"),
-    ({"group_size": 64, "bits": 4, "language_model.model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 6}},
-     r"bits = 6 for language_model\.model\.layers\.0\.mlp\.down_proj"),
-    ({"group_size": 64, "bits": 4, "language_model.lm_head": {"group_size": 16, "bits": 4}},
+    ({"group_size": 64, "bits": 7}, "bits = 7 for the folder default"),
+    ({"group_size": 16, "bits": 4, "mode": "affine"}, "group_size = 16 for the folder default"),
+    ({"group_size": 64, "bits": 4, "language_model.model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 1}},
+     r"bits = 1 for language_model\.model\.layers\.0\.mlp\.down_proj"),
+    ({"group_size": 64, "bits": 4, "language_model.lm_head": {"group_size": 16, "bits": 4, "mode": "affine"}},
      r"group_size = 16 for language_model\.lm_head"),
-    ({"group_size": 32, "bits": 4, "mode": "mxfp4"}, "mode 'mxfp4'"),
+    ({"group_size": 32, "bits": 4, "mode": "nvfp4"}, "mode 'nvfp4' .* nvfp4 is 4-bit with group size 16"),
+    ({"group_size": 32, "bits": 8, "mode": "fp8"}, "mode 'fp8' .* not supported"),
 ])
 def test_config_unsupported_quantization(quant, match):
     raw = _nested()
@@ -326,10 +332,11 @@ def test_demo_checkpoint_loads_and_describes(demo):
     size = os.path.getsize(_shard(demo))
     n = 0
     for entries in [d["globals"]] + [layer["tensors"] for layer in d["layers"]]:
-        for name, (file, offset, nbytes, dtype, shape, bits, group) in entries.items():
+        for name, (file, offset, nbytes, dtype, shape, bits, group, mode) in entries.items():
             n += 1
             assert file == _shard(demo) and offset + nbytes <= size
-            assert (bits, group) == ((4, 64) if dtype == "U32" or name.endswith(("scales", "biases")) else (None, None))
+            quantized = dtype == "U32" or name.endswith(("scales", "biases"))
+            assert (bits, group, mode) == ((4, 64, "affine") if quantized else (None, None, None))
     assert n == len(ck.tensors) == len(d["tensors"])
     for layer in d["layers"]:  # the flat map and the per-layer view agree
         for rel, entry in layer["tensors"].items():
@@ -374,10 +381,18 @@ def test_mlx_convert_output_validates(converted, name):
         warnings.simplefilter("error")  # a real conversion has no unknown tensors
         ck = load_checkpoint(mlx)
     c = ck.config
-    assert c.quant_default == (variant.bits, variant.group_size)
+    if not variant.quantize:
+        assert c.quant_default is None
+    elif variant.mode == "affine":
+        assert c.quant_default == (variant.bits, variant.group_size, "affine")
+    else:
+        assert c.quant_default == (*FP_MODES[variant.mode], variant.mode)
     assert c.tie_word_embeddings == variant.tied
     assert ("language_model.lm_head.weight" in ck.tensors) == (not variant.tied)
-    assert ck.quant("language_model.model.embed_tokens") == (variant.bits, variant.group_size)
+    for module in ("language_model.model.embed_tokens", "language_model.lm_head"):
+        if module + ".weight" in ck.tensors:  # as config.json says, mode resolved (affine when unwritten)
+            want = c.quant_for(module)
+            assert ck.quant(module) == (want and want._replace(mode=want.mode or "affine"))
     assert not ck.mtp and not ck.unknown  # the converter drops mtp.*
     k = variant.dims.get("full_attention_interval", 4)
     assert c.layer_types == tuple("full_attention" if (i + 1) % k == 0 else "linear_attention"
@@ -396,8 +411,9 @@ def test_mlx_convert_output_validates(converted, name):
     # Norms are stored shifted (1 + w): the HF file holds w.
     hf_norm = mf.read_header(_shard(hf))["model.language_model.norm.weight"]
     assert hf_norm["shape"] == [c.hidden_size]
-    norm = bf16_to_f32(ck.array("language_model.model.norm.weight"))
-    assert 0.5 < norm.mean() < 1.5
+    norm = ck.array("language_model.model.norm.weight")
+    norm = bf16_to_f32(norm) if ck.tensors["language_model.model.norm.weight"].dtype == "BF16" else norm
+    assert 0.5 < norm.astype(np.float32).mean() < 1.5
 
 
 def test_mixed_quantization_overrides(converted):
@@ -405,16 +421,16 @@ def test_mixed_quantization_overrides(converted):
     c = ck.config
     for i in range(c.num_hidden_layers):
         p = ck.layer_prefix(i)
-        assert c.quant_for(p.removesuffix(".") + ".mlp.down_proj") == (8, 32)
-        assert ck.quant(p + "mlp.down_proj") == (8, 32)
+        assert c.quant_for(p.removesuffix(".") + ".mlp.down_proj") == (8, 32, None)
+        assert ck.quant(p + "mlp.down_proj") == (8, 32, "affine")
         assert ck.tensors[p + "mlp.down_proj.weight"].shape == (512, 1024 * 8 // 32)
-        assert ck.quant(p + "mlp.up_proj") == (4, 64)
+        assert ck.quant(p + "mlp.up_proj") == (4, 64, "affine")
         if c.layer_types[i] == "linear_attention":
             # Left in bf16 by the predicate and not recorded in config.json: mlx-lm keeps it float too.
             assert ck.quant(p + "linear_attn.in_proj_a") is None
             assert ck.tensors[p + "linear_attn.in_proj_a.weight"].dtype == "BF16"
     entry = ck.describe()["layers"][0]["tensors"]["linear_attn.in_proj_a.weight"]
-    assert entry[3:] == ("BF16", (4, 512), None, None)
+    assert entry[3:] == ("BF16", (4, 512), None, None, None)
 
 
 def test_hf_folder_is_rejected_with_advice(converted):
@@ -598,9 +614,8 @@ def test_missing_whole_module(damaged):
     ("language_model.model.layers.0.mlp.gate_proj.weight", {"shape": [16384, 4]},
      r"shape \[16384, 4\] with scales \[1024, 8\] does not quantize 512 input features"),
     ("language_model.model.layers.3.self_attn.q_norm.weight", {"shape": [16, 16]}, r"shape \[16, 16\], expected \[256\]"),
-    ("language_model.model.layers.0.linear_attn.A_log", {"dtype": "I32"}, "dtype I32, expected F32 or BF16"),
-    ("language_model.model.norm.weight", {"dtype": "F16"}, "dtype F16, expected BF16"),
-    ("language_model.model.embed_tokens.scales", {"dtype": "F16"}, "dtype F16, expected BF16"),
+    ("language_model.model.layers.0.linear_attn.A_log", {"dtype": "I32"}, "dtype I32, expected F32 or BF16 or F16"),
+    ("language_model.model.norm.weight", {"dtype": "I16"}, "dtype I16, expected BF16 or F16 or F32"),
     ("language_model.model.layers.0.linear_attn.conv1d.weight", {"shape": [1024, 1, 4]},
      r"shape \[1024, 1, 4\], expected \[1024, 4, 1\] \(this is the Hugging Face \[C, 1, K\] layout"),
 ])
@@ -622,16 +637,80 @@ def test_quantized_shapes_disagree_with_override(damaged):
 
 
 def test_unsupported_quantization_inferred_from_shapes(damaged):
-    """Modules config.json does not list are read as their shapes say (as mlx-lm does): still 4/8 bits only."""
+    """Modules config.json does not list are read as their shapes say (as mlx-lm does): still only the
+    widths and group sizes the kernels have."""
     folder = damaged()
     module = "language_model.model.layers.1.mlp.gate_proj"
-    # The same bytes read as [2048, 32] words: 32 words per row pack 512 inputs at 2 bits.
-    mf.rewrite_header(_shard(folder), lambda h: h[module + ".weight"].update(shape=[2048, 32]))
-    with pytest.raises(CheckpointError, match=f"tensor {module}.weight: 2-bit quantization is not supported"):
+    # The same bytes read as [4096, 16] words: 16 words per row pack 512 inputs at 1 bit.
+    mf.rewrite_header(_shard(folder), lambda h: h[module + ".weight"].update(shape=[4096, 16]))
+    with pytest.raises(CheckpointError, match=f"tensor {module}.weight: 1-bit quantization is not supported"):
         load_checkpoint(folder)
     folder = damaged("mixed")  # a second copy; gate_proj is not listed in its config either
     mf.rewrite_header(_shard(folder), lambda h: h[module + ".scales"].update(shape=[256, 32]))
     with pytest.raises(CheckpointError, match=f"tensor {module}.scales: group size 16 is not supported"):
+        load_checkpoint(folder)
+
+
+def _without_quant_modes(config):
+    """config.json as a converter that writes no "mode" would leave it."""
+    for key in ("quantization", "quantization_config"):
+        for value in [config[key]] + [v for v in config[key].values() if isinstance(v, dict)]:
+            value.pop("mode", None)
+
+
+def test_fp_scales_without_a_declared_mode_name_the_mode(damaged):
+    folder = damaged("fp_modes")
+    mf.edit_json(os.path.join(folder, "config.json"), _without_quant_modes)
+    with pytest.raises(CheckpointError, match=r"embed_tokens\.scales: uint8 scales \(4-bit, group 32\) but "
+                                              r"config\.json's quantization declares no mode.*add \"mode\": \"mxfp4\""):
+        load_checkpoint(folder)
+
+
+def test_fp_mode_with_biases_or_wrong_scale_dtype_is_refused(damaged):
+    module = "language_model.model.layers.0.mlp.gate_proj"  # mxfp4: the folder default
+    folder = damaged("fp_modes")
+    mf.add_tensors(_shard(folder), {module + ".biases": ("BF16", (1024, 16), bytes(1024 * 16 * 2))})
+    with pytest.raises(CheckpointError, match=f"tensor {module}.biases: present, but mxfp4 quantization has no biases"):
+        load_checkpoint(folder)
+    folder = damaged("base")
+    mf.edit_json(os.path.join(folder, "config.json"), lambda c: c["quantization"].update(mode="mxfp4", group_size=32))
+    with pytest.raises(CheckpointError, match=r"embed_tokens\.weight: shape .* is 4-bit with group 64, not the "
+                                              r"folder's mxfp4"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("name, match", [
+    # f16 scales are fine at group 64, but not next to bf16 biases: one kernel reads both
+    ("language_model.model.embed_tokens.scales",
+     r"embed_tokens\.biases: dtype BF16, but language_model\.model\.embed_tokens\.scales is F16"),
+    ("language_model.model.layers.3.self_attn.k_norm.weight",
+     r"k_norm\.weight: dtype F16, but language_model\.model\.layers\.3\.self_attn\.q_norm\.weight is BF16"),
+])
+def test_tensors_read_together_share_a_width(damaged, name, match):
+    folder = damaged()
+    mf.rewrite_header(_shard(folder), lambda h: h[name].update(dtype="F16"))
+    with pytest.raises(CheckpointError, match=match + ": the kernels read these together"):
+        load_checkpoint(folder)
+
+
+def test_wide_scales_only_where_kernels_exist(damaged):
+    """f16/f32 affine scales have kernels at group 64 only: group 32 ones are refused by name."""
+    folder = damaged("wide_untied_g32")
+    module = "language_model.model.layers.0.mlp.up_proj"
+    mf.rewrite_header(_shard(folder), lambda h: [h[f"{module}.{p}"].update(dtype="F16") for p in ("scales", "biases")])
+    with pytest.raises(CheckpointError, match=f"tensor {module}.scales: F16 scales with group 32: the kernels take "
+                                              f"f16/f32 scales with group 64 only"):
+        load_checkpoint(folder)
+
+
+def test_f32_conv_weights_need_an_f32_a_log(damaged):
+    folder = damaged("f16")
+    d = "language_model.model.layers.0.linear_attn."
+    def narrow(h):  # the first half of the f32 bytes, read as bf16
+        begin = h[d + "A_log"]["data_offsets"][0]
+        h[d + "A_log"].update(dtype="BF16", data_offsets=[begin, begin + 8])
+    mf.rewrite_header(_shard(folder), narrow)
+    with pytest.raises(CheckpointError, match=f"tensor {d}A_log: dtype BF16, but {d}conv1d.weight is F16"):
         load_checkpoint(folder)
 
 
@@ -733,7 +812,7 @@ def test_sharded_with_index_and_without(damaged):
 
 @pytest.mark.parametrize("edit, match", [
     (lambda c: c.update(model_type="llama"), "model_type 'llama' is not supported"),
-    (lambda c: c["quantization"].update(bits=3), "quantization bits = 3 for the folder default"),
+    (lambda c: c["quantization"].update(bits=7), "quantization bits = 7 for the folder default"),
     (lambda c: c["quantization"].update(group_size=16), "quantization group_size = 16 for the folder default"),
     (lambda c: c["text_config"].update(head_dim=128), "head_dim = 128 is not supported"),
     (lambda c: c["text_config"].update(linear_value_head_dim=64), "linear_value_head_dim = 64 is not supported"),

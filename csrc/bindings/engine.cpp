@@ -46,7 +46,7 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
   for (const auto& kind : field<std::vector<std::string>>(dims, "layer_types")) d.full_attention.push_back(kind == "full_attention");
   if (int(d.full_attention.size()) != d.layers) throw std::runtime_error("[engine] layer_types does not match num_hidden_layers");
   for (const auto& [name, entry] : tensors) {
-    auto e = entry.cast<py::tuple>();  // (file, offset, nbytes, dtype, shape, bits, group)
+    auto e = entry.cast<py::tuple>();  // (file, offset, nbytes, dtype, shape, bits, group, mode)
     TensorDesc t;
     t.file = e[0].cast<std::string>();
     t.offset = e[1].cast<uint64_t>();
@@ -55,6 +55,7 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
     t.shape = e[4].cast<std::vector<int64_t>>();
     t.bits = e[5].is_none() ? 0 : e[5].cast<int>();
     t.group = e[6].is_none() ? 0 : e[6].cast<int>();
+    t.mode = e[7].is_none() ? "" : e[7].cast<std::string>();
     m.tensors[name.cast<std::string>()] = std::move(t);
   }
   return m;

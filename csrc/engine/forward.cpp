@@ -12,6 +12,11 @@ uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 
+// The weight, scales and biases slots of a projection kernel (buffers 0..2); formats
+// without scales or biases get the weight bound there (never read).
+Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
+Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
+
 }  // namespace
 
 void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
@@ -21,10 +26,10 @@ void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x,
   if (matvec_) {
     // One row streams the weights at full width; 2..8 verify rows share one stream.
     enc.dispatch((rows == 1 ? "qmv" : "qmv_rows") + suffix,
-                 {at(l.weight), at(l.scales), at(l.biases), x, y, Arg::value(p)},
+                 {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS}, overlap);
   } else {
-    enc.dispatch("qmm" + suffix, {at(l.weight), at(l.scales), at(l.biases), x, y, Arg::value(p)},
+    enc.dispatch("qmm" + suffix, {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT)}, {MQ_QMM_THREADS}, overlap);
   }
 }
@@ -35,9 +40,10 @@ void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows
   const uint32_t H = uint32_t(model_.dims.hidden);
   const RmsNormParams p{H, H, H, H, model_.dims.eps};
   if (add_residual)
-    enc.dispatch("rms_norm_residual", {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)}, {rows});
+    enc.dispatch("rms_norm_residual" + vector_suffix(weight), {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)},
+                 {rows});
   else
-    enc.dispatch("rms_norm", {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
+    enc.dispatch("rms_norm" + vector_suffix(weight), {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
 void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
@@ -52,14 +58,14 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     encode_projection(enc, m.in_proj_b, w.xn, H, w.b, nv, rows, true);
     encode_projection(enc, m.in_proj_a, w.xn, H, w.a, nv, rows, true);
     const DeltaConvParams cp{nk, nv, uint32_t(d.conv_kernel), rows, 0, C, nv, 0, 1e-6f};
-    const char* conv = m.a_log.desc->dtype == "F32" ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16";
+    const std::string conv = delta_conv_kernel(m);
     // SIMD-group g convolves rows g, g + s, ...: one is enough for a decode row.
     enc.dispatch(conv,
                  {w.qkv_raw, at(m.conv1d), l.hist, w.qkv, w.a, w.b, at(m.a_log), at(m.dt_bias), w.gates,
                   w.no_snapshots, Arg::value(cp)},
                  {2 * nk + nv}, {rows == 1 ? uint32_t(MQ_SIMD_WIDTH) : kernels_.threads(conv)});
     const DeltaScanParams sp{nk, nv, rows, 0, nv * D, 0, 1, d.eps};
-    enc.dispatch("delta_scan_norm",
+    enc.dispatch("delta_scan_norm" + vector_suffix(m.norm),
                  {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
@@ -71,7 +77,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     encode_projection(enc, m.k_proj, w.xn, H, w.k, kv_stride, rows, true);
     encode_projection(enc, m.v_proj, w.xn, H, w.v, kv_stride, rows, true);
     const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, uint32_t(options_.max_context), d.eps};
-    const std::string prep = std::string("attn_qk_norm_rope_append_") + cache;
+    const std::string prep = std::string("attn_qk_norm_rope_append_") + cache + vector_suffix(m.q_norm);
     const uint32_t prep_threads = kernels_.threads(prep);  // one SIMD-group per (row, head)
     enc.dispatch(prep, {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
                  {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
@@ -141,10 +147,11 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, uint32_t rows) {
     const MoeMatmulParams p{l.in, l.out, E, x_pairs, l.in, l.out};
     if (grouped)  // a token picks an expert at most once: no expert has more than `rows` rows
       enc.dispatch("moe_qmm" + quant_suffix(l),
-                   {at(l.weight), at(l.scales), at(l.biases), w.expert_offsets, x, y, Arg::value(p)},
+                   {at(l.weight), scales_of(l), biases_of(l), w.expert_offsets, x, y, Arg::value(p)},
                    {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT), E}, {MQ_QMM_THREADS}, overlap);
     else
-      enc.dispatch("moe_qmv" + quant_suffix(l), {at(l.weight), at(l.scales), at(l.biases), w.route_ids, x, y, Arg::value(p)},
+      enc.dispatch("moe_qmv" + quant_suffix(l),
+                   {at(l.weight), scales_of(l), biases_of(l), w.route_ids, x, y, Arg::value(p)},
                    {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP), pairs}, {MQ_QMV_THREADS}, overlap);
   };
   if (grouped) {
@@ -185,8 +192,8 @@ void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab);
   const QuantEmbedParams ep{H, V, uint32_t(position_), rows};
   enc.dispatch("embed" + quant_suffix(embed_),
-               {at(embed_.weight), at(embed_.scales), at(embed_.biases), ws_->ids, ws_->x, Arg::value(ep)},
-               {ceil_div(H, MQ_EMBED_THREADS * 128 / uint32_t(embed_.bits)), rows}, {MQ_EMBED_THREADS});
+               {at(embed_.weight), scales_of(embed_), biases_of(embed_), ws_->ids, ws_->x, Arg::value(ep)},
+               {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS});
   for (size_t i = 0; i < layers_.size(); ++i) {
     // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
     encode_norm(enc, layers_[i].input_norm, rows, i > 0, ws_->mix);

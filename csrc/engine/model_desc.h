@@ -12,10 +12,11 @@ struct TensorDesc {
   std::string file;
   uint64_t offset = 0;  // absolute byte offset in the file
   uint64_t nbytes = 0;
-  std::string dtype;  // safetensors tag: U32, BF16, F32
+  std::string dtype;  // safetensors tag: U32, U8, BF16, F16, F32
   std::vector<int64_t> shape;
   int bits = 0;  // quantized modules only
   int group = 0;
+  std::string mode;  // quantized modules only: affine, mxfp4, nvfp4, mxfp8
 };
 
 struct ModelDims {

@@ -15,8 +15,13 @@ ThreadgroupNeed up_to(uint32_t threads) { return {threads, kSimd}; }
 
 }  // namespace
 
-std::string quant_suffix(const QuantLinear& l) {
-  return "_b" + std::to_string(l.bits) + "_g" + std::to_string(l.group);
+std::string quant_suffix(const QuantLinear& l) { return "_" + l.format; }
+
+std::string vector_suffix(const DeviceTensor& t) { return t.desc->dtype == "F32" ? "_wf32" : ""; }
+
+std::string delta_conv_kernel(const DeltaNetWeights& m) {
+  return std::string(m.a_log.desc->dtype == "F32" ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16") +
+         vector_suffix(m.conv1d);
 }
 
 std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
@@ -28,7 +33,8 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   };
   needs["embed" + quant_suffix(embed_)] = exactly(MQ_EMBED_THREADS);
   projection(lm_head_);
-  needs["rms_norm"] = needs["rms_norm_residual"] = up_to(MQ_NORM_THREADS);
+  // Norms: the final one, then each layer's (the residual form everywhere but layer 0's input).
+  needs["rms_norm_residual" + vector_suffix(final_norm_)] = up_to(MQ_NORM_THREADS);
   needs["silu_mul"] = up_to(kSiluMulThreads);
   needs["copy_u32"] = up_to(kCopyThreads);  // snapshots of the sequence state
   needs["argmax_partial"] = needs["argmax_final"] = up_to(MQ_ARGMAX_THREADS);
@@ -39,6 +45,8 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   for (const LayerWeights& l : layers_) {
     const MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
     for (const QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
+    needs["rms_norm" + vector_suffix(l.input_norm)] = needs["rms_norm_residual" + vector_suffix(l.input_norm)] =
+        needs["rms_norm_residual" + vector_suffix(l.post_norm)] = up_to(MQ_NORM_THREADS);
     if (l.moe) {
       const MoeWeights& m = *l.moe;
       projection(m.gate);
@@ -55,13 +63,12 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
       const DeltaNetWeights& m = *l.delta;
       for (const QuantLinear* p : {&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a, &m.out_proj})
         projection(*p);
-      needs[m.a_log.desc->dtype == "F32" ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16"] =
-          up_to(kSimd * MQ_DELTA_CONV_SIMDGROUPS);
-      needs["delta_scan_norm"] = up_to(MQ_DELTA_SCAN_THREADS);
+      needs[delta_conv_kernel(m)] = up_to(kSimd * MQ_DELTA_CONV_SIMDGROUPS);
+      needs["delta_scan_norm" + vector_suffix(m.norm)] = up_to(MQ_DELTA_SCAN_THREADS);
     } else {
       const AttentionWeights& m = *l.attn;
       for (const QuantLinear* p : {&m.q_proj, &m.k_proj, &m.v_proj, &m.o_proj}) projection(*p);
-      needs["attn_qk_norm_rope_append_" + cache] = up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS);
+      needs["attn_qk_norm_rope_append_" + cache + vector_suffix(m.q_norm)] = up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS);
       // One SIMD-group per query head of a kv head, as many as the kernels take.
       needs["attn_decode_" + cache + "_r1"] = needs["attn_decode_" + cache + "_r4"] =
           up_to(kSimd * std::min<uint32_t>(rep, MQ_ATTN_DECODE_MAX_SIMDGROUPS));

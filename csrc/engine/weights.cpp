@@ -10,6 +10,30 @@
 #include <stdexcept>
 
 namespace mq::engine {
+namespace {
+
+// IEEE half -> float, exact (subnormals, infinities and NaN included).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else {
+    const float magnitude = float(mantissa) * 5.9604644775390625e-8f;  // mantissa * 2^-24
+    std::memcpy(&bits, &magnitude, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+// Unquantized matrices have f16 kernels; every other F16 tensor is read as f32.
+bool widened_on_load(const TensorDesc& t) { return t.dtype == "F16" && !(t.bits == 0 && t.shape.size() == 2); }
 
 // A read-only mapping of a whole file, unmapped when the last buffer using it goes.
 struct Weights::MappedFile {
@@ -70,7 +94,9 @@ void Weights::place_file(gpu::Device& device, const std::string& path, std::vect
     if (t.offset + t.nbytes > file->size)
       throw std::runtime_error("[weights] tensor " + e->first + " lies past the end of " + path);
     const uint64_t begin = t.offset / page * page, end = (t.offset + t.nbytes + page - 1) / page * page;
-    if (t.offset % 16 != 0 || end - begin > limit) {  // misaligned for the kernels, or its pages exceed a buffer
+    if (widened_on_load(t)) {
+      tensors_[e->first] = widen_tensor(device, *file, *e);
+    } else if (t.offset % 16 != 0 || end - begin > limit) {  // misaligned for the kernels, or its pages exceed a buffer
       tensors_[e->first] = copy_tensor(device, *file, *e);
     } else {
       if (!span.tensors.empty() && end - span.begin > limit) wrap_span();
@@ -95,6 +121,23 @@ DeviceTensor Weights::copy_tensor(gpu::Device& device, const MappedFile& file, c
   return copy;
 }
 
+DeviceTensor Weights::widen_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry) {
+  TensorDesc& wide = widened_[entry.first] = entry.second;
+  wide.dtype = "F32";
+  wide.nbytes = entry.second.nbytes * 2;
+  DeviceTensor copy{device.new_buffer(wide.nbytes), 0, &wide};
+  const char* src = static_cast<const char*>(file.data) + entry.second.offset;
+  float* dst = static_cast<float*>(copy.buffer->contents());
+  for (uint64_t i = 0; i < entry.second.nbytes / 2; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = half_to_float(h);
+  }
+  copied_bytes_ += wide.nbytes;
+  buffer_count_ += 1;
+  return copy;
+}
+
 DeviceTensor Weights::tensor(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) throw std::runtime_error("[weights] the checkpoint has no tensor " + name);
@@ -102,19 +145,34 @@ DeviceTensor Weights::tensor(const std::string& name) const {
 }
 
 QuantLinear Weights::linear(const std::string& module) const {
+  static const std::map<std::string, std::string> kFloat = {{"BF16", "bf16"}, {"F16", "f16"}, {"F32", "f32"}};
   QuantLinear l;
   l.weight = tensor(module + ".weight");
-  l.scales = tensor(module + ".scales");
-  l.biases = tensor(module + ".biases");
   const TensorDesc& w = *l.weight.desc;
-  if (w.bits == 0 || w.dtype != "U32" || (w.shape.size() != 2 && w.shape.size() != 3))
-    throw std::runtime_error("[weights] " + module + " is not a quantized linear layer (only MLX affine 4/8-bit "
-                             "layers are supported)");
-  l.bits = w.bits;
-  l.group = w.group;
   const size_t n = w.shape.size();
+  if (n != 2 && n != 3)
+    throw std::runtime_error("[weights] " + module + ".weight is not a matrix (or a stack of expert matrices)");
   l.experts = n == 3 ? uint32_t(w.shape[0]) : 0;
   l.out = uint32_t(w.shape[n - 2]);
+  if (w.bits == 0) {
+    auto f = kFloat.find(w.dtype);
+    if (f == kFloat.end())
+      throw std::runtime_error("[weights] " + module + ".weight: " + w.dtype + " is neither quantized nor float");
+    l.format = f->second;
+    l.in = uint32_t(w.shape[n - 1]);
+    return l;
+  }
+  if (w.dtype != "U32") throw std::runtime_error("[weights] " + module + ".weight: quantized weights must be U32");
+  l.scales = tensor(module + ".scales");
+  if (w.mode == "affine") {
+    l.biases = tensor(module + ".biases");
+    l.format = "b" + std::to_string(w.bits) + "_g" + std::to_string(w.group);
+    if (l.scales.desc->dtype == "F32") l.format += "_sf32";  // f32 in the file, or widened from f16
+  } else if (w.mode == "mxfp4" || w.mode == "nvfp4" || w.mode == "mxfp8") {
+    l.format = w.mode;
+  } else {
+    throw std::runtime_error("[weights] " + module + ": unknown quantization mode '" + w.mode + "'");
+  }
   l.in = uint32_t(w.shape[n - 1] * 32 / w.bits);
   return l;
 }

@@ -1,6 +1,8 @@
 // Checkpoint tensors on the device: safetensors files are memory-mapped and handed
 // to the GPU without a copy where a tensor's offset allows (16-byte aligned, the
-// kernels' vector loads), copied into an aligned buffer otherwise. A file larger than
+// kernels' vector loads), copied into an aligned buffer otherwise. F16 tensors other
+// than unquantized matrices (norms, conv, dt_bias, A_log, scales, biases) are widened
+// to F32 copies: those kernels read bf16 (as stored) or f32. A file larger than
 // the device's max_buffer_length is wrapped as several buffers of whole pages, split
 // at tensor boundaries: each tensor lies entirely inside one buffer.
 #pragma once
@@ -22,17 +24,24 @@ struct DeviceTensor {
   const TensorDesc* desc = nullptr;
 };
 
-// A quantized linear layer: y = W x with W [out][in] in MLX affine format; or, with
-// experts > 0, a stack of them [experts][out][in] (MoE switch_mlp).
+// A linear layer (or embedding table): y = W x with W [out][in] in one of the weight
+// formats of shaders/quant_formats.h; or, with experts > 0, a stack of them
+// [experts][out][in] (MoE switch_mlp). Formats without scales or biases leave those
+// tensors empty (no buffer).
 struct QuantLinear {
   DeviceTensor weight, scales, biases;
-  int bits = 0, group = 0;
+  std::string format;  // kernel-name suffix: b<bits>_g<group>, mxfp4, nvfp4, mxfp8, bf16, f16, f32
   uint32_t in = 0, out = 0;
   uint32_t experts = 0;
-  uint64_t nbytes() const { return weight.desc->nbytes + scales.desc->nbytes + biases.desc->nbytes; }
+  uint64_t nbytes() const {
+    return weight.desc->nbytes + (scales.desc ? scales.desc->nbytes : 0) + (biases.desc ? biases.desc->nbytes : 0);
+  }
   // Bytes of one matrix of the stack (all of them when not stacked).
   uint64_t expert_nbytes() const { return nbytes() / (experts ? experts : 1); }
 };
+
+// True for the F16 tensors Weights places as F32 copies (twice their file bytes on the device).
+bool widened_on_load(const TensorDesc& t);
 
 class Weights {
  public:
@@ -53,6 +62,9 @@ class Weights {
   void place_file(gpu::Device& device, const std::string& path, std::vector<const Entry*> entries,
                   const std::function<void(uint64_t bytes)>& placed);
   DeviceTensor copy_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry);
+  DeviceTensor widen_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry);
+
+  std::map<std::string, TensorDesc> widened_;  // descriptions of the F32 copies of F16 tensors
 
   std::map<std::string, DeviceTensor> tensors_;
   uint64_t copied_bytes_ = 0;

@@ -20,17 +20,18 @@ constexpr uint32_t kCopyThreads = 256;
 // moe_gather_rows and moe_combine take any threadgroup shape; one float4 per thread.
 constexpr uint32_t kMoeRowThreads = 64;
 
+// Vectors are bf16 or f32 (vector_suffix); f16 ones arrive widened to f32 (weights.h).
 struct AttentionWeights {
   QuantLinear q_proj, k_proj, v_proj, o_proj;  // q_proj rows per head: [query | gate]
-  DeviceTensor q_norm, k_norm;                 // bf16 [head_dim], stored as 1 + w
+  DeviceTensor q_norm, k_norm;                 // [head_dim], stored as 1 + w; one dtype
 };
 
 struct DeltaNetWeights {
   QuantLinear in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
-  DeviceTensor conv1d;   // bf16 [C][K][1]
-  DeviceTensor dt_bias;  // bf16 [nv]
+  DeviceTensor conv1d;   // [C][K][1]
+  DeviceTensor dt_bias;  // [nv], the dtype of conv1d
   DeviceTensor a_log;    // f32 or bf16 [nv]
-  DeviceTensor norm;     // bf16 [dv], not shifted
+  DeviceTensor norm;     // [dv], not shifted
 };
 
 // down(silu(gate(x)) * up(x)): the dense MLP, and the shared expert of a MoE block.
@@ -49,7 +50,7 @@ struct MoeWeights {
 
 struct LayerWeights {
   bool full_attention = false;
-  DeviceTensor input_norm, post_norm;  // bf16 [hidden], stored as 1 + w
+  DeviceTensor input_norm, post_norm;  // [hidden], stored as 1 + w
   std::optional<AttentionWeights> attn;
   std::optional<DeltaNetWeights> delta;
   std::optional<MlpWeights> mlp;  // dense models
@@ -98,10 +99,15 @@ struct Workspace {
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.
 uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
-// "_b<bits>_g<group>": the kernel-name suffix of a quantized projection's variant.
+// "_<format>" (e.g. "_b4_g64", "_mxfp4", "_bf16"): the kernel-name suffix of a projection's variant.
 std::string quant_suffix(const QuantLinear& l);
 // Intermediate size of the buffers gate/up/act: the dense MLP's, or the shared expert's.
 uint32_t mlp_intermediate(const ModelDims& dims);
+// "" for a bf16 norm/conv/dt_bias vector, "_wf32" for an f32 one (stored so, or widened from f16):
+// the suffix of the kernels that read it (rms_norm, attention prep, DeltaNet conv and scan).
+std::string vector_suffix(const DeviceTensor& t);
+// The DeltaNet conv/gates kernel for a layer's conv1d / dt_bias and A_log dtypes.
+std::string delta_conv_kernel(const DeltaNetWeights& m);
 
 std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
 // Bytes of weights one decode step streams (every projection once, the lm_head, norms).

@@ -4,18 +4,23 @@
 safetensors shard, checks every tensor the model needs against the config (name,
 dtype, shape, quantization) and returns a ``Checkpoint``. Its ``describe()`` is the
 plain description the engine consumes: sizes plus, per tensor, the file, the absolute
-byte offset, the byte count, dtype, shape and (bits, group size). No tensor data is
+byte offset, the byte count, dtype, shape and (bits, group size, mode). No tensor data is
 read here; ``Checkpoint.array`` maps one lazily for tests.
 
 Tensor names are the ones ``mlx_lm.convert`` writes: ``language_model.model.*`` and
 ``language_model.lm_head`` (absent when the embeddings are tied). Their layout:
 
-    quantized linear / embedding  P.weight U32 [out, in*bits/32], P.scales BF16 [out, in/group],
-                                  P.biases BF16 [out, in/group]  (w = scale * q + bias)
-    MoE experts (switch_mlp.*)    the same with a leading [experts] axis on all three
-    float linear (left unquantized) P.weight BF16 [out, in]
-    norms (stored as 1 + w)       BF16 [n]; linear_attn.norm (not shifted) BF16 [d_v]
-    linear_attn.conv1d.weight     BF16 [C, K, 1];  dt_bias BF16 [n_v];  A_log F32 or BF16 [n_v]
+    affine linear / embedding     P.weight U32 [out, in*bits/32] (bits 2, 3, 4, 5, 6, 8),
+                                  P.scales BF16 [out, in/group], P.biases BF16 [out, in/group]
+                                  (w = scale * q + bias; group 32, 64, 128)
+    mxfp4 / nvfp4 / mxfp8         P.weight U32 [out, in*bits/32], P.scales U8 [out, in/group], no biases
+                                  (config.json's quantization "mode" says which; see shaders/params/quant.h)
+    float linear (left unquantized) P.weight BF16, F16 or F32 [out, in]
+    norms (stored as 1 + w)       BF16, F16 or F32 [n]; linear_attn.norm (not shifted) [d_v]
+    linear_attn.conv1d.weight     [C, K, 1];  dt_bias [n_v];  A_log F32, BF16 or F16 [n_v]
+    (affine scales/biases may be F16/F32 too, at group 64; F16 vectors/scales are widened to
+    f32 copies at load, BF16 and F32 ones are used in place)
+    MoE experts (switch_mlp.*)    the same with a leading [experts] axis on every tensor
 
 Absolute offsets are NOT aligned in general: mlx writes the header without padding, so
 data may start at any even byte. Consumers copy (or realign) rather than alias the map.
@@ -32,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import CheckpointError, ConfigError, ModelConfig, check_supported, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
+from .config import (FP_MODES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES, CheckpointError, ConfigError, ModelConfig,
+                     Quant, check_supported)
 
 __all__ = ["Checkpoint", "CheckpointError", "ConfigError", "ShardInfo", "TensorInfo", "load_checkpoint",
            "read_safetensors_header", "tensor_view"]
@@ -53,10 +59,14 @@ _NUMPY_DTYPE = {
 }
 _MAX_HEADER = 100 * 1024 * 1024  # the safetensors reference reader's limit
 
-# dtypes the engine accepts for each kind of tensor
-_FLOAT = ("BF16",)
-_A_LOG = ("F32", "BF16")
-_SCALES = ("BF16",)
+# dtypes the engine accepts for each kind of tensor. Kernels read vectors and affine
+# scales/biases as bf16 (as stored) or f32 (stored so, or F16 widened at load): tensors
+# one kernel reads together must agree on that width (_check_widths).
+_FLOAT = ("BF16", "F16", "F32")
+_FLOAT_LINEAR = ("BF16", "F16", "F32")  # unquantized projections, embeddings, lm_head
+_A_LOG = ("F32", "BF16", "F16")
+_SCALES = ("BF16", "F16", "F32")
+_WIDE_SCALE_GROUPS = (64,)  # affine kernels with f32 scales exist for this group size only
 
 
 @dataclass(frozen=True)
@@ -71,10 +81,11 @@ class TensorInfo:
     shape: tuple[int, ...]
     bits: int | None = None
     group_size: int | None = None
+    mode: str | None = None  # affine, mxfp4, nvfp4, mxfp8 (quantized modules only)
 
     def entry(self) -> tuple:
-        """(file, offset, nbytes, dtype, shape, bits, group_size): the engine's view."""
-        return (self.file, self.offset, self.nbytes, self.dtype, self.shape, self.bits, self.group_size)
+        """(file, offset, nbytes, dtype, shape, bits, group_size, mode): the engine's view."""
+        return (self.file, self.offset, self.nbytes, self.dtype, self.shape, self.bits, self.group_size, self.mode)
 
 
 @dataclass(frozen=True)
@@ -299,7 +310,8 @@ class _Validator:
         where = t.file if t is not None else os.path.dirname(self.cfg.source)
         raise CheckpointError(f"[checkpoint] {where}: tensor {name}: {message}")
 
-    def take(self, name: str, dtypes: tuple[str, ...], shape: tuple[int, ...], bits=None, group=None, why=""):
+    def take(self, name: str, dtypes: tuple[str, ...], shape: tuple[int, ...], bits=None, group=None, mode=None,
+             why=""):
         t = self.tensors.get(name)
         if t is None:
             self.fail(name, f"missing (expected {'/'.join(dtypes)} {list(shape)}{why})")
@@ -307,7 +319,7 @@ class _Validator:
             self.fail(name, f"dtype {t.dtype}, expected {' or '.join(dtypes)}{why}")
         if t.shape != tuple(shape):
             self.fail(name, f"shape {list(t.shape)}, expected {list(shape)}{why}")
-        info = TensorInfo(t.name, t.file, t.offset, t.nbytes, t.dtype, t.shape, bits, group)
+        info = TensorInfo(t.name, t.file, t.offset, t.nbytes, t.dtype, t.shape, bits, group, mode)
         self.used[name] = info
         return info
 
@@ -320,19 +332,20 @@ class _Validator:
         self.take(name, v.dtypes, v.shape, why=hint)
 
     def linear(self, lin: _Linear, module: str):
-        """Validates one linear (or embedding) module; returns its (bits, group) or None.
+        """Validates one linear (or embedding) module; returns its Quant or None (float).
 
         The quantization is resolved as mlx-lm's loader does: a per-module entry in
         config.json wins; otherwise a module with ``scales`` is quantized with the
-        (bits, group) its shapes imply, and one without stays float.
+        (bits, group) its shapes imply and the folder's mode, and one without stays float.
+        MoE experts (``lin.experts``) carry a leading [experts] axis on every tensor.
         """
         out, inp = lin.out_features, lin.in_features
-        stack = (lin.experts,) if lin.experts else ()  # leading expert axis of every tensor
+        stack = (lin.experts,) if lin.experts else ()
         overrides = self.cfg.quant_override_map
         has_scales = module + ".scales" in self.tensors
         if module in overrides:
             q = overrides[module]
-            why = f" (config.json quantization[{module!r}] = {'false' if q is None else q})"
+            why = f" (config.json quantization[{module!r}] = {'false' if q is None else dict(q._asdict())})"
         elif has_scales:
             q = self._inferred(module, inp, len(stack) + 2)
             why = ""
@@ -345,16 +358,56 @@ class _Validator:
         if q is None:
             if has_scales or module + ".biases" in self.tensors:
                 self.fail(module + ".scales", "present, but the module is float" + why)
-            self.take(module + ".weight", _FLOAT, (*stack, out, inp), why=why)
+            self.take(module + ".weight", _FLOAT_LINEAR, (*stack, out, inp), why=why)
             return None
-        bits, group = q
-        self.take(module + ".weight", ("U32",), (*stack, out, inp * bits // 32), bits, group,
-                  why=f" for {bits}-bit" + why)
-        for part in (".scales", ".biases"):
-            self.take(module + part, _SCALES, (*stack, out, inp // group), bits, group, why=f" for group {group}" + why)
-        return q
+        bits, group, mode = q
+        if mode is None:
+            mode = self._undeclared_mode(module, bits, group)
+            if group not in SUPPORTED_GROUP_SIZES:
+                self.fail(module + ".scales", f"affine group size {group} is not supported "
+                                              f"(supported: {', '.join(map(str, SUPPORTED_GROUP_SIZES))})" + why)
+        mode_why = "" if mode == "affine" else f" in mode {mode}"
+        self.take(module + ".weight", ("U32",), (*stack, out, inp * bits // 32), bits, group, mode,
+                  why=f" for {bits}-bit{mode_why}" + why)
+        if mode == "affine":
+            for part in ("scales", "biases"):
+                self.take(f"{module}.{part}", _SCALES, (*stack, out, inp // group), bits, group, mode,
+                          why=f" for group {group}" + why)
+            self.check_widths([module + ".scales", module + ".biases"])
+            if _wide(self.used[module + ".scales"].dtype) and group not in _WIDE_SCALE_GROUPS:
+                self.fail(module + ".scales", f"{self.used[module + '.scales'].dtype} scales with group {group}: "
+                                              f"the kernels take f16/f32 scales with group "
+                                              f"{', '.join(map(str, _WIDE_SCALE_GROUPS))} only (bf16 scales with "
+                                              f"any group; mlx_lm.convert --dtype bfloat16 writes those)")
+        else:
+            self.take(module + ".scales", ("U8",), (*stack, out, inp // group), bits, group, mode,
+                      why=f" ({mode} scales, group {group})" + why)
+            if module + ".biases" in self.tensors:
+                self.fail(module + ".biases", f"present, but {mode} quantization has no biases" + why)
+        return Quant(bits, group, mode)
 
-    def _inferred(self, module: str, inp: int, ndim: int):
+    def check_widths(self, names: list[str], why: str = "") -> None:
+        """Tensors one kernel reads together must all be bf16 or all f16/f32 (read as f32)."""
+        dtypes = [self.used[n].dtype for n in names]
+        if len({_wide(d) for d in dtypes}) > 1:
+            self.fail(names[-1], f"dtype {dtypes[-1]}, but {names[0]} is {dtypes[0]}: the kernels read these "
+                                 f"together, all bf16 or all f16/f32{why}")
+
+    def _undeclared_mode(self, module: str, bits: int, group: int) -> str:
+        """A module whose config.json entry names no mode is affine (as mlx-lm reads it),
+        unless its scales are uint8: those are a microscaling FP mode config.json must declare."""
+        s = self.tensors.get(module + ".scales")
+        if s is None or s.dtype != "U8":
+            return "affine"
+        guess = [m for m, bg in FP_MODES.items() if bg == (bits, group)]
+        which = f'"mode": "{guess[0]}"' if guess else f'a "mode" ({", ".join(FP_MODES)})'
+        self.fail(module + ".scales", f"uint8 scales ({bits}-bit, group {group}) but config.json's quantization "
+                                      f"declares no mode: these are not affine scales; add {which} to "
+                                      f"config.json's \"quantization\" (and \"quantization_config\")")
+
+    def _inferred(self, module: str, inp: int, ndim: int) -> Quant:
+        """The Quant of a module config.json does not list: (bits, group) from its shapes (``ndim``
+        axes: 3 for stacked experts), the folder's mode."""
         w, s = self.tensors.get(module + ".weight"), self.tensors[module + ".scales"]
         if w is None:
             self.fail(module + ".weight", "missing (its .scales are present)")
@@ -366,13 +419,27 @@ class _Validator:
             self.fail(module + ".weight", f"shape {list(w.shape)} with scales {list(s.shape)} does not quantize "
                                           f"{inp} input features")
         bits, group = w.shape[-1] * 32 // inp, inp // s.shape[-1]
+        default = self.cfg.quant_default
+        mode = default.mode if default is not None else None
+        if mode is None:
+            mode = self._undeclared_mode(module, bits, group)
+        if mode in FP_MODES:
+            if (bits, group) != FP_MODES[mode]:
+                self.fail(module + ".weight", f"shape {list(w.shape)} with scales {list(s.shape)} is {bits}-bit with "
+                                              f"group {group}, not the folder's {mode}")
+            return Quant(bits, group, mode)
         if bits not in SUPPORTED_BITS:
             self.fail(module + ".weight", f"{bits}-bit quantization is not supported "
                                           f"(supported: {', '.join(map(str, SUPPORTED_BITS))})")
         if group not in SUPPORTED_GROUP_SIZES:
             self.fail(module + ".scales", f"group size {group} is not supported "
                                           f"(supported: {', '.join(map(str, SUPPORTED_GROUP_SIZES))})")
-        return bits, group
+        return Quant(bits, group, mode)
+
+
+def _wide(dtype: str) -> bool:
+    """Read as f32 by the kernels (F32, or F16 widened at load) rather than as bf16."""
+    return dtype != "BF16"
 
 
 class Checkpoint:
@@ -407,9 +474,9 @@ class Checkpoint:
            "globals": {full name: entry},            # the same, outside the layers
            "layers": [{"index", "type", "prefix", "tensors": {name relative to prefix: entry}}],
            "mtp": {full name: entry}}``
-        with ``entry = (file, offset, nbytes, dtype, shape, bits, group_size)``: absolute
-        byte offset in ``file``, dtype a safetensors tag (U32, BF16, F32), bits and
-        group_size set on the weight/scales/biases of quantized modules, else None.
+        with ``entry = (file, offset, nbytes, dtype, shape, bits, group_size, mode)``: absolute
+        byte offset in ``file``, dtype a safetensors tag (U32, U8, BF16, F16, F32), bits,
+        group_size and mode set on the weight/scales/biases of quantized modules, else None.
         Globals are ``language_model.model.embed_tokens.{weight,scales,biases}``,
         ``language_model.model.norm.weight`` and, when untied, ``language_model.lm_head.*``.
         The engine binding takes ``dims`` and the flat ``tensors``.
@@ -430,12 +497,12 @@ class Checkpoint:
             "mtp": {n: t.entry() for n, t in sorted(self.mtp.items())},
         }
 
-    def quant(self, module: str):
-        """(bits, group_size) of a linear/embedding module as stored, or None if it is float."""
+    def quant(self, module: str) -> Quant | None:
+        """Quant(bits, group_size, mode) of a linear/embedding module as stored, or None if it is float."""
         t = self.tensors.get(module + ".weight")
         if t is None:
             raise KeyError(module)
-        return None if t.bits is None else (t.bits, t.group_size)
+        return None if t.bits is None else Quant(t.bits, t.group_size, t.mode)
 
     def array(self, name: str) -> np.ndarray:
         """A read-only view of one tensor's bytes, memory-mapped on first use (bf16 as uint16)."""
@@ -515,6 +582,14 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
                 v.linear(item, prefix + item.module)
             else:
                 v.vector(item, prefix + item.name)
+        if config.is_full_attention(i):
+            v.check_widths([prefix + "self_attn.q_norm.weight", prefix + "self_attn.k_norm.weight"])
+        else:
+            d = prefix + "linear_attn."
+            v.check_widths([d + "conv1d.weight", d + "dt_bias"])
+            if _wide(v.used[d + "conv1d.weight"].dtype):  # no f32-conv kernel takes a bf16 A_log
+                v.check_widths([d + "conv1d.weight", d + "A_log"], " (A_log may be f32 with bf16 conv weights, "
+                                                                   "not bf16 with f16/f32 ones)")
 
     rest = [n for n in tensors if n not in v.used]
     mtp = {n: tensors[n] for n in rest if n.startswith(_MTP_PREFIXES)}

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from .errors import MetalqwenError
 
@@ -25,11 +25,24 @@ __all__ = [
     "load_config",
     "SUPPORTED_BITS",
     "SUPPORTED_GROUP_SIZES",
+    "FP_MODES",
+    "Quant",
 ]
 
 # Affine quantizations the matvec/GEMM kernels are specialised for.
-SUPPORTED_BITS = (4, 8)
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
+# mlx's microscaling FP modes and the (bits, group_size) each one has (no other exists).
+FP_MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}
+
+
+class Quant(NamedTuple):
+    """How one module is quantized. ``mode`` None: config.json does not say (mlx-lm reads
+    that as affine; checkpoint validation resolves it from the scales' dtype)."""
+
+    bits: int
+    group_size: int
+    mode: str | None = "affine"
 
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
@@ -63,9 +76,9 @@ class ModelConfig:
     ``moe_intermediate_size`` (their weights renormalised when ``norm_topk_prob``) and a
     shared expert of ``shared_expert_intermediate_size`` gated by sigmoid(shared_expert_gate);
     ``intermediate_size`` (the dense MLP) is then 0 when the config omits it.
-    ``quant_default`` is the folder-wide (bits, group_size) or None when unquantized;
+    ``quant_default`` is the folder-wide Quant(bits, group_size, mode) or None when unquantized;
     ``quant_overrides`` maps module paths (``language_model.model.layers.0.mlp.down_proj``)
-    to (bits, group_size) or None (kept in float). Use ``quant_for`` rather than these.
+    to a Quant or None (kept in float). Use ``quant_for`` rather than these.
     """
 
     model_type: str
@@ -96,8 +109,8 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
-    quant_default: tuple[int, int] | None = None
-    quant_overrides: tuple[tuple[str, tuple[int, int] | None], ...] = ()
+    quant_default: Quant | None = None
+    quant_overrides: tuple[tuple[str, Quant | None], ...] = ()
     source: str = "config.json"
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -132,11 +145,11 @@ class ModelConfig:
 
     @cached_property
     def quant_override_map(self) -> dict:
-        """``quant_overrides`` as a dict: module path -> (bits, group_size) or None."""
+        """``quant_overrides`` as a dict: module path -> Quant or None."""
         return dict(self.quant_overrides)
 
     def quant_for(self, module_path: str, in_features: int | None = None):
-        """(bits, group_size) the config gives module ``module_path``, or None if it stays float.
+        """The Quant the config gives module ``module_path``, or None if it stays float.
 
         A per-module override wins over the folder default. With ``in_features``, a
         default that does not divide the input size gives None: mlx-lm's converter leaves
@@ -481,24 +494,32 @@ def _eos_ids(p: _Fields, generation: Mapping[str, Any] | None, source: str) -> t
 
 
 def _quant_entry(value, where: str, source: str):
-    """One quantization dict -> (bits, group_size); errors name the module (``where``)."""
+    """One quantization dict -> Quant; errors name the module (``where``)."""
     if value is False:
         return None
     if not isinstance(value, Mapping):
         raise ConfigError(f"[config] {source}: quantization entry for {where} must be an object or false, "
                           f"got {value!r}")
-    mode = value.get("mode", "affine")
-    if mode != "affine":
-        raise ConfigError(f"[config] {source}: quantization mode {mode!r} for {where} is not supported "
-                          f"(only MLX affine quantization)")
+    mode = value.get("mode")
     bits, group = value.get("bits"), value.get("group_size")
+    if mode in FP_MODES:
+        if (bits, group) != FP_MODES[mode] or isinstance(bits, bool) or isinstance(group, bool):
+            raise ConfigError(f"[config] {source}: quantization mode {mode!r} for {where} has bits = {bits!r}, "
+                              f"group_size = {group!r}; {mode} is {FP_MODES[mode][0]}-bit with group size "
+                              f"{FP_MODES[mode][1]}")
+        return Quant(int(bits), int(group), mode)
+    if mode not in (None, "affine"):
+        raise ConfigError(f"[config] {source}: quantization mode {mode!r} for {where} is not supported "
+                          f"(supported: affine, {', '.join(FP_MODES)})")
+    if mode is None and (bits, group) in FP_MODES.values():
+        return Quant(int(bits), int(group), None)  # the scales' dtype tells (checkpoint validation)
     if bits not in SUPPORTED_BITS or isinstance(bits, bool):
         raise ConfigError(f"[config] {source}: quantization bits = {bits!r} for {where} is not supported "
                           f"(supported: {', '.join(map(str, SUPPORTED_BITS))})")
     if group not in SUPPORTED_GROUP_SIZES or isinstance(group, bool):
         raise ConfigError(f"[config] {source}: quantization group_size = {group!r} for {where} is not supported "
                           f"(supported: {', '.join(map(str, SUPPORTED_GROUP_SIZES))})")
-    return (int(bits), int(group))
+    return Quant(int(bits), int(group), mode)
 
 
 def _quantization(raw: Mapping[str, Any], source: str):
@@ -514,7 +535,7 @@ def _quantization(raw: Mapping[str, Any], source: str):
         q = raw.get("quantization_config")
         if isinstance(q, Mapping) and "quant_method" in q:
             raise ConfigError(f"[config] {source}: quantization_config.quant_method {q['quant_method']!r} is not "
-                              f"supported (only MLX affine quantization)")
+                              f"supported (only MLX quantization: affine, mxfp4, nvfp4, mxfp8)")
     if q is None:
         return None, ()
     if not isinstance(q, Mapping):

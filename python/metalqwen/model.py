@@ -11,7 +11,7 @@ from typing import Iterator, Sequence, Union
 import numpy as np
 
 from . import _core, arguments, gpu
-from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint
 from .config import ModelConfig
 from .errors import ContextFullError
 from .prefix_cache import PrefixCache
@@ -57,16 +57,6 @@ class Generation:
 class Chunk:
     text: str  # new complete text (UTF-8 safe; may be empty while a character is incomplete)
     token: int | None  # the token this chunk came from (None for the final flush)
-
-
-def _require_quantized(ckpt: Checkpoint) -> None:
-    """The kernels run MLX affine 4/8-bit projections only: refuse other layers up front."""
-    for name, t in ckpt.tensors.items():
-        if name.endswith(".weight") and t.dtype != "U32" and len(t.shape) >= 2 and not name.endswith("conv1d.weight"):
-            raise CheckpointError(
-                f"[checkpoint] {name} in {t.file} is stored unquantized ({t.dtype}); metalqwen runs MLX affine "
-                "4- or 8-bit projections only (quantize it with mlx_lm.convert -q)"
-            )
 
 
 class Model:
@@ -253,7 +243,6 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     show = sys.stderr.isatty() if progress is None else bool(progress)
     started = time.perf_counter()
     ckpt = load_checkpoint(path)
-    _require_quantized(ckpt)
     tokenizer = Tokenizer.from_folder(ckpt.path)
     dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
     desc = ckpt.describe()

@@ -1,12 +1,24 @@
-// Parameters of shaders/quant.metal: MLX affine quantized projections and embedding gather.
+// Parameters of shaders/quant.metal: projections and embedding gather for every weight
+// format of shaders/quant_formats.h.
 //
-// Kernels exist for bits 4 and 8 and group sizes 32, 64 and 128 (host names
-// `<op>_b<bits>_g<group>`); the engine must check each quantized tensor against these
-// at load time. Every kernel also needs in_dim (the quantized row length) to be a
-// multiple of the group size, which makes it a multiple of 32: the kernels walk a row
-// in 16-byte blocks (32 codes at 4 bits, 16 at 8 bits), and no block crosses a group.
+// Formats and host names `<op>_<format>` (op: qmv, qmv_rows, qmm, embed):
+//   b<bits>_g<group>  MLX affine, bits 2, 3, 4, 5, 6, 8, group 32, 64, 128: weight uint32
+//                     [out][in*bits/32] (each row one little-endian bit stream, code 0 in the
+//                     lowest bits; 3/5/6-bit codes straddle words), scales and biases bf16
+//                     [out][in/group], w = scale * q + bias
+//   b<bits>_g64_sf32  the same with float scales and biases (group 64 only)
+//   mxfp4             E2M1 codes (8 per word), uint8 E8M0 scales [out][in/32], w = 2^(s-127) * v
+//   nvfp4             E2M1 codes (8 per word), uint8 E4M3 scales [out][in/16], w = e4m3(s) * v
+//   mxfp8             E4M3 codes (4 per word), uint8 E8M0 scales [out][in/32]
+//   bf16, f16, f32    unquantized [out][in]; the scales/biases buffers are not read
+// The engine must check each projection against these at load time. Every kernel needs
+// in_dim (the row length) to be a multiple of MQ_QUANT_BLOCK (which every group size
+// divides or is a multiple of): rows are walked in blocks of MQ_QUANT_BLOCK weights.
 // Buffers passed at an offset: weights, x and y at 16-byte alignment.
 #pragma once
+
+// Weights per block: one lane-step of the matvecs, one K-step of the GEMM, one embed thread.
+#define MQ_QUANT_BLOCK 32
 
 // qmv / qmv_rows (decode and verify matvecs): one threadgroup of
 // MQ_QMV_SIMDGROUPS SIMD-groups owns MQ_QMV_SIMDGROUPS * MQ_QMV_ROWS_PER_SIMDGROUP
@@ -28,15 +40,15 @@
 #define MQ_QMM_TILE_K 32
 #define MQ_QMM_THREADS 128
 
-// embed: dispatch threadgroups (ceil(dim / (MQ_EMBED_THREADS * 128 / bits)), rows) of
-// MQ_EMBED_THREADS threads; each thread dequantizes one 16-byte block of a table row.
+// embed: dispatch threadgroups (ceil(dim / (MQ_EMBED_THREADS * MQ_QUANT_BLOCK)), rows) of
+// MQ_EMBED_THREADS threads; each thread dequantizes one block of a table row.
 #define MQ_EMBED_THREADS 64
 
-// y = W x for the rows of x. W is [out_dim][in_dim] quantized (MLX affine).
+// y = W x for the rows of x. W is [out_dim][in_dim] in one of the formats above.
 // qmv reads one x row and ignores rows and the strides; qmv_rows reads `rows`
 // (1..MQ_QMV_MAX_ROWS) x rows; qmm reads any rows >= 1.
 struct QuantMatmulParams {
-  uint in_dim;    // K: multiple of the group size
+  uint in_dim;    // K: multiple of MQ_QUANT_BLOCK and of the group size
   uint out_dim;   // N: any >= 1
   uint rows;      // M: activation rows
   uint x_stride;  // floats from one x row to the next (>= in_dim, multiple of 4)
@@ -45,7 +57,7 @@ struct QuantMatmulParams {
 
 // hidden[r][:] = dequantized table row ids[first + r], r < rows.
 struct QuantEmbedParams {
-  uint dim;    // table row length (hidden size): multiple of the group size
+  uint dim;    // table row length (hidden size): multiple of MQ_QUANT_BLOCK and of the group size
   uint vocab;  // table rows; an id >= vocab yields a row of NaN instead of a stray read
   uint first;  // index into ids of row 0
   uint rows;   // rows to gather

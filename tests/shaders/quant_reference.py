@@ -1,6 +1,8 @@
 """Numpy side of the quant.metal tests: mirrors of shaders/params/quant.h, test data
-generators and float64 references written from DESIGN.md section 2 (MLX affine
-quantization: w = scale * q + bias per group; y = W x), never from the kernels.
+generators and float64 references written from the formats' definitions (MLX affine
+quantization: w = scale * q + bias per group; mxfp4/nvfp4/mxfp8: w = scale * value(code);
+unquantized floats; y = W x), never from the kernels. Quantized test weights come from
+mlx's own ``mx.quantize``, so the packing the kernels read is mlx's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import numpy as np
 from .. import reference as ref
 from .params import header_constants
 
-VARIANTS = [(bits, group) for bits in (4, 8) for group in (32, 64, 128)]
+VARIANTS = [(bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in (32, 64, 128)]
+# Every weight format: the kernels' host-name suffix.
+FORMATS = ([f"b{bits}_g{group}" for bits, group in VARIANTS] + [f"b{bits}_g64_sf32" for bits in (2, 3, 4, 5, 6, 8)]
+           + ["mxfp4", "nvfp4", "mxfp8", "bf16", "f16", "f32"])
 
 
 C = header_constants("quant")
@@ -24,6 +29,7 @@ QMM_TILE_ROWS = C["MQ_QMM_TILE_ROWS"]
 QMM_TILE_OUT = C["MQ_QMM_TILE_OUT"]
 QMM_THREADS = C["MQ_QMM_THREADS"]
 EMBED_THREADS = C["MQ_EMBED_THREADS"]
+QUANT_BLOCK = C["MQ_QUANT_BLOCK"]
 
 # struct QuantMatmulParams { uint in_dim, out_dim, rows, x_stride, y_stride; }
 # struct QuantEmbedParams  { uint dim, vocab, first, rows; }
@@ -78,17 +84,6 @@ def activations(rng, rows: int, n: int) -> np.ndarray:
     return x
 
 
-def quantized_weights(rng, out_dim: int, in_dim: int, bits: int, group: int):
-    """Gaussian rows of different magnitude quantized the MLX way (both scale signs occur).
-
-    Returns (words uint32 [out, in*bits/32], scale bits, bias bits, dequantized f32 [out, in]).
-    """
-    w = rng.standard_normal((out_dim, in_dim)).astype(np.float32)
-    w *= (0.02 * rng.uniform(0.5, 2.0, (out_dim, 1))).astype(np.float32)
-    words, sb, bb = ref.quantize(w, group, bits)
-    return words, sb, bb, ref.dequantize(words, sb, bb, group, bits)
-
-
 def random_quantized(rng, out_dim: int, in_dim: int, bits: int, group: int):
     """Uniform random codes with scales/biases shaped like a checkpoint's, without
     quantizing a float matrix (cheap at 27B sizes). Returns (words, scale bits, bias bits)."""
@@ -105,19 +100,61 @@ def random_quantized(rng, out_dim: int, in_dim: int, bits: int, group: int):
 # References (float64)
 
 
-def matmul_ref(words, sb, bb, x, bits: int, group: int, chunk: int = 256):
-    """Y = X W^T in float64 from the dequantized weights, `chunk` weight rows at a time.
-
-    Also returns the typical output size (reference.typical_dot) for the tolerance.
-    """
+def matmul_ref(value, x):
+    """Y = X W^T in float64 from the dequantized weights [out, in], and the typical output
+    size (the tolerance's scale)."""
+    w = np.asarray(value, dtype=np.float64)
     x64 = np.atleast_2d(np.asarray(x, dtype=np.float64))
-    out_dim = words.shape[0]
-    y = np.empty((x64.shape[0], out_dim))
-    sq = 0.0
-    for r in range(0, out_dim, chunk):
-        w = ref.dequantize(words[r:r + chunk], sb[r:r + chunk], bb[r:r + chunk], group, bits).astype(np.float64)
-        y[:, r:r + chunk] = x64 @ w.T
-        sq += float(np.sum(w * w))
-    rms_w = math.sqrt(sq / (out_dim * x64.shape[1]))
-    typical = rms_w * math.sqrt(float(np.mean(np.sum(x64 * x64, axis=-1))))
-    return y, typical
+    typical = math.sqrt(float(np.mean(w * w))) * math.sqrt(float(np.mean(np.sum(x64 * x64, axis=-1))))
+    return x64 @ w.T, typical
+
+
+# ---------------------------------------------------------------------------
+# Weights of every format, quantized by mlx
+
+
+def affine_format(fmt: str):
+    """(bits, group) of an affine suffix "b<bits>_g<group>[_sf32]", else None."""
+    if not fmt.startswith("b") or "_g" not in fmt:
+        return None
+    bits, group = fmt[1:].removesuffix("_sf32").split("_g")
+    return int(bits), int(group)
+
+
+def format_weights(rng, fmt: str, out_dim: int, in_dim: int):
+    """Gaussian rows of different magnitude in format ``fmt``, quantized by ``mx.quantize``.
+
+    Returns (words uint32 [out, ...], scales or None, biases or None, dequantized f32 [out, in]):
+    affine scales/biases as bf16 bit patterns (float32 for the *_sf32 formats), fp-mode scales
+    uint8, floats without either;
+    the dequantized weights are what the kernels must use (exactly: fma(scale, q, bias) for affine).
+    """
+    import mlx.core as mx
+
+    w = rng.standard_normal((out_dim, in_dim)).astype(np.float32)
+    w *= (0.02 * rng.uniform(0.5, 2.0, (out_dim, 1))).astype(np.float32)
+    if fmt in ("bf16", "f16", "f32"):
+        if fmt == "bf16":
+            bits = ref.bf16_bits(w)
+            value = ref.bf16_to_f32(bits)
+        else:
+            value = w.astype(np.float16 if fmt == "f16" else np.float32)
+            bits = value
+        return np.ascontiguousarray(bits).view(np.uint32), None, None, value.astype(np.float32)
+    aff = affine_format(fmt)
+    if aff is not None and fmt.endswith("_sf32"):
+        bits, group = aff
+        q, s, b = mx.quantize(mx.array(w), group_size=group, bits=bits, mode="affine")  # f32 scales
+        words, s, b = np.array(q), np.array(s), np.array(b)
+        codes = ref.unpack_bits(words, bits).astype(np.float64)
+        value = codes * np.repeat(s.astype(np.float64), group, 1) + np.repeat(b.astype(np.float64), group, 1)
+        return words, s, b, value.astype(np.float32)  # rounded once, as fma(scale, q, bias)
+    if aff is not None:
+        bits, group = aff
+        q, s, b = mx.quantize(mx.array(w).astype(mx.bfloat16), group_size=group, bits=bits, mode="affine")
+        words, sb, bb = np.array(q), np.array(s.view(mx.uint16)), np.array(b.view(mx.uint16))
+        return words, sb, bb, ref.dequantize(words, sb, bb, group, bits)
+    bits, group = ref.FP_MODES[fmt]
+    q, s = mx.quantize(mx.array(w), group_size=group, bits=bits, mode=fmt)
+    words, scales = np.array(q), np.array(s)
+    return words, scales, None, ref.dequantize_fp(words, scales, fmt)

@@ -90,8 +90,9 @@ def test_q8_reference_format():
 
 
 def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv, pads=(8, 4, 12),
-             simdgroups=PREP_SIMDGROUPS):
-    """Runs attn_qk_norm_rope_append_<kind>; returns (q out [rows][q_stride], k out, k cache, v cache)."""
+             simdgroups=PREP_SIMDGROUPS, wf32=False):
+    """Runs attn_qk_norm_rope_append_<kind> (the *_wf32 variant with the bf16-rounded norms
+    as f32 when ``wf32``); returns (q out [rows][q_stride], k out, k cache, v cache, strides)."""
     rows = q.shape[0]
     kv_dim = nkv * HD
     q_stride, k_stride, v_stride = nq * 2 * HD + pads[0], kv_dim + pads[1], kv_dim + pads[2]
@@ -106,8 +107,10 @@ def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, 
     vc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
     params = prep_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=k_stride, v_stride=v_stride,
                          pos_base=pos_base, max_ctx=max_ctx, eps=EPS)
-    lib.kernel(f"attn_qk_norm_rope_append_{kind}").dispatch(
-        {0: qbuf, 1: kbuf, 2: vbuf, 3: dev.buffer(ref.bf16_bits(q_norm)), 4: dev.buffer(ref.bf16_bits(k_norm)),
+    def norm(w):
+        return dev.buffer(ref.round_bf16(w) if wf32 else ref.bf16_bits(w))
+    lib.kernel(f"attn_qk_norm_rope_append_{kind}" + ("_wf32" if wf32 else "")).dispatch(
+        {0: qbuf, 1: kbuf, 2: vbuf, 3: norm(q_norm), 4: norm(k_norm),
          5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: params},
         threadgroups=(cdiv(rows * (nq + 2 * nkv), simdgroups),), threads=(simdgroups * 32,))
     return (qbuf.numpy(np.float32, (rows, q_stride)), kbuf.numpy(np.float32, (rows, k_stride)), kc, vc,
@@ -202,6 +205,24 @@ def test_qk_norm_rope_append_any_simdgroup_count(dev, lib, simdgroups):
 
 # ---------------------------------------------------------------------------
 # Decode (flash-decode partials + combine)
+
+
+@pytest.mark.parametrize("kind", ["q8", "f16"])
+def test_qk_norm_rope_append_wf32_reads_f32_norms(dev, lib, kind):
+    """The *_wf32 variant (f32 q/k norm weights, as f32 or f16 checkpoints give them) reproduces
+    the bf16 variant bit for bit on the same values: outputs and both caches."""
+    rng = seeded("prep-wf32", kind)
+    nq, nkv, rows = 4, 2, 3
+    q = rng.standard_normal((rows, nq, 2 * HD)).astype(np.float32)
+    k = rng.standard_normal((rows, nkv, HD)).astype(np.float32)
+    v = rng.standard_normal((rows, nkv, HD)).astype(np.float32)
+    q_norm, k_norm = rng.normal(1.0, 0.3, HD), rng.normal(1.0, 0.3, HD)
+    args = (dev, lib, kind, q, k, v, q_norm, k_norm, 1e7, 5, 16, nq, nkv)
+    got, want = run_prep(*args, wf32=True), run_prep(*args)
+    for g, w in [(got[0], want[0]), (got[1], want[1])]:
+        assert np.array_equal(g.view(np.uint32), w.view(np.uint32))
+    for g, w in [(got[2], want[2]), (got[3], want[3])]:
+        assert np.array_equal(g.numpy(np.uint8), w.numpy(np.uint8))
 
 
 def run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len, out_pad=4,

@@ -116,7 +116,9 @@ def test_reference_gates_ranges():
 # delta_conv_prep: conv + silu + q/k norms + gates + history snapshots
 
 
-def run_conv(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, n_k, n_v, snap_rows, simdgroups, alog_bf16):
+def run_conv(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, n_k, n_v, snap_rows, simdgroups, alog_bf16,
+             wf32=False):
+    """delta_conv_prep; ``wf32``: the *_wf32 variant, given the same conv/dt_bias values as f32."""
     rows, c = x.shape
     ksize = w_bits.shape[1]
     x_stride, ab_stride = c + 8, n_v + 3
@@ -130,9 +132,12 @@ def run_conv(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, n_k, n_v, snap_
     alog_buf = dev.buffer(ref.bf16_bits(a_log).astype(BF16) if alog_bf16 else a_log.astype(np.float32))
     params = pack(CONV_PARAMS, n_k=n_k, n_v=n_v, ksize=ksize, rows=rows, snap_rows=snap_rows, x_stride=x_stride,
                   ab_stride=ab_stride, hist_snap_stride=snap_stride, qk_eps=QK_EPS)
-    kernel = lib.kernel("delta_conv_prep_alog_bf16" if alog_bf16 else "delta_conv_prep_alog_f32")
-    kernel.dispatch({0: xb, 1: dev.buffer(w_bits.astype(BF16)), 2: hist_b, 3: qkv, 4: dev.buffer(padded(a, ab_stride)),
-                     5: dev.buffer(padded(b, ab_stride)), 6: alog_buf, 7: dev.buffer(dt_bias.astype(BF16)), 8: gates,
+    kernel = lib.kernel(("delta_conv_prep_alog_bf16" if alog_bf16 else "delta_conv_prep_alog_f32") +
+                        ("_wf32" if wf32 else ""))
+    def vector(bits):
+        return dev.buffer(ref.bf16_to_f32(bits) if wf32 else bits.astype(BF16))
+    kernel.dispatch({0: xb, 1: vector(w_bits), 2: hist_b, 3: qkv, 4: dev.buffer(padded(a, ab_stride)),
+                     5: dev.buffer(padded(b, ab_stride)), 6: alog_buf, 7: vector(dt_bias), 8: gates,
                      9: snaps, 10: params},
                     threadgroups=(2 * n_k + n_v,), threads=(32 * simdgroups,))
     got_qkv = qkv.numpy(np.float32, (rows + 1, c))
@@ -230,7 +235,7 @@ def scan_inputs(rng, rows, n_k, n_v):
 
 
 def run_scan(dev, lib, *, qkv, gates, z, w_bits, state, n_k, n_v, snap_rows, gated_norm, state_buf=None,
-             threads=SCAN_THREADS):
+             threads=SCAN_THREADS, wf32=False):
     rows = qkv.shape[0]
     plane = n_v * D * D
     snap_stride = plane + 8
@@ -240,9 +245,9 @@ def run_scan(dev, lib, *, qkv, gates, z, w_bits, state, n_k, n_v, snap_rows, gat
     snaps = nan_buffer(dev, (snap_rows + 1) * snap_stride)
     params = pack(SCAN_PARAMS, n_k=n_k, n_v=n_v, rows=rows, snap_rows=snap_rows, z_stride=z_stride,
                   state_snap_stride=snap_stride, gated_norm=int(gated_norm), norm_eps=NORM_EPS)
-    lib.kernel("delta_scan_norm").dispatch(
+    lib.kernel("delta_scan_norm" + ("_wf32" if wf32 else "")).dispatch(
         {0: dev.buffer(qkv), 1: dev.buffer(gates), 2: dev.buffer(padded(z, z_stride)),
-         3: dev.buffer(w_bits.astype(BF16)), 4: st, 5: out, 6: snaps, 7: params},
+         3: dev.buffer(ref.bf16_to_f32(w_bits) if wf32 else w_bits.astype(BF16)), 4: st, 5: out, 6: snaps, 7: params},
         threadgroups=(n_v,), threads=(threads,))
     got = out.numpy(np.float32, (rows + 1, n_v * D))
     ref.assert_untouched(got[rows], "out past the last row")
@@ -295,6 +300,24 @@ def test_scan_gated_norm(dev, lib, rows):
     # A shifted (1 + w) weight, or a missing silu(z), is far outside the tolerance.
     shifted = gated_norm_ref(want_y, z.reshape(rows, n_v, D), 1.0 + ref.bf16_to_f32(w_bits), NORM_EPS)
     assert ref.rel_err(out, shifted) > 0.1
+
+
+def test_wf32_variants_read_f32_vectors(dev, lib):
+    """delta_conv_prep_alog_f32_wf32 / delta_scan_norm_wf32 (f32 conv, dt_bias and norm weights,
+    as f32 or f16 checkpoints give them) reproduce the bf16 variants bit for bit on the same values."""
+    rng = seeded("wf32")
+    n_k, n_v, rows = 2, 6, 7
+    x, w_bits, hist = conv_inputs(rng, rows, n_k, n_v, 4)
+    a, b, a_log, dt_bias = gate_inputs(rng, rows, n_v)
+    inputs = dict(x=x, w_bits=w_bits, hist=hist, a=a, b=b, a_log=a_log, dt_bias=dt_bias, n_k=n_k, n_v=n_v,
+                  snap_rows=3, simdgroups=CONV_SIMDGROUPS, alog_bf16=False)
+    for got, want in zip(run_conv(dev, lib, **inputs, wf32=True), run_conv(dev, lib, **inputs)):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    qkv, gates, z, w_bits, state = scan_inputs(rng, rows, n_k, n_v)
+    inputs = dict(qkv=qkv, gates=gates, z=z, w_bits=w_bits, state=state, n_k=n_k, n_v=n_v, snap_rows=2,
+                  gated_norm=True)
+    for got, want in zip(run_scan(dev, lib, **inputs, wf32=True), run_scan(dev, lib, **inputs)):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_scan_27b(dev, lib):

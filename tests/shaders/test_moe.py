@@ -12,18 +12,19 @@ import numpy as np
 import pytest
 
 from .. import reference as ref
+from ..conftest import require
 from .params import header_constants
-from .quant_reference import (QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_ROWS_PER_TG, QMV_THREADS, VARIANTS,
-                              activations, cdiv, matmul_ref, quantized_weights, seeded, tol_f32_dot)
+from .quant_reference import (FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_ROWS_PER_TG, QMV_THREADS,
+                              activations, cdiv, format_weights, matmul_ref, seeded, tol_f32_dot)
 
 C = header_constants("moe")
 ROUTE_THREADS = C["MQ_MOE_ROUTE_THREADS"]
 GROUP_THREADS = C["MQ_MOE_GROUP_THREADS"]
-BF16 = np.uint16
 
 
 @pytest.fixture(scope="module")
 def lib(shaders):
+    require("mlx.core")  # the expert weights are quantized by mlx
     return shaders("moe.metal", "quant.metal")
 
 
@@ -143,23 +144,26 @@ def test_gather_rows(dev, lib):
 # Expert projections
 
 
-def stacked_experts(rng, experts, out_dim, in_dim, bits, group):
-    """[experts][out][in] MLX affine weights as the checkpoint stacks them, plus each expert's parts."""
-    parts = [quantized_weights(rng, out_dim, in_dim, bits, group)[:3] for _ in range(experts)]
-    words, sb, bb = (np.stack([p[i] for p in parts]) for i in range(3))
-    return (words, sb.astype(BF16), bb.astype(BF16)), parts
+def stacked_experts(dev, rng, fmt, experts, out_dim, in_dim):
+    """[experts][out][..] weights of format ``fmt`` (quantized by mlx) as the checkpoint stacks
+    them: the kernels' buffers 0-2 (the weights where a format has no scales/biases) and each
+    expert's dequantized [out, in]."""
+    parts = [format_weights(rng, fmt, out_dim, in_dim) for _ in range(experts)]
+    words = dev.buffer(np.stack([p[0] for p in parts]))
+    stacked = [dev.buffer(np.stack([p[i] for p in parts])) if parts[0][i] is not None else words for i in (1, 2)]
+    return {0: words, 1: stacked[0], 2: stacked[1]}, [p[3] for p in parts]
 
 
 def matmul_params(in_dim, out_dim, experts, x_pairs, x_stride, y_stride):
     return u32(in_dim, out_dim, experts, x_pairs, x_stride, y_stride)
 
 
-@pytest.mark.parametrize("bits,group", VARIANTS, ids=[f"b{b}_g{g}" for b, g in VARIANTS])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows,k,per_pair", [(1, 2, False), (1, 8, True), (5, 3, False), (8, 2, True)])
-def test_gathered_matvec(dev, lib, bits, group, rows, k, per_pair):
+def test_gathered_matvec(dev, lib, fmt, rows, k, per_pair):
     experts, out_dim, in_dim = 9, 33, 384
-    rng = seeded("moe_qmv", bits, group, rows, k, per_pair)
-    (words, sb, bb), parts = stacked_experts(rng, experts, out_dim, in_dim, bits, group)
+    rng = seeded("moe_qmv", fmt, rows, k, per_pair)
+    weights, values = stacked_experts(dev, rng, fmt, experts, out_dim, in_dim)
     ids = np.stack([rng.choice(experts, k, replace=False) for _ in range(rows)]).astype(np.uint32)
     pairs = rows * k
     x = activations(rng, pairs if per_pair else rows, in_dim)
@@ -167,34 +171,34 @@ def test_gathered_matvec(dev, lib, bits, group, rows, k, per_pair):
     xb = np.zeros((x.shape[0], x_stride), np.float32)
     xb[:, :in_dim] = x
     y = nan_buffer(dev, pairs, y_stride)
-    lib.kernel(f"moe_qmv_b{bits}_g{group}").dispatch(
-        {0: dev.buffer(words), 1: dev.buffer(sb), 2: dev.buffer(bb), 3: dev.buffer(ids.reshape(-1)),
-         4: dev.buffer(xb), 5: y, 6: matmul_params(in_dim, out_dim, experts, 1 if per_pair else k, x_stride, y_stride)},
+    lib.kernel(f"moe_qmv_{fmt}").dispatch(
+        {**weights, 3: dev.buffer(ids.reshape(-1)), 4: dev.buffer(xb), 5: y,
+         6: matmul_params(in_dim, out_dim, experts, 1 if per_pair else k, x_stride, y_stride)},
         threadgroups=(cdiv(out_dim, QMV_ROWS_PER_TG), pairs), threads=(QMV_THREADS,))
     got = y.numpy(np.float32, (pairs, y_stride))
     ref.assert_untouched(got[:, out_dim:], "y row padding")
     for q, e in enumerate(ids.reshape(-1)):
         xq = x[q] if per_pair else x[q // k]
-        want, typical = matmul_ref(*parts[e], xq, bits, group)
+        want, typical = matmul_ref(values[e], xq)
         ref.assert_close(got[q, :out_dim], want[0], tol_f32_dot(in_dim), f"pair {q} (expert {e})", scale=typical)
 
 
-@pytest.mark.parametrize("bits,group", [(4, 64), (8, 32), (4, 128)], ids=["b4_g64", "b8_g32", "b4_g128"])
+@pytest.mark.parametrize("fmt", ["b4_g64", "b8_g32", "b3_g128", "b6_g64_sf32", "mxfp4", "nvfp4", "mxfp8", "bf16"])
 @pytest.mark.parametrize("rows,k,experts", [(40, 2, 8), (64, 3, 5), (9, 1, 4)])
-def test_grouped_gemm(dev, lib, bits, group, rows, k, experts):
+def test_grouped_gemm(dev, lib, fmt, rows, k, experts):
     """Pairs grouped by moe_group on the device; expert 0 gets every row, the last none."""
     out_dim, in_dim = 70, 256
-    rng = seeded("moe_qmm", bits, group, rows, k, experts)
-    (words, sb, bb), parts = stacked_experts(rng, experts, out_dim, in_dim, bits, group)
+    rng = seeded("moe_qmm", fmt, rows, k, experts)
+    weights, values = stacked_experts(dev, rng, fmt, experts, out_dim, in_dim)
     ids = routed_ids(rng, rows, k, experts) if k > 1 else np.zeros((rows, 1), np.int64)
     pairs = rows * k
     offsets, order, _ = run_group(dev, lib, ids, experts)
     x = activations(rng, pairs, in_dim)  # already in grouped order
     y_stride = out_dim + 2
     y = nan_buffer(dev, pairs, y_stride)
-    lib.kernel(f"moe_qmm_b{bits}_g{group}").dispatch(
-        {0: dev.buffer(words), 1: dev.buffer(sb), 2: dev.buffer(bb), 3: dev.buffer(offsets), 4: dev.buffer(x),
-         5: y, 6: matmul_params(in_dim, out_dim, experts, 1, in_dim, y_stride)},
+    lib.kernel(f"moe_qmm_{fmt}").dispatch(
+        {**weights, 3: dev.buffer(offsets), 4: dev.buffer(x), 5: y,
+         6: matmul_params(in_dim, out_dim, experts, 1, in_dim, y_stride)},
         threadgroups=(cdiv(rows, QMM_TILE_ROWS), cdiv(out_dim, QMM_TILE_OUT), experts), threads=(QMM_THREADS,))
     got = y.numpy(np.float32, (pairs, y_stride))
     ref.assert_untouched(got[:, out_dim:], "y row padding")
@@ -202,7 +206,7 @@ def test_grouped_gemm(dev, lib, bits, group, rows, k, experts):
     for e in range(experts):
         sel = np.flatnonzero(expert_of == e)
         if sel.size:
-            want, typical = matmul_ref(*parts[e], x[sel], bits, group)
+            want, typical = matmul_ref(values[e], x[sel])
             ref.assert_close(got[sel, :out_dim], want, tol_f32_dot(in_dim), f"expert {e}", scale=typical)
 
 

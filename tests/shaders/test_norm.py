@@ -99,6 +99,28 @@ def test_rms_norm(dev, lib, rows, dim, residual):
     ref.assert_untouched(got[:, dim:], "y row padding")
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_wf32_reads_f32_weights(dev, lib, residual):
+    """rms_norm(_residual)_wf32 (f32 norm weights, as f32 or f16 checkpoints give them) reproduce
+    the bf16 variants bit for bit on the same values."""
+    rng = seeded("rms-wf32", residual)
+    rows, dim = 3, 1024
+    x, r = activations(rng, rows, dim), activations(rng, rows, dim)
+    w = ref.bf16_bits(rng.normal(1.0, 0.4, dim))
+    outs = []
+    for suffix, wbuf in [("", dev.buffer(w)), ("_wf32", dev.buffer(ref.bf16_to_f32(w)))]:
+        xbuf, ybuf = dev.buffer(x), dev.buffer(np.full((rows, dim), np.nan, np.float32))
+        if residual:
+            lib.kernel("rms_norm_residual" + suffix).dispatch(
+                {0: xbuf, 1: dev.buffer(r), 2: wbuf, 3: ybuf, 4: rms_params(dim, dim, dim, dim)},
+                threadgroups=(rows,), threads=(NORM_THREADS,))
+        else:
+            lib.kernel("rms_norm" + suffix).dispatch({0: xbuf, 1: wbuf, 2: ybuf, 3: rms_params(dim, dim, 0, dim)},
+                                                     threadgroups=(rows,), threads=(NORM_THREADS,))
+        outs.append(ybuf.numpy(np.float32, (rows, dim)))
+    assert np.isfinite(outs[0]).all() and np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
 @pytest.mark.parametrize("threads", [32, 96, 1024])
 def test_rms_norm_any_threadgroup_size(dev, lib, threads):
     """The reduction works for any multiple of 32 threads, more or fewer than dim; y may alias x."""

@@ -1,72 +1,108 @@
-"""shaders/quant.metal: MLX affine quantized projections and the embedding gather.
+"""shaders/quant.metal: projections and the embedding gather in every weight format.
 
-Every kernel is compared with float64 numpy (dequantize, then matmul) for all six
-(bits, group) variants. Outputs start as NaN and sit between NaN guard rows/columns
-(so unwritten and stray writes both fail); sizes straddle the SIMD width and the
-kernels' row/tile edges; each 27B projection runs once through the decode matvec on
-a slice of its rows, dispatched at a buffer offset. Tolerances: `tol_f32_dot` (f32
-accumulation, see quant_reference.py); the embedding gather is exact.
+Every kernel is compared with float64 numpy (dequantize, then matmul) for all 30 formats
+(affine 2/3/4/5/6/8-bit x groups 32/64/128 with bf16 scales, and at group 64 with f32 scales;
+mxfp4, nvfp4, mxfp8, bf16, f16, f32), on weights
+quantized by mlx's own ``mx.quantize``; the numpy decoders are first shown to reproduce
+``mx.dequantize`` bit for bit, so the kernels read mlx's packing. Outputs start as NaN and sit
+between NaN guard rows/columns (so unwritten and stray writes both fail); sizes straddle the
+SIMD width and the kernels' row/tile edges; each 27B projection runs once through the decode
+matvec on a slice of its rows, dispatched at a buffer offset. Tolerances: `tol_f32_dot`
+(f32 accumulation, see quant_reference.py); the embedding gather is exact.
 """
 
 import numpy as np
 import pytest
 
 from .. import reference as ref
+from ..conftest import require
 from .quant_reference import (
-    EMBED_THREADS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_MAX_ROWS, QMV_ROWS_PER_TG,
-    QMV_THREADS, VARIANTS, activations, cdiv, embed_params, matmul_params, matmul_ref,
-    quantized_weights, random_quantized, seeded, tol_f32_dot)
-
-BF16 = np.uint16  # bf16 tensors travel as their bit patterns
+    EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_MAX_ROWS, QMV_ROWS_PER_TG,
+    QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params, format_weights, matmul_params,
+    matmul_ref, random_quantized, seeded, tol_f32_dot)
 
 
 @pytest.fixture(scope="module")
 def lib(shaders):
+    require("mlx.core")
     return shaders("quant.metal")
 
 
-def variant_ids(variants):
-    return [f"b{bits}_g{group}" for bits, group in variants]
+class Weights:
+    """One test matrix in format ``fmt``: device words/scales/biases and its float32 value."""
+
+    def __init__(self, fmt, words, scales, biases, value):
+        self.fmt, self.words, self.scales, self.biases, self.value = fmt, words, scales, biases, value
+
+    @classmethod
+    def make(cls, rng, fmt, out_dim, in_dim):
+        return cls(fmt, *format_weights(rng, fmt, out_dim, in_dim))
+
+    def buffers(self, dev, first_row=0):
+        """{0: w, 1: scales, 2: biases} at row ``first_row``; absent scales/biases bind the weights."""
+        def at(a):
+            return (dev.buffer(a), first_row * a.shape[1] * a.itemsize)
+        w = at(self.words)
+        return {0: w, 1: at(self.scales) if self.scales is not None else w,
+                2: at(self.biases) if self.biases is not None else w}
 
 
-def weight_buffers(dev, words, sb, bb):
-    return dev.buffer(words), dev.buffer(sb.astype(BF16)), dev.buffer(bb.astype(BF16))
+def weights_from_codes(bits, group, words, sb, bb):
+    return Weights(f"b{bits}_g{group}", words, sb, bb, ref.dequantize(words, sb, bb, group, bits))
 
 
 def nan_buffer(dev, *shape):
     return dev.buffer(np.full(shape, np.nan, dtype=np.float32))
 
 
-def run_qmv(dev, lib, bits, group, words, sb, bb, x):
+def run_qmv(dev, lib, wt, x):
     """qmv on one x row; y has a NaN guard row after out_dim elements."""
-    out_dim, in_dim = words.shape[0], x.shape[-1]
-    w, s, b = weight_buffers(dev, words, sb, bb)
+    out_dim, in_dim = wt.value.shape
     y = nan_buffer(dev, out_dim + QMV_ROWS_PER_TG)
-    lib.kernel(f"qmv_b{bits}_g{group}").dispatch(
-        {0: w, 1: s, 2: b, 3: dev.buffer(x.reshape(-1)), 4: y, 5: matmul_params(in_dim, out_dim)},
+    lib.kernel(f"qmv_{wt.fmt}").dispatch(
+        {**wt.buffers(dev), 3: dev.buffer(x.reshape(-1)), 4: y, 5: matmul_params(in_dim, out_dim)},
         threadgroups=(cdiv(out_dim, QMV_ROWS_PER_TG),), threads=(QMV_THREADS,))
     got = y.numpy(np.float32, (out_dim + QMV_ROWS_PER_TG,))
     ref.assert_untouched(got[out_dim:], "y past out_dim")
     return got[:out_dim]
 
 
-def check_matmul(got, words, sb, bb, x, bits, group, what):
-    want, typical = matmul_ref(words, sb, bb, x, bits, group)
+def check_matmul(got, wt, x, what):
+    want, typical = matmul_ref(wt.value, x)
     ref.assert_close(got, want.reshape(got.shape), tol_f32_dot(x.shape[-1]), what, scale=typical)
 
 
 # ---------------------------------------------------------------------------
-# Reference self-checks
+# The numpy decoders are mlx's: bit for bit against mx.dequantize
 
 
-def test_reference_matmul_matches_direct_dequantization():
-    rng = seeded("ref")
-    words, sb, bb, w = quantized_weights(rng, 5, 256, 4, 64)
-    x = activations(rng, 3, 256)
-    want, _ = matmul_ref(words, sb, bb, x, 4, 64, chunk=2)
-    assert np.allclose(want, x.astype(np.float64) @ w.astype(np.float64).T, rtol=0, atol=1e-12)
-    # element j of a word in bits 4j..: code 5 in bits 20..23 is element 5
-    assert ref.unpack_bits(np.array([[5 << 20]], np.uint32), 4)[0].tolist() == [0, 0, 0, 0, 0, 5, 0, 0]
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in ("bf16", "f16", "f32") and not f.endswith("_sf32")])
+def test_decoders_reproduce_mx_dequantize(fmt):
+    mx = require("mlx.core")
+    rng = seeded("decode", fmt)
+    words, scales, biases, value = format_weights(rng, fmt, 5, 384)
+    aff = affine_format(fmt)
+    if aff is None:  # exact products: our value is mlx's
+        bits, group = ref.FP_MODES[fmt]
+        theirs = mx.dequantize(mx.array(words), mx.array(scales), group_size=group, bits=bits, mode=fmt,
+                               dtype=mx.float32)
+        assert np.array_equal(value, np.array(theirs))
+        return
+    bits, group = aff
+    s = mx.array(ref.bf16_to_f32(scales))
+    b = mx.array(ref.bf16_to_f32(biases))
+    theirs = np.array(mx.dequantize(mx.array(words), s, b, group_size=group, bits=bits))
+    # mlx rounds scale * q and then the sum; the codes are what must agree.
+    codes = ref.unpack_bits(words, bits).astype(np.float32)
+    ours = codes * np.repeat(np.array(s), group, 1) + np.repeat(np.array(b), group, 1)
+    assert np.array_equal(ours, theirs)
+    assert np.abs(value - theirs).max() <= np.abs(theirs).max() * 2.0**-23  # value: rounded once (fma)
+
+
+def test_bit_stream_across_words():
+    # 3-bit codes: code 10 occupies stream bits 30..32, straddling words 0 and 1.
+    words = np.array([[0b10 << 30, 0b1, 0]], np.uint32)
+    assert ref.unpack_bits(words, 3)[0, 10] == 0b110 and ref.unpack_bits(words, 3)[0, 11] == 0
 
 
 # ---------------------------------------------------------------------------
@@ -81,24 +117,28 @@ QMV_SHAPES = [  # (out_dim, in_dim): in_dim a multiple of 128 so every group siz
 ]
 
 
-@pytest.mark.parametrize("bits,group", VARIANTS, ids=variant_ids(VARIANTS))
-@pytest.mark.parametrize("out_dim,in_dim", QMV_SHAPES)
-def test_qmv(dev, lib, bits, group, out_dim, in_dim):
-    rng = seeded("qmv", bits, group, out_dim, in_dim)
-    words, sb, bb, _ = quantized_weights(rng, out_dim, in_dim, bits, group)
+# Every format on a few shapes, the common 4-bit formats on all of them.
+SHAPE_CASES = ([(fmt, shape) for fmt in FORMATS for shape in QMV_SHAPES[::3]]
+               + [(fmt, shape) for fmt in ("b4_g64", "mxfp4") for shape in QMV_SHAPES if shape not in QMV_SHAPES[::3]])
+
+
+@pytest.mark.parametrize("fmt,shape", SHAPE_CASES, ids=[f"{f}-{o}x{i}" for f, (o, i) in SHAPE_CASES])
+def test_qmv(dev, lib, fmt, shape):
+    out_dim, in_dim = shape
+    rng = seeded("qmv", fmt, out_dim, in_dim)
+    wt = Weights.make(rng, fmt, out_dim, in_dim)
     x = activations(rng, 1, in_dim)
-    got = run_qmv(dev, lib, bits, group, words, sb, bb, x)
-    check_matmul(got, words, sb, bb, x, bits, group, f"qmv_b{bits}_g{group} {out_dim}x{in_dim}")
+    check_matmul(run_qmv(dev, lib, wt, x), wt, x, f"qmv_{fmt} {out_dim}x{in_dim}")
 
 
-@pytest.mark.parametrize("bits,group", [(4, 32), (8, 128)], ids=variant_ids([(4, 32), (8, 128)]))
-def test_qmv_smallest_row(dev, lib, bits, group):
-    """in_dim = one group: fewer blocks than lanes (most lanes contribute nothing)."""
-    rng = seeded("qmv-small", bits, group)
-    words, sb, bb, _ = quantized_weights(rng, 9, group, bits, group)
-    x = activations(rng, 1, group)
-    got = run_qmv(dev, lib, bits, group, words, sb, bb, x)
-    check_matmul(got, words, sb, bb, x, bits, group, "qmv one group")
+@pytest.mark.parametrize("fmt", ["b3_g32", "b8_g128", "nvfp4", "bf16"])
+def test_qmv_smallest_row(dev, lib, fmt):
+    """in_dim = one block or group: fewer blocks than lanes (most lanes contribute nothing)."""
+    in_dim = max(QUANT_BLOCK, affine_format(fmt)[1] if affine_format(fmt) else 0)
+    rng = seeded("qmv-small", fmt)
+    wt = Weights.make(rng, fmt, 9, in_dim)
+    x = activations(rng, 1, in_dim)
+    check_matmul(run_qmv(dev, lib, wt, x), wt, x, "qmv one group")
 
 
 # The 27B projections (DESIGN.md "Real sizes"): (in_dim, out_dim of the whole matrix).
@@ -117,48 +157,44 @@ BIG = [
 def test_qmv_27b(dev, lib, in_dim, full_out, rows_stored, rows_run):
     bits, group = 4, 64  # mlx-community's 4-bit checkpoints
     rng = seeded("qmv27b", in_dim, full_out)
-    words, sb, bb = random_quantized(rng, rows_stored, in_dim, bits, group)
+    wt = weights_from_codes(bits, group, *random_quantized(rng, rows_stored, in_dim, bits, group))
     x = activations(rng, 1, in_dim)
     first = rows_stored - rows_run
-    w, s, b = weight_buffers(dev, words, sb, bb)
     y = nan_buffer(dev, rows_stored + QMV_ROWS_PER_TG)
-    lib.kernel(f"qmv_b{bits}_g{group}").dispatch(
-        {0: (w, first * words.shape[1] * 4), 1: (s, first * sb.shape[1] * 2), 2: (b, first * bb.shape[1] * 2),
-         3: dev.buffer(x.reshape(-1)), 4: (y, first * 4), 5: matmul_params(in_dim, rows_run)},
+    lib.kernel(f"qmv_{wt.fmt}").dispatch(
+        {**wt.buffers(dev, first), 3: dev.buffer(x.reshape(-1)), 4: (y, first * 4), 5: matmul_params(in_dim, rows_run)},
         threadgroups=(cdiv(rows_run, QMV_ROWS_PER_TG),), threads=(QMV_THREADS,))
     got = y.numpy(np.float32, (rows_stored + QMV_ROWS_PER_TG,))
     ref.assert_untouched(got[:first], "y before the slice")
     ref.assert_untouched(got[rows_stored:], "y past the slice")
-    check_matmul(got[first:rows_stored], words[first:], sb[first:], bb[first:], x, bits, group,
-                 f"qmv {in_dim}->{full_out} rows {first}..{rows_stored}")
+    tail = Weights(wt.fmt, None, None, None, wt.value[first:])
+    check_matmul(got[first:rows_stored], tail, x, f"qmv {in_dim}->{full_out} rows {first}..{rows_stored}")
 
 
-def test_qmv_27b_8bit(dev, lib):
-    """8-bit weights at the widest input (down_proj, 17408)."""
-    bits, group, in_dim, out_dim = 8, 64, 17408, 100
-    rng = seeded("qmv27b8")
-    words, sb, bb = random_quantized(rng, out_dim, in_dim, bits, group)
-    x = activations(rng, 1, in_dim)
-    got = run_qmv(dev, lib, bits, group, words, sb, bb, x)
-    check_matmul(got, words, sb, bb, x, bits, group, "qmv_b8 17408")
+@pytest.mark.parametrize("fmt", ["b8_g64", "b3_g64", "nvfp4", "bf16"])
+def test_qmv_27b_widest_row(dev, lib, fmt):
+    """The widest input (down_proj, 17408) in an 8-bit, a word-straddling, an fp and a float format."""
+    rng = seeded("qmv27b-wide", fmt)
+    wt = Weights.make(rng, fmt, 40, 17408)
+    x = activations(rng, 1, 17408)
+    check_matmul(run_qmv(dev, lib, wt, x), wt, x, f"qmv_{fmt} 17408")
 
 
 # ---------------------------------------------------------------------------
 # Verify matvec
 
 
-def run_qmv_rows(dev, lib, bits, group, words, sb, bb, x, x_stride=None, y_stride=None):
+def run_qmv_rows(dev, lib, wt, x, x_stride=None, y_stride=None):
     """qmv_rows over the rows of x; returns y [rows][y_stride] plus a NaN guard row."""
     rows, in_dim = x.shape
-    out_dim = words.shape[0]
+    out_dim = wt.value.shape[0]
     x_stride = in_dim if x_stride is None else x_stride
     y_stride = out_dim if y_stride is None else y_stride
     xs = np.full((rows, x_stride), np.nan, np.float32)  # stride padding is NaN: must be ignored
     xs[:, :in_dim] = x
-    w, s, b = weight_buffers(dev, words, sb, bb)
     y = nan_buffer(dev, rows + 1, y_stride)
-    lib.kernel(f"qmv_rows_b{bits}_g{group}").dispatch(
-        {0: w, 1: s, 2: b, 3: dev.buffer(xs), 4: y, 5: matmul_params(in_dim, out_dim, rows, x_stride, y_stride)},
+    lib.kernel(f"qmv_rows_{wt.fmt}").dispatch(
+        {**wt.buffers(dev), 3: dev.buffer(xs), 4: y, 5: matmul_params(in_dim, out_dim, rows, x_stride, y_stride)},
         threadgroups=(cdiv(out_dim, QMV_ROWS_PER_TG),), threads=(QMV_THREADS,))
     got = y.numpy(np.float32, (rows + 1, y_stride))
     ref.assert_untouched(got[rows:], "y past the last row")
@@ -168,30 +204,31 @@ def run_qmv_rows(dev, lib, bits, group, words, sb, bb, x, x_stride=None, y_strid
 
 QMV_ROWS_SHAPES = [(1, 33, 384), (2, 7, 128), (3, 129, 640), (4, 8, 1280),
                    (5, 31, 256), (6, 1, 384), (7, 32, 128), (8, 127, 1280)]
+ROWS_CASES = [(fmt, QMV_ROWS_SHAPES[i % len(QMV_ROWS_SHAPES)]) for i, fmt in enumerate(FORMATS)] + \
+             [(fmt, QMV_ROWS_SHAPES[(i + 4) % len(QMV_ROWS_SHAPES)]) for i, fmt in enumerate(FORMATS)]
 
 
-@pytest.mark.parametrize("bits,group", VARIANTS, ids=variant_ids(VARIANTS))
-@pytest.mark.parametrize("rows,out_dim,in_dim", QMV_ROWS_SHAPES)
-def test_qmv_rows(dev, lib, bits, group, rows, out_dim, in_dim):
-    rng = seeded("qmv_rows", bits, group, rows, out_dim, in_dim)
-    words, sb, bb, _ = quantized_weights(rng, out_dim, in_dim, bits, group)
+@pytest.mark.parametrize("fmt,shape", ROWS_CASES, ids=[f"{f}-{r}x{o}x{i}" for f, (r, o, i) in ROWS_CASES])
+def test_qmv_rows(dev, lib, fmt, shape):
+    rows, out_dim, in_dim = shape
+    rng = seeded("qmv_rows", fmt, rows, out_dim, in_dim)
+    wt = Weights.make(rng, fmt, out_dim, in_dim)
     x = activations(rng, rows, in_dim)
-    got = run_qmv_rows(dev, lib, bits, group, words, sb, bb, x)
-    check_matmul(got, words, sb, bb, x, bits, group, f"qmv_rows_b{bits}_g{group} {rows}x{out_dim}x{in_dim}")
+    check_matmul(run_qmv_rows(dev, lib, wt, x), wt, x, f"qmv_rows_{fmt} {rows}x{out_dim}x{in_dim}")
 
 
-@pytest.mark.parametrize("bits,group", [(4, 64), (8, 32)], ids=variant_ids([(4, 64), (8, 32)]))
-def test_qmv_rows_match_decode_bitwise(dev, lib, bits, group):
+@pytest.mark.parametrize("fmt", ["b4_g64", "b8_g32", "b5_g128", "mxfp4", "nvfp4", "mxfp8", "bf16", "f32"])
+def test_qmv_rows_match_decode_bitwise(dev, lib, fmt):
     """Verify rows use decode's exact per-row reduction order, so a speculative verify
     step reproduces greedy decode bit for bit (same device, same compiler settings).
     Also exercises row strides wider than the data (NaN-filled gaps)."""
     rows, out_dim, in_dim = QMV_MAX_ROWS, 37, 1280
-    rng = seeded("qmv_rows_bitwise", bits, group)
-    words, sb, bb, _ = quantized_weights(rng, out_dim, in_dim, bits, group)
+    rng = seeded("qmv_rows_bitwise", fmt)
+    wt = Weights.make(rng, fmt, out_dim, in_dim)
     x = activations(rng, rows, in_dim)
-    got = run_qmv_rows(dev, lib, bits, group, words, sb, bb, x, x_stride=in_dim + 12, y_stride=out_dim + 5)
+    got = run_qmv_rows(dev, lib, wt, x, x_stride=in_dim + 12, y_stride=out_dim + 5)
     for r in range(rows):
-        single = run_qmv(dev, lib, bits, group, words, sb, bb, x[r])
+        single = run_qmv(dev, lib, wt, x[r])
         assert np.array_equal(got[r].view(np.uint32), single.view(np.uint32)), f"row {r} differs from qmv"
 
 
@@ -199,29 +236,27 @@ def test_qmv_rows_27b(dev, lib):
     """Eight verify rows at the 27B hidden size (5120 -> a slice of q_proj)."""
     bits, group, in_dim, out_dim = 4, 64, 5120, 72
     rng = seeded("qmv_rows27b")
-    words, sb, bb = random_quantized(rng, out_dim, in_dim, bits, group)
+    wt = weights_from_codes(bits, group, *random_quantized(rng, out_dim, in_dim, bits, group))
     x = activations(rng, QMV_MAX_ROWS, in_dim)
-    got = run_qmv_rows(dev, lib, bits, group, words, sb, bb, x)
-    check_matmul(got, words, sb, bb, x, bits, group, "qmv_rows 8x5120")
+    check_matmul(run_qmv_rows(dev, lib, wt, x), wt, x, "qmv_rows 8x5120")
 
 
 # ---------------------------------------------------------------------------
 # Prefill GEMM
 
 
-def run_qmm(dev, lib, bits, group, words, sb, bb, x, x_stride=None, y_stride=None):
+def run_qmm(dev, lib, wt, x, x_stride=None, y_stride=None):
     """qmm over all rows of x. X occupies exactly rows*x_stride floats (no padding rows:
     the kernel must not need them); y has a NaN guard row."""
     rows, in_dim = x.shape
-    out_dim = words.shape[0]
+    out_dim = wt.value.shape[0]
     x_stride = in_dim if x_stride is None else x_stride
     y_stride = out_dim if y_stride is None else y_stride
     xs = np.full((rows, x_stride), np.nan, np.float32)
     xs[:, :in_dim] = x
-    w, s, b = weight_buffers(dev, words, sb, bb)
     y = nan_buffer(dev, rows + 1, y_stride)
-    lib.kernel(f"qmm_b{bits}_g{group}").dispatch(
-        {0: w, 1: s, 2: b, 3: dev.buffer(xs), 4: y, 5: matmul_params(in_dim, out_dim, rows, x_stride, y_stride)},
+    lib.kernel(f"qmm_{wt.fmt}").dispatch(
+        {**wt.buffers(dev), 3: dev.buffer(xs), 4: y, 5: matmul_params(in_dim, out_dim, rows, x_stride, y_stride)},
         threadgroups=(cdiv(rows, QMM_TILE_ROWS), cdiv(out_dim, QMM_TILE_OUT)), threads=(QMM_THREADS,))
     got = y.numpy(np.float32, (rows + 1, y_stride))
     ref.assert_untouched(got[rows:], "y past the last row")
@@ -235,28 +270,30 @@ QMM_SHAPES = [  # (rows, out_dim, in_dim)
     (40, 72, 128),  # partial tiles in both directions
     (100, 192, 128),  # several row tiles, whole column tiles
 ]
+QMM_CASES = [(fmt, QMM_SHAPES[i % len(QMM_SHAPES)]) for i, fmt in enumerate(FORMATS)] + \
+            [(fmt, QMM_SHAPES[(i + 3) % len(QMM_SHAPES)]) for i, fmt in enumerate(FORMATS)]
 
 
-@pytest.mark.parametrize("bits,group", VARIANTS, ids=variant_ids(VARIANTS))
-@pytest.mark.parametrize("rows,out_dim,in_dim", QMM_SHAPES)
-def test_qmm(dev, lib, bits, group, rows, out_dim, in_dim):
-    rng = seeded("qmm", bits, group, rows, out_dim, in_dim)
-    words, sb, bb, _ = quantized_weights(rng, out_dim, in_dim, bits, group)
+@pytest.mark.parametrize("fmt,shape", QMM_CASES, ids=[f"{f}-{r}x{o}x{i}" for f, (r, o, i) in QMM_CASES])
+def test_qmm(dev, lib, fmt, shape):
+    rows, out_dim, in_dim = shape
+    rng = seeded("qmm", fmt, rows, out_dim, in_dim)
+    wt = Weights.make(rng, fmt, out_dim, in_dim)
     x = activations(rng, rows, in_dim)
-    got = run_qmm(dev, lib, bits, group, words, sb, bb, x)
-    check_matmul(got, words, sb, bb, x, bits, group, f"qmm_b{bits}_g{group} {rows}x{out_dim}x{in_dim}")
+    check_matmul(run_qmm(dev, lib, wt, x), wt, x, f"qmm_{fmt} {rows}x{out_dim}x{in_dim}")
 
 
-@pytest.mark.parametrize("bits,group", [(4, 32), (8, 64)], ids=variant_ids([(4, 32), (8, 64)]))
-def test_qmm_strided_and_one_group(dev, lib, bits, group):
+@pytest.mark.parametrize("fmt", ["b4_g32", "b6_g64", "nvfp4", "f16"])
+def test_qmm_strided_and_one_block(dev, lib, fmt):
     """Row strides wider than the data (NaN gaps must be ignored / left alone), and the
     shortest K (one K-step) next to a long one."""
-    rng = seeded("qmm-strided", bits, group)
-    for rows, out_dim, in_dim in [(9, 65, 32 if group == 32 else 64), (33, 64, 640)]:
-        words, sb, bb, _ = quantized_weights(rng, out_dim, in_dim, bits, group)
+    rng = seeded("qmm-strided", fmt)
+    aff = affine_format(fmt)
+    for rows, out_dim, in_dim in [(9, 65, max(QUANT_BLOCK, aff[1] if aff else 0)), (33, 64, 640)]:
+        wt = Weights.make(rng, fmt, out_dim, in_dim)
         x = activations(rng, rows, in_dim)
-        got = run_qmm(dev, lib, bits, group, words, sb, bb, x, x_stride=in_dim + 8, y_stride=out_dim + 3)
-        check_matmul(got, words, sb, bb, x, bits, group, f"qmm strided {rows}x{out_dim}x{in_dim}")
+        got = run_qmm(dev, lib, wt, x, x_stride=in_dim + 8, y_stride=out_dim + 3)
+        check_matmul(got, wt, x, f"qmm strided {rows}x{out_dim}x{in_dim}")
 
 
 @pytest.mark.parametrize("in_dim,out_dim", [(5120, 72), (17408, 40)])
@@ -265,52 +302,54 @@ def test_qmm_27b(dev, lib, in_dim, out_dim):
     tile), a slice of the outputs."""
     bits, group, rows = 4, 64, 33
     rng = seeded("qmm27b", in_dim)
-    words, sb, bb = random_quantized(rng, out_dim, in_dim, bits, group)
+    wt = weights_from_codes(bits, group, *random_quantized(rng, out_dim, in_dim, bits, group))
     x = activations(rng, rows, in_dim)
-    got = run_qmm(dev, lib, bits, group, words, sb, bb, x)
-    check_matmul(got, words, sb, bb, x, bits, group, f"qmm 33x{in_dim}")
+    check_matmul(run_qmm(dev, lib, wt, x), wt, x, f"qmm 33x{in_dim}")
 
 
 # ---------------------------------------------------------------------------
 # Embedding gather
 
 
-def run_embed(dev, lib, bits, group, words, sb, bb, ids, first, rows):
-    vocab, dim = words.shape[0], words.shape[1] * 32 // bits
-    w, s, b = weight_buffers(dev, words, sb, bb)
+def run_embed(dev, lib, wt, ids, first, rows):
+    vocab, dim = wt.value.shape
     hidden = nan_buffer(dev, rows + 1, dim)
-    per_block = 128 // bits
-    lib.kernel(f"embed_b{bits}_g{group}").dispatch(
-        {0: w, 1: s, 2: b, 3: dev.buffer(np.asarray(ids, np.uint32)), 4: hidden,
+    lib.kernel(f"embed_{wt.fmt}").dispatch(
+        {**wt.buffers(dev), 3: dev.buffer(np.asarray(ids, np.uint32)), 4: hidden,
          5: embed_params(dim, vocab, first, rows)},
-        threadgroups=(cdiv(dim // per_block, EMBED_THREADS), rows), threads=(EMBED_THREADS,))
+        threadgroups=(cdiv(dim // QUANT_BLOCK, EMBED_THREADS), rows), threads=(EMBED_THREADS,))
     got = hidden.numpy(np.float32, (rows + 1, dim))
     ref.assert_untouched(got[rows:], "hidden past the last row")
     return got[:rows]
 
 
-@pytest.mark.parametrize("bits,group", VARIANTS, ids=variant_ids(VARIANTS))
-@pytest.mark.parametrize("vocab,dim,first,rows", [(50, 128, 0, 1), (37, 384, 3, 7), (300, 2176, 5, 9)])
-def test_embed(dev, lib, bits, group, vocab, dim, first, rows):
-    """Exact: each value is one fma(scale, q, bias), i.e. the float64 value rounded once."""
-    rng = seeded("embed", bits, group, vocab, dim)
-    words, sb, bb, table = quantized_weights(rng, vocab, dim, bits, group)
+EMBED_SHAPES = [(50, 128, 0, 1), (37, 384, 3, 7), (300, 2176 + 128, 5, 9)]  # (vocab, dim, first, rows)
+EMBED_CASES = [(fmt, EMBED_SHAPES[i % len(EMBED_SHAPES)]) for i, fmt in enumerate(FORMATS)]
+
+
+@pytest.mark.parametrize("fmt,shape", EMBED_CASES, ids=[f"{f}-{v}x{d}" for f, (v, d, _, _) in EMBED_CASES])
+def test_embed(dev, lib, fmt, shape):
+    """Exact: each value is the format's dequantized weight (affine: one fma, i.e. the float64
+    value rounded once; the others exact products)."""
+    vocab, dim, first, rows = shape
+    rng = seeded("embed", fmt, vocab, dim)
+    wt = Weights.make(rng, fmt, vocab, dim)
     ids = rng.integers(0, vocab, size=first + rows + 2).astype(np.uint32)
     ids[first + rows - 1] = vocab - 1  # the table's last row
     if rows > 1:
         ids[first + 1] = ids[first]  # a repeated token
-    got = run_embed(dev, lib, bits, group, words, sb, bb, ids, first, rows)
-    want = table[ids[first:first + rows]]
+    got = run_embed(dev, lib, wt, ids, first, rows)
+    want = wt.value[ids[first:first + rows]]
     assert np.array_equal(got, want), f"max diff {np.max(np.abs(got - want))}"
 
 
 def test_embed_bad_id_gives_nan_row(dev, lib):
     rng = seeded("embed-bad")
     vocab, dim = 20, 256
-    words, sb, bb, table = quantized_weights(rng, vocab, dim, 4, 64)
+    wt = Weights.make(rng, "b4_g64", vocab, dim)
     ids = np.array([3, vocab, 0xFFFFFFFF, 7], np.uint32)
-    got = run_embed(dev, lib, 4, 64, words, sb, bb, ids, 0, 4)
-    assert np.array_equal(got[[0, 3]], table[[3, 7]])
+    got = run_embed(dev, lib, wt, ids, 0, 4)
+    assert np.array_equal(got[[0, 3]], wt.value[[3, 7]])
     assert np.isnan(got[1:3]).all()
 
 
@@ -318,8 +357,7 @@ def test_embed_27b(dev, lib):
     """27B hidden 5120 from a table slice; ids near the slice's end."""
     bits, group, vocab, dim = 4, 64, 1024, 5120
     rng = seeded("embed27b")
-    words, sb, bb = random_quantized(rng, vocab, dim, bits, group)
+    wt = weights_from_codes(bits, group, *random_quantized(rng, vocab, dim, bits, group))
     ids = np.array([vocab - 1, 0, 517, vocab - 2], np.uint32)
-    got = run_embed(dev, lib, bits, group, words, sb, bb, ids, 0, 4)
-    want = ref.dequantize(words[ids], sb[ids], bb[ids], group, bits)
-    assert np.array_equal(got, want)
+    got = run_embed(dev, lib, wt, ids, 0, 4)
+    assert np.array_equal(got, wt.value[ids])
