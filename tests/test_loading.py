@@ -968,3 +968,18 @@ def test_stop_matcher_across_pieces():
     assert m.feed("age") == ("<|image", False)  # diverged: released
     assert m.feed(" <") == (" ", False)
     assert m.flush() == "<"
+
+
+@pytest.mark.parametrize("shift, says", [(-1.0, "not shifted"), (1.0, "shifted twice")])
+def test_norms_in_the_wrong_convention_are_refused(damaged, shift, says):
+    folder = damaged()
+    ck = load_checkpoint(folder)  # the control: the converted folder's norms sit near 1
+    for name, t in ck.tensors.items():
+        if name.endswith((".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight",
+                          ".k_norm.weight", "model.norm.weight")):
+            stored = np.memmap(t.file, dtype=np.uint16, mode="r+", offset=t.offset, shape=(t.nbytes // 2,))
+            stored[:] = bf16_bits(bf16_to_f32(np.array(stored)) + np.float32(shift))
+            stored.flush()
+            del stored
+    with pytest.raises(CheckpointError, match=f"RMSNorm weights .* have median .*{says}"):
+        load_checkpoint(folder)

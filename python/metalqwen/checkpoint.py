@@ -39,6 +39,7 @@ import numpy as np
 
 from .config import (FP_MODES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES, CheckpointError, ConfigError, ModelConfig,
                      Quant, check_supported)
+from .demo_checkpoint import bf16_to_f32
 
 __all__ = ["Checkpoint", "CheckpointError", "ConfigError", "ShardInfo", "TensorInfo", "load_checkpoint",
            "read_safetensors_header", "tensor_view"]
@@ -599,4 +600,27 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
         shown = ", ".join(unknown[:20]) + (f", ... ({len(unknown)} in all)" if len(unknown) > 20 else "")
         warnings.warn(f"[checkpoint] {folder}: ignoring {len(unknown)} tensor(s) the model does not use: {shown}",
                       stacklevel=2)
+    _check_norm_shift(folder, v.used)
     return Checkpoint(folder, config, v.used, shards, mtp, ignored, unknown)
+
+
+# The zero-centred RMSNorms (used as 1 + w) that MLX folders store shifted, as 1 + w.
+_SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight",
+                  _MODEL + "norm.weight")
+
+
+def _check_norm_shift(folder: str, used: dict[str, TensorInfo]) -> None:
+    """Refuses norms stored in the wrong convention: the median of all shifted norm weights
+    sits near 1 in an MLX folder (1 + w, w small), near 0 when a converter left them as
+    Hugging Face stores them and near 2 when one shifted them twice."""
+    norms = [t for n, t in used.items() if n.endswith(_SHIFTED_NORMS)]
+    values = np.concatenate([(bf16_to_f32(a) if t.dtype == "BF16" else a.astype(np.float32)).ravel()
+                             for t in norms for a in [tensor_view(t)]])
+    median = float(np.median(values))
+    if 0.5 <= median <= 1.5:
+        return
+    how = ("not shifted (stored as Hugging Face's w instead of MLX's 1 + w)" if median < 0.5
+           else "shifted twice (1 + 1 + w, an old converter's mistake)")
+    raise CheckpointError(f"[checkpoint] {folder}: the RMSNorm weights (e.g. {norms[0].name} in {norms[0].file}) "
+                          f"have median {median:.2f}, expected about 1: they look {how}. Convert the original "
+                          f"again with mlx_lm.convert or metalqwen convert")
