@@ -111,28 +111,35 @@ struct affine {
 // Codes form the same little-endian stream as affine (FP4: 8 per word, element 0 lowest;
 // FP8: 4 per word). Scales uint8 [out][in/GROUP]: E8M0 for mxfp4/mxfp8 (group 32), E4M3
 // for nvfp4 (group 16: two scales per block, one per half). Every product is exact in f32.
-struct mxfp4 {
+// mxfp4 (E2M1 codes, BITS 4) and mxfp8 (E4M3 codes, BITS 8): one E8M0 scale per block.
+template <int BITS>
+struct mxfp {
   typedef uchar scale_t;
-  static constexpr int WORDS = 4;
+  static constexpr int WORDS = BITS;  // 32 codes of BITS bits
   struct Block {
-    uint w[4];
+    uint w[WORDS];
     float s;
   };
   static Block load(device const uint* w, device const uchar* scales, device const uchar*, ulong row, uint k,
                     uint nblk) {
     Block blk;
-    load_words<4>(w + (row * nblk + k) * 4, blk.w);
+    load_words<WORDS>(w + (row * nblk + k) * WORDS, blk.w);
     blk.s = e8m0_value(scales[row * nblk + k]);
     return blk;
   }
-  static float value(thread const Block& blk, uint j) { return e2m1_value(stream_code<4>(blk.w, j)); }
+  static float value(thread const Block& blk, uint j) {
+    const uint c = stream_code<BITS>(blk.w, j);
+    return BITS == 4 ? e2m1_value(c) : e4m3_value(c);
+  }
   static float dot(thread const Block& blk, thread const float4* x, float, float acc) {
-    return fma(blk.s, values_dot<mxfp4>(blk, x, 0, QBLOCK / 4), acc);
+    return fma(blk.s, values_dot<mxfp>(blk, x, 0, QBLOCK / 4), acc);
   }
   static void dequant(thread const Block& blk, thread float* out) {
     for (uint j = 0; j < QBLOCK; j++) out[j] = blk.s * value(blk, j);
   }
 };
+typedef mxfp<4> mxfp4;
+typedef mxfp<8> mxfp8;
 
 struct nvfp4 {
   typedef uchar scale_t;
@@ -159,28 +166,6 @@ struct nvfp4 {
   }
 };
 
-struct mxfp8 {
-  typedef uchar scale_t;
-  static constexpr int WORDS = 8;
-  struct Block {
-    uint w[8];
-    float s;
-  };
-  static Block load(device const uint* w, device const uchar* scales, device const uchar*, ulong row, uint k,
-                    uint nblk) {
-    Block blk;
-    load_words<8>(w + (row * nblk + k) * 8, blk.w);
-    blk.s = e8m0_value(scales[row * nblk + k]);
-    return blk;
-  }
-  static float value(thread const Block& blk, uint j) { return e4m3_value(stream_code<8>(blk.w, j)); }
-  static float dot(thread const Block& blk, thread const float4* x, float, float acc) {
-    return fma(blk.s, values_dot<mxfp8>(blk, x, 0, QBLOCK / 4), acc);
-  }
-  static void dequant(thread const Block& blk, thread float* out) {
-    for (uint j = 0; j < QBLOCK; j++) out[j] = blk.s * value(blk, j);
-  }
-};
 
 // ---------------------------------------------------------------------------------------
 // Unquantized weights: T [out][in] (bfloat, half or float), read as they are; the scales
