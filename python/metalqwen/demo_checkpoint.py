@@ -328,7 +328,14 @@ def build_tokenizer(vocab_size: int = 1000, seed: int = 0):
 # assistant turn keeps it, and the generation prompt opens a think block unless
 # enable_thinking is false (then it writes an empty one).
 CHAT_TEMPLATE = """\
-{%- if messages and messages[0].role == 'system' %}
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+    {{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}
+    {%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}
+    {{- '\\n</tools>\\n\\nTo call a function, reply with:\\n<tool_call>\\n<function=NAME>\\n<parameter=NAME>\\nVALUE\\n'
+        + '</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages and messages[0].role == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
 {%- set ns = namespace(last_user=-1) %}
@@ -354,7 +361,11 @@ CHAT_TEMPLATE = """\
         {{- content }}
         {%- for call in message.tool_calls | default([]) %}
             {%- set fn = call.function if call.function is defined else call %}
-            {{- '\\n<tool_call>\\n' + {'name': fn.name, 'arguments': fn.arguments} | tojson + '\\n</tool_call>' }}
+            {{- '\\n<tool_call>\\n<function=' + fn.name + '>\\n' }}
+            {%- for name, value in fn.arguments | dictsort %}
+                {{- '<parameter=' + name + '>\\n' + (value if value is string else value | tojson) + '\\n</parameter>\\n' }}
+            {%- endfor %}
+            {{- '</function>\\n</tool_call>' }}
         {%- endfor %}
         {{- '<|im_end|>\\n' }}
     {%- elif message.role == 'tool' %}
