@@ -16,7 +16,9 @@ import metalqwen
 from conftest import require
 from metalqwen import cli
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "decode_speed.py")
+_BENCHES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+BENCH = os.path.join(_BENCHES, "decode_speed.py")
+TTFT_BENCH = os.path.join(_BENCHES, "server_ttft.py")
 
 
 def _default_sigint():
@@ -210,3 +212,11 @@ def test_bench_with_mlx_lm_runs_on_the_demo_checkpoint(demo, device):
     assert out.returncode == 0, out.stderr
     assert "decode speed ratio metalqwen / mlx-lm" in out.stdout
     assert "metalqwen: loading" in out.stderr and "mlx-lm: loading" in out.stderr
+
+
+def test_the_ttft_bench_hits_the_prefix_cache_on_the_demo_checkpoint(demo, device):
+    out = _run("-m", demo, "--device", device.kind, "--prefix-tokens", "24", "--max-tokens", "1", script=TTFT_BENCH)
+    assert out.returncode == 0, out.stderr
+    cold, hit = (line for line in out.stdout.splitlines() if line.startswith(("cold:", "hit:")))
+    assert "cached tokens 0" in cold and "cached tokens 0" not in hit  # speed is not asserted
+    assert "speed-up from the prefix cache" in out.stdout

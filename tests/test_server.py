@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import httpx
@@ -14,27 +12,7 @@ import pytest
 import metalqwen
 from conftest import require
 from metalqwen.server import create_app
-
-
-class _LiveServer:
-    def __init__(self, app):
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
+from server_fixtures import LiveServer, free_port
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +22,7 @@ def model(demo, device):
 
 @pytest.fixture(scope="module")
 def server(model):
-    live = _LiveServer(create_app(model, max_queue=4))
+    live = LiveServer(create_app(model, max_queue=4))
     yield live
     live.close()
 
@@ -165,7 +143,7 @@ def test_metrics_count_requests_and_tokens(server, client):
 
 
 def test_api_key_and_a_full_queue(model):
-    live = _LiveServer(create_app(model, api_key="secret", max_queue=0))
+    live = LiveServer(create_app(model, api_key="secret", max_queue=0))
     try:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert httpx.post(live.url + "/v1/chat/completions", json=body).status_code == 401
@@ -195,9 +173,7 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "metalqwen.cli", "serve", "-m", demo, "--device", device.kind,
                              "--port", str(port), "--max-context", "256"], stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -221,7 +197,7 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
 def test_the_next_chat_turn_resumes_from_the_prefix_cache(demo, device):
     openai = require("openai")
     m = metalqwen.load(demo, device=device, max_context=512, prefix_cache_bytes=64 << 20, progress=False)
-    live = _LiveServer(create_app(m))
+    live = LiveServer(create_app(m))
     try:
         client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused")
         turn = [{"role": "user", "content": "hi there"}]

@@ -13,7 +13,7 @@ import metalqwen
 from conftest import require
 from metalqwen.model import Chunk, GenerationStats
 from metalqwen.server import create_app
-from test_server import _LiveServer
+from server_fixtures import LiveServer
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
@@ -36,7 +36,7 @@ def scripted(demo, device):
         return (Chunk(text=text[i: i + 3], token=None) for i in range(0, len(text), 3))
 
     model.stream = stream
-    live = _LiveServer(create_app(model))
+    live = LiveServer(create_app(model))
     yield live, model, script, prompts
     live.close()
 

@@ -172,14 +172,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .server import create_app
+    from .server.graceful import GracefulServer
 
     model = _load(args)
     app = create_app(model, api_key=args.api_key, max_queue=args.max_queue)
-    print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1)", file=sys.stderr)
+    GracefulServer(app, host=args.host, port=args.port, log_level="warning").serve_until_signal()
     return 0
 
 

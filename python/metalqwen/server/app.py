@@ -1,6 +1,6 @@
 """The OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions,
-/health and /metrics, on FastAPI. Requests are checked by the pydantic models of
-schemas.py; every refusal is an OpenAI-style error body naming the field."""
+/health and /metrics, on FastAPI, and the chat page at /. Requests are checked by the
+pydantic models of schemas.py; every refusal is an OpenAI-style error body naming the field."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
 from ..errors import MetalqwenError
 from ..model import Model
 from .metrics import Metrics
 from .output_parser import Delta, OutputParser
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .worker import Job, QueueFull, Worker
+from .page import chat_page
+from .worker import Job, QueueFull, ShuttingDown, Worker
 
 
 class _Refused(Exception):
@@ -60,7 +61,8 @@ def _message_boundaries(tokenizer, messages: list[dict], ids: list[int], **templ
 
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
                max_queue: int = 16) -> FastAPI:
-    """The server's ASGI app around a loaded model (one engine; requests take turns)."""
+    """The server's ASGI app around a loaded model (one engine; requests take turns).
+    ``app.state.drain()`` ends the unfinished requests, for a graceful shutdown."""
     worker = Worker(model, max_queue)
 
     @contextlib.asynccontextmanager
@@ -72,10 +74,12 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     model_id = model_id or os.path.basename(os.path.normpath(model.checkpoint.path))
     defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **_sampling_defaults(model.checkpoint.path)}
     metrics = Metrics(model, worker)
+    app.state.drain = worker.drain
 
     @app.middleware("http")
     async def _bearer(request: Request, call_next):
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+        # The page holds no data: it asks for the key and sends it with its API calls.
+        if api_key and request.url.path != "/" and request.headers.get("authorization") != f"Bearer {api_key}":
             return _error(401, "missing or wrong API key (Authorization: Bearer ...)", None, "authentication_error")
         return await call_next(request)
 
@@ -88,6 +92,10 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     @app.exception_handler(_Refused)
     async def _refused(request: Request, exc: _Refused):
         return _error(exc.status, str(exc), exc.param, exc.kind)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page():
+        return chat_page()
 
     @app.get("/health")
     def health():
@@ -114,6 +122,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             worker.submit(job)
         except QueueFull as e:
             raise _Refused(429, str(e), None, "rate_limit_error") from None
+        except ShuttingDown as e:
+            raise _Refused(503, str(e), None, "server_error") from None
         metrics.requests += 1
         return job
 
@@ -124,6 +134,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 yield text
         except (MetalqwenError, ValueError, TypeError) as e:
             raise _Refused(400, str(e)) from None
+        except ShuttingDown as e:
+            raise _Refused(503, str(e), None, "server_error") from None
         finally:
             job.cancelled = True  # the worker stops before its next decode step
         metrics.finished(job)

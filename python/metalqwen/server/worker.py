@@ -2,7 +2,8 @@
 
 The engine is not thread-safe, and a decode step is bound by streaming the weights, so
 requests take turns. Each job streams its chunks back to the asyncio loop that waits for
-them; a cancelled job (client gone) stops before its next decode step.
+them; a cancelled job (client gone) stops before its next decode step. On shutdown every
+job not yet finished ends with ShuttingDown, so its stream closes with an error chunk.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ _DONE = object()
 
 class QueueFull(Exception):
     """More requests waiting than the server takes (HTTP 429)."""
+
+
+class ShuttingDown(Exception):
+    """The server was asked to stop (SIGINT/SIGTERM) before this job finished (HTTP 503)."""
 
 
 @dataclass
@@ -49,7 +54,9 @@ class Worker:
         self.model, self.max_queue = model, max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
-        self._lock = threading.Lock()
+        self._unfinished: dict[int, Job] = {}  # the jobs submitted and not done, by id()
+        self._closing = False
+        self._lock = threading.RLock()  # drain() may run in a signal handler that interrupted submit()
         self._thread = threading.Thread(target=self._run, name="metalqwen-engine", daemon=True)
         self._thread.start()
 
@@ -59,11 +66,21 @@ class Worker:
 
     def submit(self, job: Job) -> Job:
         with self._lock:
+            if self._closing:
+                raise ShuttingDown("the server is shutting down")
             if self._waiting >= self.max_queue:
                 raise QueueFull(f"{self._waiting} requests are waiting (--max-queue {self.max_queue}); retry later")
             self._waiting += 1
+            self._unfinished[id(job)] = job
         self._jobs.put(job)
         return job
+
+    def drain(self) -> None:
+        """Ends every unfinished job with ShuttingDown and refuses new ones (thread-safe)."""
+        with self._lock:
+            self._closing = True
+            for job in self._unfinished.values():
+                job.error, job.cancelled = ShuttingDown("the server is shutting down"), True
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -75,6 +92,8 @@ class Worker:
                 self._waiting -= 1
             if not job.cancelled:
                 self._generate(job)
+            with self._lock:  # a drain from here on no longer touches this finished job
+                del self._unfinished[id(job)]
             job._put(_DONE)
 
     def _generate(self, job: Job) -> None:

@@ -1,0 +1,97 @@
+"""The chat page at / in headless Chromium (Debian's chromium + chromium-driver, driven by
+Selenium): a message streams an answer, Stop ends it (and the generation), New chat clears."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import httpx
+import pytest
+
+import metalqwen
+from conftest import require
+from metalqwen.server import create_app
+from server_fixtures import LiveServer
+
+
+def _chromium():
+    """Headless Chromium through chromedriver: CI must have them, elsewhere skip."""
+    webdriver = require("selenium.webdriver")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (binary and driver):
+        if os.environ.get("CI"):
+            pytest.fail("chromium and chromedriver are missing: apt-get install chromium chromium-driver")
+        pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = _chromium()
+    yield b
+    b.quit()
+
+
+@pytest.fixture(scope="module")
+def model(demo, device):
+    return metalqwen.load(demo, device=device, max_context=512, progress=False)
+
+
+def _until(condition, what: str, seconds: float = 120):
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def _answer(browser) -> str:
+    """The last answer's thinking and text as streamed so far."""
+    boxes = browser.find_elements("css selector", ".message.assistant")
+    if not boxes:
+        return ""
+    return "".join(e.get_attribute("textContent") for e in boxes[-1].find_elements("css selector", ".thought, .content"))
+
+
+def test_the_page_streams_an_answer_stops_it_and_starts_a_new_chat(browser, model):
+    live = LiveServer(create_app(model, api_key="secret"))
+    try:
+        assert httpx.get(live.url + "/").headers["content-type"].startswith("text/html")  # no key needed
+        browser.get(live.url + "/")
+        find = lambda css: browser.find_element("css selector", css)  # noqa: E731
+        find("#api-key").send_keys("secret")
+        find("#new-chat").click()  # leaves the key field: the page stores it and asks for the model
+        _until(lambda: find("#model").text == os.path.basename(model.checkpoint.path), "the model name")
+
+        find("#prompt").send_keys("tell me a long story\n")
+        # Streamed: text shows while the answer is still running (Stop enabled).
+        _until(lambda: len(_answer(browser)) > 5 and find("#stop").is_enabled(), "streamed text")
+        steps = model.counters()["steps"]
+        find("#stop").click()
+        _until(lambda: find("#send").is_enabled(), "the page to take the stop")
+        time.sleep(1.5)
+        stopped = _answer(browser)
+        time.sleep(1.0)
+        assert _answer(browser) == stopped and "stopped" in find(".message.assistant .stats").text
+        assert model.counters()["steps"] - steps < 60, "the engine kept decoding after Stop"
+        after = model.counters()["steps"]
+        time.sleep(1.0)
+        assert model.counters()["steps"] == after
+
+        find("#new-chat").click()
+        assert browser.find_elements("css selector", ".message") == []
+        find("#max-tokens").send_keys("6")
+        find("#prompt").send_keys("hi\n")
+        stats = _until(lambda: (s := browser.find_elements("css selector", ".message.assistant .stats"))
+                       and s[0].text, "the answer's statistics")
+        assert "6 tokens" in stats and "tok/s" in stats and "prompt tokens reused" in stats, stats
+        assert len(browser.find_elements("css selector", ".message")) == 2
+    finally:
+        live.close()
