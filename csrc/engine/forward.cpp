@@ -181,7 +181,8 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
     const uint32_t start = s.repetition_penalty != 1.0f ? 0u : std::min(generated_from, out_pos);
     const PenaltyParams pp{V, start, generated_from, out_pos, s.repetition_penalty, s.presence_penalty,
                            s.frequency_penalty};
-    if (out_pos > start) enc.dispatch_threads("penalty_count", {ws_->ids, ws_->penalty_counts, Arg::value(pp)}, {out_pos - start});
+    if (out_pos > start)
+      enc.dispatch_threads("penalty_count", {ws_->ids, ws_->penalty_counts, Arg::value(pp)}, {out_pos - start});
     enc.dispatch_threads("penalty_apply", {logits, ws_->penalty_counts, ws_->penalised, Arg::value(pp)}, {V});
     logits = Arg(ws_->penalised);
   }
