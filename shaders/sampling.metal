@@ -1,5 +1,5 @@
-// Token selection on the GPU: greedy argmax in two stages, and an exact, deterministic
-// temperature / top-k / top-p sampler. Both write ids into a device buffer so decode can
+// Token selection on the GPU: penalties, greedy argmax in two stages, and an exact,
+// deterministic temperature / top-k / top-p / min-p sampler. Both write ids into a device buffer so decode can
 // run ahead of the CPU. Layouts and dispatch geometry: shaders/params/sampling.h.
 #include <metal_stdlib>
 using namespace metal;
@@ -220,7 +220,9 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
 //   as HF/vLLM do). top-k keeps l_i >= the k-th largest logit (ties kept). top-p then
 //   keeps, among those, l_i >= tau where tau is the largest logit whose kept mass
 //   sum(w_j : l_j >= tau) reaches top_p * (kept mass): the smallest top set reaching
-//   top_p, ties kept. The draw is by inverse CDF in index order: u = (philox >> 8) 2^-24,
+//   top_p, ties kept. min-p then keeps w_i >= min_p (probability >= min_p times the top
+//   one's, as HF and vLLM define it; w of the top logit is 1, so this never empties the
+//   set and commutes with renormalisation). The draw is by inverse CDF in index order: u = (philox >> 8) 2^-24,
 //   token = first kept i whose prefix sum of w exceeds u * (sum of kept w).
 // Algorithm, without sorting the vocabulary (keys = order-preserving uint images of
 // the logits). Pass 1 finds m, the argmax, and per thread its maximum and its mass.
@@ -437,6 +439,7 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
     const uint k = is_nan(v) ? KEY_NEG_INF : key_of(v);
     if (k >= tau) {
       const float w = exp((v - m) * inv_t);
+      if (w < p.min_p) continue;
       s += w;
       if (w > 0.0f) last_pos = i + 1;
     }
@@ -460,7 +463,9 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
       const float v = lrow[i];
       const uint k = is_nan(v) ? KEY_NEG_INF : key_of(v);
       if (k >= tau) {
-        run += exp((v - m) * inv_t);
+        const float w = exp((v - m) * inv_t);
+        if (w < p.min_p) continue;
+        run += w;
         if (before + run > target) {
           pick = i;
           break;
@@ -469,4 +474,40 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
     }
     ids[p.out_pos + row] = pick;
   }
+}
+
+// Penalties, stage 1: count each token's occurrences in ids[start, end) (all of them in
+// counts[0][t], the generated ones also in counts[1][t]).
+//   ids uint [..]; counts atomic uint [2][n], all zero on entry (penalty_apply re-zeroes).
+// Grid: end - start threads (any threadgroup size).
+[[kernel]] void penalty_count(device const uint* ids [[buffer(0)]],
+                              device atomic_uint* counts [[buffer(1)]],
+                              constant PenaltyParams& p [[buffer(2)]],
+                              uint gid [[thread_position_in_grid]]) {
+  const uint pos = p.start + gid;
+  if (pos >= p.end) return;
+  const uint t = ids[pos];
+  if (t >= p.n) return;  // never a vocabulary id: nothing to penalise
+  atomic_fetch_add_explicit(&counts[t], 1u, memory_order_relaxed);
+  if (pos >= p.generated_from) atomic_fetch_add_explicit(&counts[p.n + t], 1u, memory_order_relaxed);
+}
+
+// Penalties, stage 2: the penalised row (definition in params/sampling.h), counts back to 0.
+//   logits [n] (one row); counts uint [2][n]; penalised [n] out.
+// Grid: n threads (any threadgroup size).
+[[kernel]] void penalty_apply(device const float* logits [[buffer(0)]],
+                              device uint* counts [[buffer(1)]],
+                              device float* penalised [[buffer(2)]],
+                              constant PenaltyParams& p [[buffer(3)]],
+                              uint i [[thread_position_in_grid]]) {
+  if (i >= p.n) return;
+  const uint seen = counts[i];
+  const uint generated = counts[p.n + i];
+  counts[i] = 0u;
+  counts[p.n + i] = 0u;
+  float l = logits[i];
+  if (seen > 0u) l = l > 0.0f ? l / p.repetition : l * p.repetition;
+  l -= p.frequency * (float)generated;
+  l -= generated > 0u ? p.presence : 0.0f;
+  penalised[i] = l;
 }

@@ -106,6 +106,7 @@ def test_generate_stops_at_the_context_limit_and_says_so(demo, device):
     (["-p", "word " * 30, "--max-context", "40"], "the prompt does not fit: 101 tokens"),
     (["-p", "hi", "--temperature", "-1"], "temperature must be >= 0"),
     (["-p", "hi", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["-p", "hi", "--repetition-penalty", "0"], "repetition_penalty must be > 0"),
     (["-p", "hi", "--max-context", "1"], "max_context must be an integer >= 2, got 1"),
     (["-p", "hi", "--max-tokens", "0"], "--max-tokens must be an integer >= 1, got 0"),
 ])

@@ -90,6 +90,23 @@ def test_completions_with_text_and_ids_seeds_and_stops(client, model):
     assert cut.choices[0].text == want.text[: want.text.index(stop)] and cut.choices[0].finish_reason == "stop"
 
 
+def test_penalties_and_min_p_reach_the_gpu_sampler(client, model):
+    ids = [11, 12, 13, 11, 12, 13, 11, 12]  # greedy repeats tokens after this on the demo checkpoint
+    plain = client.completions.create(model="x", prompt=ids, max_tokens=10, temperature=0)
+    assert plain.choices[0].text == _greedy(model, ids, 10).text
+    options = dict(presence_penalty=1.5, frequency_penalty=0.5)
+    extra = {"repetition_penalty": 1.5, "min_p": 0.05}  # not in the openai client's signature
+    r = client.completions.create(model="x", prompt=ids, max_tokens=10, temperature=0, extra_body=extra, **options)
+    model.reset()
+    want = model.generate(ids, max_tokens=10, **options, **extra)
+    assert r.choices[0].text == want.text and r.choices[0].text != plain.choices[0].text
+    seeded = [client.completions.create(model="x", prompt=ids, max_tokens=10, temperature=1.0, seed=5,
+                                        extra_body=extra, **options).choices[0].text for _ in range(2)]
+    model.reset()  # top_p and top_k: the demo folder's generation_config.json
+    assert seeded[0] == seeded[1] == model.generate(ids, max_tokens=10, temperature=1.0, seed=5, top_p=0.95, top_k=20,
+                                                    **options, **extra).text
+
+
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
@@ -97,8 +114,10 @@ def test_completions_with_text_and_ids_seeds_and_stops(client, model):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
-    ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}, None),
+    ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 0}, "repetition_penalty"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "string"}}}]}, "tools.0.function.parameters"),

@@ -61,7 +61,15 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
   return m;
 }
 
-Sampling sampling(float temperature, int top_k, float top_p, uint64_t seed) { return {temperature, top_k, top_p, seed}; }
+// prefill and decode_begin take the Sampling fields as keyword arguments, neutral by default.
+Sampling sampling(float temperature, int top_k, float top_p, float min_p, float presence_penalty,
+                  float frequency_penalty, float repetition_penalty, uint64_t seed) {
+  return {temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty, seed};
+}
+#define MQ_SAMPLING_ARGS                                                                                     \
+  py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f, \
+      py::arg("presence_penalty") = 0.0f, py::arg("frequency_penalty") = 0.0f,                            \
+      py::arg("repetition_penalty") = 1.0f, py::arg("seed") = 0
 
 }  // namespace
 
@@ -99,7 +107,8 @@ void bind_engine(py::module_& m) {
       .def("tokens", &Engine::tokens)
       .def(
           "prefill",
-          [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, uint64_t seed,
+          [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, float min_p,
+             float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed,
              const std::string& logits, py::object progress, std::vector<int> snapshot_at,
              py::object snapshots) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
@@ -115,8 +124,10 @@ void bind_engine(py::module_& m) {
             std::vector<std::shared_ptr<Snapshot>> taken;
             {
               py::gil_scoped_release release;
-              out = e.prefill(tokens, sampling(temperature, top_k, top_p, seed), logits == "all", logits == "last",
-                              between_chunks, snapshot_at, &taken);
+              out = e.prefill(tokens,
+                              sampling(temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty,
+                                       repetition_penalty, seed),
+                              logits == "all", logits == "last", between_chunks, snapshot_at, &taken);
             }
             if (!snapshots.is_none())
               for (auto& s : taken) snapshots.attr("append")(s);
@@ -126,16 +137,16 @@ void bind_engine(py::module_& m) {
             std::copy(out.begin(), out.end(), a.mutable_data());
             return a;
           },
-          py::arg("tokens"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-          py::arg("seed") = 0, py::arg("logits") = "none", py::arg("progress") = py::none(),
+          py::arg("tokens"), MQ_SAMPLING_ARGS, py::arg("logits") = "none", py::arg("progress") = py::none(),
           py::arg("snapshot_at") = std::vector<int>{}, py::arg("snapshots") = py::none())
       .def("restore", &Engine::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin",
-           [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, uint64_t seed) {
-             e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, seed));
+           [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, float min_p,
+              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed) {
+             e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, min_p, presence_penalty,
+                                                 frequency_penalty, repetition_penalty, seed));
            },
-           py::arg("max_tokens"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-           py::arg("seed") = 0)
+           py::arg("max_tokens"), MQ_SAMPLING_ARGS)
       .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())
       .def("decode_end", &Engine::decode_end, py::call_guard<py::gil_scoped_release>())
       .def("counters", [](const Engine& e) {

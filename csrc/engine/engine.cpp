@@ -109,6 +109,7 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
   std::memcpy(static_cast<uint32_t*>(ws_->ids->contents()) + position_, tokens.data(), tokens.size() * 4);
 
   const int end = position_ + int(tokens.size());
+  generated_from_ = end;
   for (size_t i = 0; i < snapshot_at.size(); ++i)
     if (snapshot_at[i] <= position_ || snapshot_at[i] > end || (i > 0 && snapshot_at[i] <= snapshot_at[i - 1]))
       throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(position_) + ", " +

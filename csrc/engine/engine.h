@@ -32,12 +32,19 @@ struct Counters {
   uint64_t memory_estimate = 0;         // bytes the load was admitted with (weights + KV cache + workspace)
 };
 
-// How the next token is chosen on the GPU: temperature 0 is greedy argmax.
+// How the next token is chosen on the GPU: penalties (when not neutral) on the logits,
+// then greedy argmax at temperature 0, else temperature -> top-k -> top-p -> min-p and a
+// seeded draw (shaders/sampling.metal). Neutral values dispatch nothing extra.
 struct Sampling {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;    // over the tokens generated since the last prefill
+  float frequency_penalty = 0.0f;   // likewise, times each token's count
+  float repetition_penalty = 1.0f;  // over the whole context (prompt + generated)
   uint64_t seed = 0;
+  bool penalised() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f; }
 };
 
 struct LayerWeights;
@@ -148,6 +155,7 @@ class Engine {
   std::unique_ptr<Workspace> ws_;
   bool matvec_ = false;  // the step being encoded takes the matvec / flash-decode path
   int position_ = 0;
+  int generated_from_ = 0;  // end of the last prefill: positions from here on were generated
   Counters counters_;
 
   struct Decoding {

@@ -174,13 +174,24 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, uint32_t rows) {
 
 void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {
   const uint32_t V = uint32_t(model_.dims.vocab);
-  const Arg logits(ws_->logits, size_t(logit_row) * V * 4);
+  Arg logits(ws_->logits, size_t(logit_row) * V * 4);
+  if (s.penalised()) {
+    // The penalised copy is chosen from; the logits buffer (returned to callers) stays raw.
+    const uint32_t generated_from = uint32_t(generated_from_);
+    const uint32_t start = s.repetition_penalty != 1.0f ? 0u : std::min(generated_from, out_pos);
+    const PenaltyParams pp{V, start, generated_from, out_pos, s.repetition_penalty, s.presence_penalty,
+                           s.frequency_penalty};
+    if (out_pos > start)
+      enc.dispatch_threads("penalty_count", {ws_->ids, ws_->penalty_counts, Arg::value(pp)}, {out_pos - start});
+    enc.dispatch_threads("penalty_apply", {logits, ws_->penalty_counts, ws_->penalised, Arg::value(pp)}, {V});
+    logits = Arg(ws_->penalised);
+  }
   if (s.temperature <= 0.0f) {
     const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
     enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, 1});
     enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1});
   } else {
-    const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature,
+    const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos};
     enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p)}, {1});
   }

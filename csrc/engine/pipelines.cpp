@@ -39,6 +39,7 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   needs["copy_u32"] = up_to(kCopyThreads);  // snapshots of the sequence state
   needs["argmax_partial"] = needs["argmax_final"] = up_to(MQ_ARGMAX_THREADS);
   needs["sample_top_kp"] = up_to(MQ_SAMPLE_THREADS);
+  needs["penalty_count"] = needs["penalty_apply"] = up_to(MQ_PENALTY_THREADS);
 
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";

@@ -123,6 +123,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::expert_gate, P * MI}, {&Workspace::expert_up, P * MI}, {&Workspace::expert_act, P * MI},
       {&Workspace::expert_out, P * H},
       {&Workspace::logits, R * V}, {&Workspace::partials, R * partials * 2},
+      {&Workspace::penalty_counts, 2 * V}, {&Workspace::penalised, V},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},
   };
@@ -160,6 +161,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
   argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
   auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };
   for (const Planned& p : activation_plan(d, o)) this->*p.slot = words(p.words);
+  std::memset(penalty_counts->contents(), 0, penalty_counts->size());  // penalty_apply keeps it zero
 
   // rope_turns[i] = round(2^64 * theta^(-2i/rot) / (2 pi)) mod 2^64 (see params/attention.h).
   auto* turns = static_cast<uint64_t*>(rope_turns->contents());

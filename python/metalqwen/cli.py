@@ -64,9 +64,11 @@ def _load(args: argparse.Namespace):
 def _options(args: argparse.Namespace) -> dict:
     """The generation options, checked before the (possibly long) load."""
     arguments.integer("--max-tokens", args.max_tokens, low=1, allowed="an integer >= 1")
-    arguments.sampling(args.temperature, args.top_p, args.top_k, args.seed)
+    penalties = dict(min_p=args.min_p, presence_penalty=args.presence_penalty,
+                     frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty)
+    arguments.sampling(args.temperature, args.top_p, args.top_k, args.seed, **penalties)
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                seed=args.seed)
+                seed=args.seed, **penalties)
 
 
 def _print_stream(model, prompt, options: dict, chat: bool) -> str:
@@ -214,6 +216,15 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); else sampling")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens at least this fraction as likely as the top one (default 0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logit of every token already generated, in [-2, 2] (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted per earlier occurrence in the answer, in [-2, 2] (default 0)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides the positive (multiplies the negative) logits of tokens in the prompt or answer "
+                        "(default 1 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
 
 

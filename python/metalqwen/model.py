@@ -120,11 +120,17 @@ class Model:
 
     def stream(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None,
-               chat: bool = False, boundaries: Sequence[int] = ()) -> Iterator[Chunk]:
+               chat: bool = False, boundaries: Sequence[int] = (), min_p: float = 0.0,
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+               repetition_penalty: float = 1.0) -> Iterator[Chunk]:
         """Yields text as tokens are generated. ``prompt``: text (chat template applied when ``chat``) or ids.
 
-        Greedy when temperature is 0; else sampling with top-k (0 = off) and top-p (1 = off),
-        reproducible for a given seed. Stops at an eos token, a ``stop`` string (not included in
+        Greedy when temperature is 0; else sampling with top-k (0 = off), top-p (1 = off) and
+        min-p (0 = off), in that order after the temperature, reproducible for a given seed.
+        Before either, on the GPU: ``repetition_penalty`` (1 = off) divides the positive logits
+        (multiplies the negative ones) of every token in the prompt or generated so far, then
+        ``frequency_penalty`` times a token's count and ``presence_penalty`` (0 = off) are
+        subtracted for the tokens generated so far in this call (vLLM's definitions). Stops at an eos token, a ``stop`` string (not included in
         the text), ``max_tokens`` or the end of the context (``finish_reason`` "length",
         ``stats.context_full``); a prompt that leaves no room raises ContextFullError. The cache
         is kept: a next prompt that extends this conversation only feeds the new tokens. With a
@@ -133,7 +139,8 @@ class Model:
         from the longest saved prefix it starts with. Ctrl-C (KeyboardInterrupt) stops within
         one step and leaves the cache holding what was fed."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
-        sampling = arguments.sampling(temperature, top_p, top_k, seed)
+        sampling = arguments.sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
+                                      repetition_penalty)
         sampling.setdefault("seed", int.from_bytes(os.urandom(8), "little"))
         stopper = StopMatcher(arguments.stop_strings(stop))
         ids = self.prompt_ids(prompt, chat)

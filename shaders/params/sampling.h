@@ -1,5 +1,5 @@
-// Parameters of shaders/sampling.metal: greedy argmax and the temperature / top-k / top-p
-// sampler over rows of logits, writing token ids into a device-side ids buffer (so the
+// Parameters of shaders/sampling.metal: penalties, greedy argmax and the temperature /
+// top-k / top-p / min-p sampler over rows of logits, writing token ids into a device-side ids buffer (so the
 // next step's embedding reads them without a CPU round trip).
 #pragma once
 
@@ -38,8 +38,32 @@ struct SampleParams {
   uint top_k;         // keep logits >= the k-th largest; 0 = off
   float top_p;        // keep the smallest top set with probability >= top_p; 1.0 = off
   float temperature;  // > 0
+  float min_p;        // then keep tokens with probability >= min_p * the top one; 0 = off
   uint seed_lo;       // per-request 64-bit seed
   uint seed_hi;
   uint counter;       // position of row 0 (row r draws with counter + r)
   uint out_pos;       // ids[out_pos + row]
+};
+
+// Penalties, applied before the choice (argmax or sampler) to one row of logits, as vLLM
+// does: repetition over every token of the context, then frequency and presence over the
+// generated ones. Two dispatches in one step:
+// penalty_count: one thread per position in [start, end) (dispatch end - start threads,
+// any threadgroup size): counts[ids[pos]] += 1, and counts[n + ids[pos]] += 1 when
+// pos >= generated_from. Device atomics: the counts are exact whatever the order.
+// penalty_apply: one thread per vocabulary entry (dispatch n threads): writes the
+// penalised row into `penalised` and puts its two counts back to 0, so `counts` is all
+// zeros between steps (the engine zeroes it once at allocation).
+//   penalised[i] = l' - frequency * counts[n + i] - presence * (counts[n + i] > 0),
+//   l' = counts[i] > 0 ? (l > 0 ? l / repetition : l * repetition) : l,  l = logits[i].
+//   counts uint [2][n]: (context occurrences, generated occurrences); penalised [n].
+#define MQ_PENALTY_THREADS 256
+struct PenaltyParams {
+  uint n;               // vocabulary size
+  uint start;           // first position counted (0 with a repetition penalty, else generated_from)
+  uint generated_from;  // first generated position: the tokens after the prompt
+  uint end;             // positions [start, end) of ids are counted
+  float repetition;     // 1 = off
+  float presence;       // 0 = off
+  float frequency;      // 0 = off
 };

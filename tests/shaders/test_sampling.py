@@ -28,7 +28,7 @@ NO_ID = 0xFFFFFFFF  # ids sentinel: never a token id
 
 ARGMAX_PARAMS = np.dtype([(n, "<u4") for n in ("n", "row_stride", "chunk", "n_partials", "out_pos")])
 SAMPLE_PARAMS = np.dtype([("n", "<u4"), ("row_stride", "<u4"), ("top_k", "<u4"), ("top_p", "<f4"),
-                          ("temperature", "<f4"), ("seed_lo", "<u4"), ("seed_hi", "<u4"), ("counter", "<u4"),
+                          ("temperature", "<f4"), ("min_p", "<f4"), ("seed_lo", "<u4"), ("seed_hi", "<u4"), ("counter", "<u4"),
                           ("out_pos", "<u4")])
 
 # Relative distance (of the total kept mass) from a CDF boundary below which the f32
@@ -66,7 +66,7 @@ def uniform(seed, position):
     return (bits >> 8) / 2.0**24
 
 
-def kept_distribution(logits, temperature, top_k, top_p, top_p_group=None):
+def kept_distribution(logits, temperature, top_k, top_p, top_p_group=None, min_p=0.0):
     """(keep mask, w, top-p alternatives) per the sampler's definition, in float64.
 
     top-p keeps the values >= vals[j], j the first distinct value (descending) whose
@@ -99,6 +99,7 @@ def kept_distribution(logits, temperature, top_k, top_p, top_p_group=None):
         if top_p_group is not None:
             j = top_p_group
         keep &= lv >= vals[j]
+    keep &= w >= min_p  # min-p last: probability >= min_p times the top one's (w = 1 there)
     return keep, w, alternatives
 
 
@@ -115,7 +116,7 @@ def draw(keep, w, u):
     return token, set(np.flatnonzero(near).tolist())
 
 
-def sample_ref(logits, temperature, top_k, top_p, seed, position):
+def sample_ref(logits, temperature, top_k, top_p, seed, position, min_p=0.0):
     """(token, acceptable tokens): the reference draw and every draw within rounding of it."""
     lv = np.asarray(logits, np.float64).copy()
     lv[np.isnan(lv)] = -np.inf
@@ -123,10 +124,10 @@ def sample_ref(logits, temperature, top_k, top_p, seed, position):
         token = int(np.argmax(lv))
         return token, {token}
     u = uniform(seed, position)
-    keep, w, alternatives = kept_distribution(logits, temperature, top_k, top_p)
+    keep, w, alternatives = kept_distribution(logits, temperature, top_k, top_p, min_p=min_p)
     token, ok = draw(keep, w, u)
     for j in alternatives:  # top-p targets within rounding of a group boundary
-        ok |= draw(*kept_distribution(logits, temperature, top_k, top_p, top_p_group=j)[:2], u)[1]
+        ok |= draw(*kept_distribution(logits, temperature, top_k, top_p, top_p_group=j, min_p=min_p)[:2], u)[1]
     return token, ok
 
 
@@ -169,11 +170,11 @@ def run_argmax(dev, lib, logits, chunk, out_pos=3, threads=256, final_threads=64
     return got[out_pos:out_pos + rows]
 
 
-def run_sampler(dev, lib, logits, *, temperature, top_k=0, top_p=1.0, seed=1234, counter=0, threads=SAMPLE_THREADS,
-                out_pos=2):
+def run_sampler(dev, lib, logits, *, temperature, top_k=0, top_p=1.0, min_p=0.0, seed=1234, counter=0,
+                threads=SAMPLE_THREADS, out_pos=2):
     logits = np.atleast_2d(np.asarray(logits, np.float32))
     rows, n = logits.shape
-    params = np.array([(n, n, top_k, top_p, temperature, seed & 0xFFFFFFFF, seed >> 32, counter, out_pos)],
+    params = np.array([(n, n, top_k, top_p, temperature, min_p, seed & 0xFFFFFFFF, seed >> 32, counter, out_pos)],
                       SAMPLE_PARAMS)
     ids = dev.buffer(np.full(out_pos + rows + 2, NO_ID, np.uint32))
     lib.kernel("sample_top_kp").dispatch({0: dev.buffer(logits), 1: ids, 2: params}, threadgroups=(rows,),
@@ -201,11 +202,11 @@ def peaked_logits(rng, n, gap=10.0):
     return x
 
 
-def check_against_reference(got, logits_rows, *, temperature, top_k, top_p, seed, counter, what):
+def check_against_reference(got, logits_rows, *, temperature, top_k, top_p, seed, counter, what, min_p=0.0):
     """Every draw must be the reference's, or (rarely) a token within rounding of it."""
     ambiguous = 0
     for r, tok in enumerate(got):
-        want, ok = sample_ref(logits_rows[r], temperature, top_k, top_p, seed, counter + r)
+        want, ok = sample_ref(logits_rows[r], temperature, top_k, top_p, seed, counter + r, min_p)
         if tok != want:
             assert tok in ok, f"{what}: row {r} drew {tok}, reference {want} (acceptable: {sorted(ok)[:8]})"
             ambiguous += 1
@@ -414,3 +415,132 @@ def test_sampler_keeps_ties_at_the_top_k_threshold(dev, lib):
     logits = np.array([3.0, 1.0, 2.0, 2.0, 0.0, 2.0, -1.0, 0.5, 1.5, -2.0], np.float32)  # 2nd value tied 3 ways
     got = run_sampler(dev, lib, np.tile(logits, (draws, 1)), temperature=1.0, top_k=2, seed=5, threads=32)
     assert set(np.unique(got).tolist()) == {0, 2, 3, 5}
+
+
+# ---------------------------------------------------------------------------
+# min-p (applied last, after top-k and top-p)
+
+MIN_P_CASES = [  # (temperature, top_k, top_p, min_p)
+    (1.0, 0, 1.0, 0.05),  # min-p alone
+    (0.7, 10, 1.0, 0.1),  # inside a top-k set
+    (1.3, 0, 0.9, 0.02),  # inside a top-p set
+    (1.0, 0, 1.0, 0.0),  # 0 = off: the plain sampler
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", MIN_P_CASES)
+def test_sampler_min_p_matches_reference(dev, lib, temperature, top_k, top_p, min_p):
+    rng = seeded("min-p", temperature, top_k, top_p, min_p)
+    rows, n = 96, 300
+    x = np.stack([llm_logits(rng, n, peak=3.0) for _ in range(rows)])
+    # No weight within f32 rounding of min_p (those are moved off it), so the kept set is
+    # the same in f32 and f64.
+    while min_p > 0:
+        w = np.exp((x.astype(np.float64) - x.max(axis=1, keepdims=True)) / temperature)
+        near = np.abs(w / min_p - 1) <= 1e-5
+        if not near.any():
+            break
+        x[near] -= np.float32(0.01)
+    got = run_sampler(dev, lib, x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=3,
+                      counter=11, threads=64)
+    check_against_reference(got, x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=3,
+                            counter=11, what=f"T={temperature} k={top_k} p={top_p} min_p={min_p}")
+    if min_p > 0:
+        keep = np.stack([kept_distribution(x[r], temperature, top_k, top_p, min_p=min_p)[0] for r in range(rows)])
+        assert keep.sum(axis=1).min() >= 1 and (keep.sum(axis=1) < n).all()  # min-p did cut something
+        assert keep[np.arange(rows), got].all()
+
+
+def test_sampler_min_p_1_is_argmax(dev, lib):
+    rng = seeded("min-p-greedy")
+    x = np.stack([llm_logits(rng, 3000) for _ in range(6)])
+    for seed in (1, 2, 99):
+        got = run_sampler(dev, lib, x, temperature=1.5, min_p=1.0, seed=seed, threads=128)
+        np.testing.assert_array_equal(got, np.argmax(x, axis=1), err_msg=f"seed {seed}")
+
+
+# ---------------------------------------------------------------------------
+# penalties: penalty_count then penalty_apply, as the engine dispatches them
+
+PENALTY_PARAMS = np.dtype([("n", "<u4"), ("start", "<u4"), ("generated_from", "<u4"), ("end", "<u4"),
+                           ("repetition", "<f4"), ("presence", "<f4"), ("frequency", "<f4")])
+
+
+def penalties_ref(logits, ids, *, start, generated_from, end, repetition, presence, frequency):
+    """vLLM's order in float32: repetition over ids[start, end), then frequency and presence
+    over the generated ids[generated_from, end)."""
+    n = logits.size
+    seen = np.bincount(ids[start:end], minlength=n)[:n]
+    generated = np.bincount(ids[max(start, generated_from):end], minlength=n)[:n]
+    out = logits.astype(np.float32).copy()
+    r = np.float32(repetition)
+    hit = seen > 0
+    out[hit] = np.where(out[hit] > 0, out[hit] / r, out[hit] * r)
+    out -= np.float32(frequency) * generated.astype(np.float32)
+    out -= np.where(generated > 0, np.float32(presence), np.float32(0))
+    return out
+
+
+def run_penalties(dev, lib, logits, ids, counts=None, **kw):
+    logits = np.asarray(logits, np.float32)
+    n = logits.size
+    params = np.array([(n, kw["start"], kw["generated_from"], kw["end"], kw["repetition"], kw["presence"],
+                        kw["frequency"])], PENALTY_PARAMS)
+    counts = counts if counts is not None else dev.buffer(np.zeros(2 * n, np.uint32))
+    out = dev.buffer(np.full(n + 3, np.nan, np.float32))  # NaN: entries never written
+    cb = dev.command_buffer()
+    positions = kw["end"] - kw["start"]
+    if positions > 0:
+        cb.dispatch(lib.kernel("penalty_count"), {0: dev.buffer(np.asarray(ids, np.uint32)), 1: counts, 2: params},
+                    (-(-positions // 64),), (64,))
+        cb.barrier()
+    cb.dispatch(lib.kernel("penalty_apply"), {0: dev.buffer(logits), 1: counts, 2: out, 3: params},
+                (-(-n // 96),), (96,))
+    cb.commit()
+    cb.wait()
+    got = out.numpy(np.float32)
+    assert np.isnan(got[n:]).all(), "written past the row"
+    assert (counts.numpy(np.uint32) == 0).all(), "counts not back to zero"
+    return got[:n], counts
+
+
+PENALTY_CASES = [  # (repetition, presence, frequency, start = 0 unless repetition is off)
+    (1.3, 0.0, 0.0),
+    (1.0, 0.7, 0.0),
+    (1.0, 0.0, 0.4),
+    (0.8, -0.5, 1.5),  # below-1 repetition and a negative presence reward repeats
+    (1.0, 0.0, 0.0),  # neutral: the row unchanged
+]
+
+
+@pytest.mark.parametrize("repetition,presence,frequency", PENALTY_CASES)
+@pytest.mark.parametrize("n", [1, 31, 1000])
+def test_penalties_match_reference(dev, lib, n, repetition, presence, frequency):
+    rng = seeded("penalties", n, repetition, presence, frequency)
+    logits = (rng.standard_normal(n) * 3).astype(np.float32)
+    logits[rng.choice(n, size=min(n, 3), replace=False)] = 0.0  # zero: the multiply branch
+    ids = rng.integers(0, min(n, 40), size=300).astype(np.uint32)  # many repeats
+    generated_from, end = 200, 290  # ids after end are not counted
+    start = 0 if repetition != 1.0 else generated_from
+    kw = dict(start=start, generated_from=generated_from, end=end, repetition=repetition, presence=presence,
+              frequency=frequency)
+    got, counts = run_penalties(dev, lib, logits, ids, **kw)
+    np.testing.assert_array_equal(got, penalties_ref(logits, ids, **kw))
+    if (repetition, presence, frequency) == (1.0, 0.0, 0.0):
+        np.testing.assert_array_equal(got, logits)
+    # The counts buffer is left zeroed: a second step on it gives the same row.
+    again, _ = run_penalties(dev, lib, logits, ids, counts=counts, **kw)
+    np.testing.assert_array_equal(again, got)
+
+
+def test_penalties_empty_history_and_ids_outside_the_vocabulary(dev, lib):
+    logits = np.linspace(-2, 2, 50).astype(np.float32)
+    ids = np.array([3, 3, 900, 0xFFFFFFFF, 7], np.uint32)  # out-of-vocabulary ids are skipped
+    kw = dict(start=0, generated_from=2, end=5, repetition=2.0, presence=1.0, frequency=0.5)
+    got, _ = run_penalties(dev, lib, logits, ids, **kw)
+    want = logits.copy()
+    want[3] = want[3] * np.float32(2.0)  # negative: times r; seen only in the prompt
+    want[7] = want[7] * np.float32(2.0) - np.float32(0.5) - np.float32(1.0)  # and generated once
+    np.testing.assert_array_equal(got, want)
+    none, _ = run_penalties(dev, lib, logits, ids, **dict(kw, start=5, generated_from=5))
+    np.testing.assert_array_equal(none, logits)  # nothing counted (the engine skips penalty_count then)

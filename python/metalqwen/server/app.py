@@ -35,6 +35,11 @@ def _error(status: int, message: str, param: str | None, kind: str) -> JSONRespo
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
 
 
+# Sampling fields a request may omit, with the value used when generation_config.json lacks them too.
+_SAMPLING_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
+                     "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
 def _sampling_defaults(folder: str) -> dict:
     """Qwen's recommended sampling settings from the folder's generation_config.json."""
     try:
@@ -42,7 +47,7 @@ def _sampling_defaults(folder: str) -> dict:
             found = json.load(f)
     except (OSError, ValueError):
         return {}
-    return {k: found[k] for k in ("temperature", "top_p", "top_k") if isinstance(found.get(k), (int, float))}
+    return {k: found[k] for k in _SAMPLING_NEUTRAL if isinstance(found.get(k), (int, float))}
 
 
 def _message_boundaries(tokenizer, messages: list[dict], ids: list[int], **template) -> list[int]:
@@ -72,7 +77,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
     app = FastAPI(title="metalqwen", docs_url=None, redoc_url=None, lifespan=lifespan)
     model_id = model_id or os.path.basename(os.path.normpath(model.checkpoint.path))
-    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **_sampling_defaults(model.checkpoint.path)}
+    defaults = {**_SAMPLING_NEUTRAL, **_sampling_defaults(model.checkpoint.path)}
     metrics = Metrics(model, worker)
     app.state.drain = worker.drain
 
@@ -110,12 +115,20 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "metalqwen"}]}
 
     def options(req, prompt: list[int], max_tokens: int | None, boundaries: list[int] = ()) -> dict:
+        """The generation options; a max_tokens past the room left is cut to it (finish_reason
+        "length"), one past the whole context is refused."""
+        where = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         room = model.max_context - len(prompt)
         if room < 1:
-            raise _Refused(400, f"the prompt has {len(prompt)} tokens; max_context is {model.max_context}", "messages")
+            raise _Refused(400, f"the prompt has {len(prompt)} tokens; max_context is {model.max_context}", where)
+        if max_tokens is not None and max_tokens > model.max_context:
+            raise _Refused(400, f"max_tokens {max_tokens} exceeds the context of {model.max_context} tokens",
+                           "max_tokens")
         pick = lambda name: getattr(req, name) if getattr(req, name) is not None else defaults[name]  # noqa: E731
         return dict(max_tokens=min(max_tokens or room, room), temperature=pick("temperature"), top_p=pick("top_p"),
-                    top_k=max(pick("top_k"), 0), seed=req.seed, stop=req.stop or None, boundaries=boundaries)
+                    top_k=max(pick("top_k"), 0), min_p=pick("min_p"), presence_penalty=pick("presence_penalty"),
+                    frequency_penalty=pick("frequency_penalty"), repetition_penalty=pick("repetition_penalty"),
+                    seed=req.seed, stop=req.stop or None, boundaries=boundaries)
 
     def start(job: Job) -> Job:
         try:

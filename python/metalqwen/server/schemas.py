@@ -128,16 +128,6 @@ class _Sampling(_Body):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops
 
-    @model_validator(mode="after")
-    def _not_yet(self):
-        # Neutral values are accepted; others need the GPU sampler's penalties and min-p.
-        for name, neutral in (("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                              ("repetition_penalty", 1.0)):
-            value = getattr(self, name)
-            if value is not None and value != neutral:
-                raise ValueError(f"{name} is not supported yet by this server (leave it out or {neutral})")
-        return self
-
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
