@@ -20,22 +20,11 @@ import pytest
 import metalqwen
 import model_fixtures as mf
 from metalqwen import CheckpointError
-from test_model import assert_logits_close, logit_tolerance, prompt
+from test_model import assert_logits_close, logit_tolerance, model, prompt  # noqa: F401 (model: a fixture)
 
 MOE = ["moe", "moe_top3_b8"]
-_models: dict = {}
-
-
-@pytest.fixture(scope="module")
-def model(device):
-    def get(path: str, kv_bits: int = 16, prefill_chunk: int = 16) -> metalqwen.Model:
-        key = (device.kind, path, kv_bits, prefill_chunk)
-        if key not in _models:
-            _models[key] = metalqwen.load(path, device=device, max_context=160, kv_bits=kv_bits,
-                                          prefill_chunk=prefill_chunk, progress=False)
-        return _models[key]
-
-    return get
+# The expert tests run prefill in chunks of 16 (grouped GEMM with several experts per chunk).
+CHUNK = 16
 
 
 def expected_greedy(m, path, ids, n):
@@ -61,13 +50,13 @@ def test_logits_at_every_position_match_mlx_lm(converted, name, kv_bits, model):
     config = metalqwen.load_checkpoint(path).config
     ids = prompt(config.vocab_size, 40, seed=len(name))  # 40 rows: chunks of 16, 16 and 8
     want = mf.reference_logits(path, ids)
-    assert_logits_close(model(path, kv_bits).score(ids), want, logit_tolerance(config, kv_bits))
+    assert_logits_close(model(path, kv_bits, CHUNK).score(ids), want, logit_tolerance(config, kv_bits))
 
 
 @pytest.mark.parametrize("name", MOE)
 def test_greedy_continuation_matches_mlx_lm(converted, name, model):
     path = converted(name)[1]
-    m = model(path)
+    m = model(path, 16, CHUNK)
     ids = prompt(m.config.vocab_size, 20, seed=1)
     assert m.generate(ids, max_tokens=20).tokens == expected_greedy(m, path, ids, 20)
 
@@ -88,8 +77,8 @@ def reference_decode_routes(path, prompt_ids, n) -> list[set[int]]:
     import mlx.core as mx
     import mlx.nn as nn
 
-    model = mf._reference_model(os.fspath(path), False)
-    layers = model.language_model.model.layers
+    reference = mf._reference_model(os.fspath(path), False)
+    layers = reference.language_model.model.layers
     picked: list[set[int]] = [set() for _ in layers]
 
     class Recorder(nn.Module):
@@ -107,11 +96,11 @@ def reference_decode_routes(path, prompt_ids, n) -> list[set[int]]:
     try:
         for layer, router, into in zip(layers, routers, picked):
             layer.mlp.gate = Recorder(router, layer.mlp.top_k, into)
-        cache = model.make_cache()
-        logits = model(mx.array([prompt_ids]), cache=cache)
+        cache = reference.make_cache()
+        logits = reference(mx.array([prompt_ids]), cache=cache)
         for _ in range(n - 1):
             token = int(mx.argmax(logits[0, -1]).item())
-            logits = model(mx.array([[token]]), cache=cache)
+            logits = reference(mx.array([[token]]), cache=cache)
     finally:
         for layer, router in zip(layers, routers):
             layer.mlp.gate = router
@@ -120,7 +109,7 @@ def reference_decode_routes(path, prompt_ids, n) -> list[set[int]]:
 
 def test_a_decode_that_uses_every_expert_matches_mlx_lm(converted, model):
     path = converted("moe")[1]
-    m = model(path)
+    m = model(path, 16, CHUNK)
     ids = prompt(m.config.vocab_size, 6, seed=13)
     routes = reference_decode_routes(path, ids, 20)
     assert all(len(r) == m.config.num_experts for r in routes), routes  # the test's premise
@@ -136,7 +125,7 @@ def test_weight_bytes_per_token_count_active_experts_only(converted, model):
     embed = sum(b for n, b in nbytes.items() if ".embed_tokens." in n)
     # Every tensor once, but only top-k of the experts, and one embedding row besides the tied lm_head.
     want = sum(nbytes.values()) - experts + experts * c.num_experts_per_tok // c.num_experts + embed // c.vocab_size
-    assert model(path).counters()["weight_bytes_per_token"] == want
+    assert model(path, 16, CHUNK).counters()["weight_bytes_per_token"] == want
 
 
 def _damaged(converted, tmp_path, edit):

@@ -614,9 +614,15 @@ def _check_norm_shift(folder: str, used: dict[str, TensorInfo]) -> None:
     sits near 1 in an MLX folder (1 + w, w small), near 0 when a converter left them as
     Hugging Face stores them and near 2 when one shifted them twice."""
     norms = [t for n, t in used.items() if n.endswith(_SHIFTED_NORMS)]
-    values = np.concatenate([(bf16_to_f32(a) if t.dtype == "BF16" else a.astype(np.float32)).ravel()
-                             for t in norms for a in [tensor_view(t)]])
-    median = float(np.median(values))
+    maps: dict[str, np.ndarray] = {}  # one map per shard, not one per tensor (hundreds in large models)
+
+    def values(t: TensorInfo) -> np.ndarray:
+        if t.file not in maps:
+            maps[t.file] = np.memmap(t.file, dtype=np.uint8, mode="r")
+        a = tensor_view(t, maps[t.file])
+        return (bf16_to_f32(a) if t.dtype == "BF16" else a.astype(np.float32)).ravel()
+
+    median = float(np.median(np.concatenate([values(t) for t in norms])))
     if 0.5 <= median <= 1.5:
         return
     how = ("not shifted (stored as Hugging Face's w instead of MLX's 1 + w)" if median < 0.5

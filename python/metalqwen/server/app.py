@@ -31,8 +31,13 @@ class _Refused(Exception):
         self.status, self.param, self.kind = status, param, kind
 
 
+def _error_body(message: str, param: str | None, kind: str) -> dict:
+    """The OpenAI API's error object (a response body, or the last chunk of a stream)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
 def _error(status: int, message: str, param: str | None, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+    return JSONResponse(_error_body(message, param, kind), status)
 
 
 # Sampling fields a request may omit, with the value used when generation_config.json lacks them too.
@@ -206,7 +211,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                                                              "finish_reason": None}]})
                             calls += len(d.tool_calls)
                 except _Refused as e:
-                    yield sse({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}})
+                    yield sse(_error_body(str(e), e.param, e.kind))
                     return
                 d = parser.finish()
                 calls += len(d.tool_calls)
@@ -252,7 +257,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                         yield sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": None,
                                                         "finish_reason": None}]})
                 except _Refused as e:
-                    yield sse({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}})
+                    yield sse(_error_body(str(e), e.param, e.kind))
                     return
                 yield sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
                                                 "finish_reason": job.finish_reason}]})
