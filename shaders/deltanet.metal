@@ -239,22 +239,28 @@ template [[host_name("delta_scan_norm_wf32")]] [[kernel]] void delta_scan_norm<f
     uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
 
 // Rollback after a rejected speculative draft: state and conv history become snapshot
-// plane `plane` (the state after that row). Copies float4s: indices below
-// state_floats/4 go to the state, the rest to the history.
+// plane `*plane` (the state after that row), read on the device because the verify step
+// that decides it runs in the same command buffer; a plane >= planes (every row kept)
+// leaves both untouched. Copies float4s: indices below state_floats/4 go to the state,
+// the rest to the history.
 //   state, hist: layouts of params/deltanet.h (or several layers back to back);
-//   state_snaps, hist_snaps: planes at multiples of the snap strides (multiples of 4).
+//   state_snaps, hist_snaps: planes at multiples of the snap strides (multiples of 4);
+//   plane uint [1].
 // Grid: ceil((state_floats + hist_floats) / 4) threads, any threadgroup size.
 [[kernel]] void delta_restore(device float4* state [[buffer(0)]],
                               device const float4* state_snaps [[buffer(1)]],
                               device float4* hist [[buffer(2)]],
                               device const float4* hist_snaps [[buffer(3)]],
-                              constant DeltaRestoreParams& p [[buffer(4)]],
+                              device const uint* plane [[buffer(4)]],
+                              constant DeltaRestoreParams& p [[buffer(5)]],
                               uint i [[thread_position_in_grid]]) {
+  const uint from = plane[0];
+  if (from >= p.planes) return;
   const uint ns = p.state_floats / 4;
   const uint nh = p.hist_floats / 4;
   if (i < ns) {
-    state[i] = state_snaps[(ulong)p.plane * (p.state_snap_stride / 4) + i];
+    state[i] = state_snaps[(ulong)from * (p.state_snap_stride / 4) + i];
   } else if (i - ns < nh) {
-    hist[i - ns] = hist_snaps[(ulong)p.plane * (p.hist_snap_stride / 4) + (i - ns)];
+    hist[i - ns] = hist_snaps[(ulong)from * (p.hist_snap_stride / 4) + (i - ns)];
   }
 }

@@ -239,12 +239,16 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
 // on a confident distribution; 2 with neither; 8-12 with top-p alone over a flat
 // distribution (thousands of tokens in the nucleus) or top-k > threads.
 // All sums run in a fixed order (tg_* above), so the draw is deterministic.
-//   logits [rows][row_stride]; ids uint, ids[out_pos + row] out.
+// In draft mode (params/sampling.h) a verify row first tests its draft, then draws from
+// the rest.
+//   logits [rows][row_stride]; ids uint, ids[out_pos + row] out; draft_ids uint (read
+//   only in draft mode; may be ids).
 // Grid: (rows) threadgroups of 32..MQ_SAMPLE_THREADS threads (a multiple of 32).
 [[max_total_threads_per_threadgroup(MQ_SAMPLE_THREADS)]]
 [[kernel]] void sample_top_kp(device const float* logits [[buffer(0)]],
                               device uint* ids [[buffer(1)]],
                               constant SampleParams& p [[buffer(2)]],
+                              device const uint* draft_ids [[buffer(3)]],
                               uint row [[threadgroup_position_in_grid]],
                               uint tid [[thread_index_in_threadgroup]],
                               uint tpg [[threads_per_threadgroup]],
@@ -427,6 +431,17 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
     tau = answer;
   }
 
+  // A verify row's draft: its kept weight (0 outside the kept set or the vocabulary),
+  // excluded from the draw below, which then samples p without it.
+  const uint draft = row < p.drafts ? draft_ids[p.draft_pos + row] : NO_INDEX;
+  float w_draft = 0.0f;
+  if (draft < n) {
+    const float v = lrow[draft];
+    const uint k = is_nan(v) ? KEY_NEG_INF : key_of(v);
+    const float w = exp((v - m) * inv_t);
+    if (k >= tau && w >= p.min_p) w_draft = w;
+  }
+
   // The draw: inverse CDF over the kept entries in index order. Thread t owns the
   // contiguous block [t*per, (t+1)*per); the block holding the target walks it again.
   const uint per = (n + tpg - 1) / tpg;
@@ -437,7 +452,7 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
   for (uint i = i0; i < i1; i++) {
     const float v = lrow[i];
     const uint k = is_nan(v) ? KEY_NEG_INF : key_of(v);
-    if (k >= tau) {
+    if (k >= tau && i != draft) {
       const float w = exp((v - m) * inv_t);
       if (w < p.min_p) continue;
       s += w;
@@ -446,6 +461,14 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
   }
   float total;
   const float before = tg_exclusive_scan(s, scratch_f, sg, n_sg, lane, total);
+  if (w_draft > 0.0f) {
+    // Accept the draft with probability p(draft) = w_draft / (total + w_draft).
+    const uint coin = philox4x32_10(uint4(p.counter + row, 1u, 0u, 0u), uint2(p.seed_lo, p.seed_hi));
+    if ((float)(coin >> 8) * (1.0f / 16777216.0f) * (total + w_draft) < w_draft) {
+      if (tid == 0) ids[p.out_pos + row] = draft;
+      return;
+    }
+  }
   const uint bits = philox4x32_10(uint4(p.counter + row, 0u, 0u, 0u), uint2(p.seed_lo, p.seed_hi));
   const float target = (float)(bits >> 8) * (1.0f / 16777216.0f) * total;
   const bool mine = before + s > target && s > 0.0f;
@@ -462,7 +485,7 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
     for (uint i = i0; i < i1; i++) {
       const float v = lrow[i];
       const uint k = is_nan(v) ? KEY_NEG_INF : key_of(v);
-      if (k >= tau) {
+      if (k >= tau && i != draft) {
         const float w = exp((v - m) * inv_t);
         if (w < p.min_p) continue;
         run += w;
@@ -510,4 +533,20 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
   l -= p.frequency * (float)generated;
   l -= generated > 0u ? p.presence : 0.0f;
   penalised[i] = l;
+}
+
+// Greedy and sampled speculative verification alike (params/sampling.h): the accepted
+// draft count and the next token, both left on the device.
+//   ids uint [..] (drafts at draft_pos ..); chosen uint [drafts + 1]; accepted uint [1] out.
+// Grid: 1 threadgroup of 1 thread.
+[[kernel]] void spec_accept(device uint* ids [[buffer(0)]],
+                            device const uint* chosen [[buffer(1)]],
+                            device uint* accepted [[buffer(2)]],
+                            constant SpecAcceptParams& p [[buffer(3)]],
+                            uint tid [[thread_position_in_grid]]) {
+  if (tid != 0) return;
+  uint a = 0;
+  while (a < p.drafts && chosen[a] == ids[p.draft_pos + a]) a++;
+  ids[p.draft_pos + a] = chosen[a];
+  accepted[0] = a;
 }

@@ -55,6 +55,7 @@ def write_hf_checkpoint(
     a_log_dtype: str = "F32",
     template_file: bool = False,
     moe: dict | None = None,
+    mixer_gain: float = 1.0,
     **dims,
 ) -> str:
     """Writes a tiny random Qwen3.5 checkpoint in the Hugging Face layout; returns the folder.
@@ -63,7 +64,8 @@ def write_hf_checkpoint(
     instead of flat; ``layer_types`` writes the explicit list besides the interval;
     ``mtp`` adds the multi-token-prediction head (mlx-lm's converter drops it);
     ``template_file`` puts the chat template in chat_template.jinja; ``moe`` (the MoE
-    config fields, see ``moe_weights``) makes it a qwen3_5_moe model.
+    config fields, see ``moe_weights``) makes it a qwen3_5_moe model; ``mixer_gain`` scales
+    every projection that writes into the residual stream (o_proj, out_proj, down_proj).
     """
     from tokenizers import Tokenizer
 
@@ -75,6 +77,9 @@ def write_hf_checkpoint(
     weights = random_weights(d, seed, mtp=mtp)
     if moe is not None:
         weights = moe_weights(weights, d, moe, seed)
+    for name in weights:
+        if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * np.float32(mixer_gain)
     tensors = {}
     for name, value in weights.items():
         if name == "lm_head.weight":
@@ -222,11 +227,13 @@ class Variant:
     predicate: object = None  # a quant_predicate function or an mlx-lm recipe name
     dtype: str | None = None  # mlx_lm.convert --dtype
     moe: dict | None = None
+    mixer_gain: float = 1.0
     dims: dict = field(default_factory=dict)
 
     def hf_kwargs(self) -> dict:
         return dict(tied=self.tied, nested=self.nested, layer_types=self.layer_types, mtp=self.mtp,
-                    a_log_dtype=self.a_log_dtype, template_file=self.template_file, moe=self.moe, **self.dims)
+                    a_log_dtype=self.a_log_dtype, template_file=self.template_file, moe=self.moe,
+                    mixer_gain=self.mixer_gain, **self.dims)
 
 
 VARIANTS = {
@@ -261,6 +268,9 @@ VARIANTS = {
     "f16": Variant(dtype="float16", predicate=_f16_predicate),
     # --dtype float32, unquantized: f32 projections, embedding, norms and vectors.
     "f32": Variant(quantize=False, dtype="float32"),
+    # residual writers at gain 1e-4, untied: the next token depends mostly on the current one,
+    # so greedy output soon cycles (prompt-lookup drafts get accepted).
+    "repetitive": Variant(tied=False, mixer_gain=1e-4),
     # qwen3_5_moe: 8 experts, top-2 renormalised, 4-bit group 64 (router and shared_expert_gate
     # at 8 bits group 64 by mlx-lm's quant predicate), nested config, tied.
     "moe": Variant(moe=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,

@@ -34,7 +34,7 @@ def test_the_engine_reports_weights_then_kernels(demo):
     ckpt = metalqwen.load_checkpoint(demo)
     desc = ckpt.describe()
     _core.Engine(gpu.Device("cpu")._native, desc["dims"], desc["tensors"], 64, 8, 16,
-                 lambda *call: calls.append(call))
+                 progress=lambda *call: calls.append(call))
     weights = [c for c in calls if c[0] == "weights"]
     kernels = [c for c in calls if c[0] == "kernels"]
     assert calls.index(weights[-1]) < calls.index(kernels[0]), "weights first"

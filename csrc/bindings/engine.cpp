@@ -81,7 +81,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("nbytes", &Snapshot::nbytes);
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
-                       int kv_bits, int prefill_chunk, py::object progress) {
+                       int kv_bits, int prefill_chunk, int max_draft, py::object progress) {
              ModelDesc desc = to_model_desc(dims, tensors);
              // progress(stage, done, total, note): stage "weights" (bytes) or "kernels" (pipelines).
              LoadProgress report;
@@ -97,10 +97,10 @@ void bind_engine(py::module_& m) {
              }
              py::gil_scoped_release release;
              return std::make_unique<Engine>(std::move(device), std::move(desc),
-                                             EngineOptions{max_context, kv_bits, prefill_chunk}, report);
+                                             EngineOptions{max_context, kv_bits, prefill_chunk, max_draft}, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
-           py::arg("prefill_chunk"), py::arg("progress") = py::none())
+           py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none())
       .def("reset", &Engine::reset)
       .def_property_readonly("position", &Engine::position)
       .def_property_readonly("max_context", &Engine::max_context)
@@ -149,6 +149,16 @@ void bind_engine(py::module_& m) {
            py::arg("max_tokens"), MQ_SAMPLING_ARGS)
       .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())
       .def("decode_end", &Engine::decode_end, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "verify",
+          [](Engine& e, std::vector<uint32_t> drafts, float temperature, int top_k, float top_p, float min_p,
+             uint64_t seed) {
+            py::gil_scoped_release release;
+            return e.verify(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed));
+          },
+          py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+          py::arg("min_p") = 0.0f, py::arg("seed") = 0)
+      .def("chosen", &Engine::chosen)
       .def("counters", [](const Engine& e) {
         const Counters& c = e.counters();
         py::dict d;
@@ -162,6 +172,11 @@ void bind_engine(py::module_& m) {
         d["weight_bytes_copied"] = c.weight_bytes_copied;
         d["weight_buffers"] = c.weight_buffers;
         d["memory_estimate"] = c.memory_estimate;
+        d["verify_steps"] = c.verify_steps;
+        d["drafted"] = c.drafted;
+        d["accepted"] = c.accepted;
+        d["drafted_at"] = c.drafted_at;
+        d["accepted_at"] = c.accepted_at;
         return d;
       });
 }

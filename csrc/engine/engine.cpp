@@ -49,6 +49,10 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
                              std::to_string(options_.kv_bits));
   if (options_.max_context < 1) throw EngineError("[engine] max_context must be positive");
   if (options_.prefill_chunk < 1) throw EngineError("[engine] prefill_chunk must be positive");
+  if (options_.max_draft < 0 || options_.max_draft >= int(kMaxVerifyRows))
+    throw EngineError("[engine] max_draft must be in 0.." + std::to_string(kMaxVerifyRows - 1) +
+                      " (a verify step holds at most " + std::to_string(kMaxVerifyRows) + " rows), got " +
+                      std::to_string(options_.max_draft));
   layers_ = load_layers(weights_, model_.dims);
   embed_ = weights_.linear("language_model.model.embed_tokens");
   lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");

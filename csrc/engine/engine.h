@@ -30,6 +30,10 @@ struct Counters {
   uint64_t weight_bytes_copied = 0;     // at load, where the file could not be wrapped
   uint64_t weight_buffers = 0;          // device buffers holding the weights (shards split at max_buffer_length)
   uint64_t memory_estimate = 0;         // bytes the load was admitted with (weights + KV cache + workspace)
+  // Speculative decoding (Engine::verify).
+  uint64_t verify_steps = 0;
+  uint64_t drafted = 0, accepted = 0;                  // drafts fed to verify steps, and accepted
+  std::vector<uint64_t> drafted_at, accepted_at;       // the same per draft depth (index 0 = first draft)
 };
 
 // How the next token is chosen on the GPU: penalties (when not neutral) on the logits,
@@ -108,6 +112,21 @@ class Engine {
   std::optional<uint32_t> decode_next();
   void decode_end();
 
+  // Speculative decoding (options.max_draft > 0): one verify step feeds the chosen token
+  // (ids[position()]) and `drafts` (at most max_draft) as 1 + drafts rows on the matvec path,
+  // snapshotting every DeltaNet state per row. On the GPU it then chooses a token per row as
+  // `sampling` would (argmax; or, sampling, speculative sampling with the drafts as point
+  // masses: shaders/params/sampling.h), accepts the longest prefix of drafts that equal the
+  // choices, restores the DeltaNet state after the last accepted row, and leaves the first
+  // choice not accepted at ids[position()] for the next step. One CPU wait. Returns the
+  // accepted drafts followed by that token (position() advances past the drafts and the token
+  // fed first). Attention K/V rows past it are stale and rewritten by later steps. Greedy
+  // output equals decode's token for token; sampled output has decode's distribution.
+  // No penalties (a draft would change the counts of the rows after it).
+  std::vector<uint32_t> verify(const std::vector<uint32_t>& drafts, const Sampling& sampling);
+  // The token chosen last and not yet fed (ids[position()]), e.g. by prefill.
+  uint32_t chosen() const;
+
   // Token ids fed so far (positions 0 .. position()-1).
   std::vector<uint32_t> tokens() const;
   const Counters& counters() const { return counters_; }
@@ -132,6 +151,9 @@ class Engine {
   void encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
                    const std::shared_ptr<gpu::Buffer>& residual);
   void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
+  // A verify step's choices: one token per row of logits into ws_->verify_chosen, then
+  // spec_accept and the DeltaNet rollback (see verify; speculative.cpp).
+  void encode_verification(Encoder& enc, uint32_t drafts, const Sampling& sampling);
   // Where the state after `position` tokens lives: (buffer, byte offset, bytes) regions.
   struct StateRegion {
     std::shared_ptr<gpu::Buffer> buffer;
@@ -154,6 +176,7 @@ class Engine {
   DeviceTensor final_norm_;
   std::unique_ptr<Workspace> ws_;
   bool matvec_ = false;  // the step being encoded takes the matvec / flash-decode path
+  uint32_t snap_rows_ = 0;  // the step being encoded snapshots DeltaNet states after rows [0, snap_rows_)
   int position_ = 0;
   int generated_from_ = 0;  // end of the last prefill: positions from here on were generated
   Counters counters_;

@@ -57,16 +57,20 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
     encode_projection(enc, m.in_proj_z, w.xn, H, w.z, nv * D, rows, true);
     encode_projection(enc, m.in_proj_b, w.xn, H, w.b, nv, rows, true);
     encode_projection(enc, m.in_proj_a, w.xn, H, w.a, nv, rows, true);
-    const DeltaConvParams cp{nk, nv, uint32_t(d.conv_kernel), rows, 0, C, nv, 0, 1e-6f};
+    // A verify step keeps the state after each draft row for its rollback (snap_rows_).
+    const uint32_t hist_plane = uint32_t(history_words(d)), state_plane = uint32_t(state_words(d));
+    const Arg hist_snaps = snap_rows_ ? Arg(l.hist_snaps) : Arg(w.no_snapshots);
+    const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps) : Arg(w.no_snapshots);
+    const DeltaConvParams cp{nk, nv, uint32_t(d.conv_kernel), rows, snap_rows_, C, nv, hist_plane, 1e-6f};
     const std::string conv = delta_conv_kernel(m);
     // SIMD-group g convolves rows g, g + s, ...: one is enough for a decode row.
     enc.dispatch(conv,
-                 {w.qkv_raw, at(m.conv1d), l.hist, w.qkv, w.a, w.b, at(m.a_log), at(m.dt_bias), w.gates,
-                  w.no_snapshots, Arg::value(cp)},
+                 {w.qkv_raw, at(m.conv1d), l.hist, w.qkv, w.a, w.b, at(m.a_log), at(m.dt_bias), w.gates, hist_snaps,
+                  Arg::value(cp)},
                  {2 * nk + nv}, {rows == 1 ? uint32_t(MQ_SIMD_WIDTH) : kernels_.threads(conv)});
-    const DeltaScanParams sp{nk, nv, rows, 0, nv * D, 0, 1, d.eps};
+    const DeltaScanParams sp{nk, nv, rows, snap_rows_, nv * D, state_plane, 1, d.eps};
     enc.dispatch("delta_scan_norm" + vector_suffix(m.norm),
-                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, w.no_snapshots, Arg::value(sp)}, {nv});
+                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, state_snaps, Arg::value(sp)}, {nv});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;
@@ -192,8 +196,8 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
     enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1});
   } else {
     const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
-                         uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos};
-    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p)}, {1});
+                         uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos, 0, 0};
+    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p), ws_->ids}, {1});
   }
 }
 

@@ -59,8 +59,9 @@ void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> arg
   dispatch(kernel, args, groups, {kernels_.threads(kernel)});
 }
 
-void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid) {
-  bind(kernel, args, false);
+void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
+                               bool overlap) {
+  bind(kernel, args, overlap);
   cb_->dispatch_threads(grid, {kernels_.threads(kernel)});
 }
 

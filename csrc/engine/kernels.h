@@ -73,7 +73,8 @@ class Encoder {
   // Threadgroups of the size chosen for `kernel` at load.
   void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups);
   // A grid of threads (edge threadgroups partial) in threadgroups of the chosen size.
-  void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid);
+  void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
+                        bool overlap = false);
   std::unique_ptr<gpu::CommandBuffer> finish() { return std::move(cb_); }
   uint32_t dispatches() const { return dispatches_; }
 

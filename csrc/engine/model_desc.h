@@ -43,6 +43,7 @@ struct EngineOptions {
   int max_context = 4096;
   int kv_bits = 8;          // 8: q8 cache; 16: f16 cache
   int prefill_chunk = 64;   // rows per prefill command buffer
+  int max_draft = 0;        // drafts per speculative verify step (0: none; snapshot planes are sized for it)
 };
 
 }  // namespace mq::engine

@@ -40,6 +40,10 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   needs["argmax_partial"] = needs["argmax_final"] = up_to(MQ_ARGMAX_THREADS);
   needs["sample_top_kp"] = up_to(MQ_SAMPLE_THREADS);
   needs["penalty_count"] = needs["penalty_apply"] = up_to(MQ_PENALTY_THREADS);
+  if (options_.max_draft > 0) {  // speculative verify steps
+    needs["spec_accept"] = exactly(1);
+    needs["delta_restore"] = up_to(kCopyThreads);
+  }
 
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";

@@ -126,19 +126,19 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::penalty_counts, 2 * V}, {&Workspace::penalised, V},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},
+      {&Workspace::verify_chosen, kMaxVerifyRows}, {&Workspace::accepted, 1},
   };
 }
 
 size_t bytes_of_words(size_t words) { return std::max<size_t>(words, 4) * 4; }
 
-// One DeltaNet layer's recurrent state: S [nv][D][D] f32 and the conv history [K-1][C] f32.
+}  // namespace
+
 size_t state_words(const ModelDims& d) { return size_t(d.lin_v_heads) * MQ_DELTA_HEAD_DIM * MQ_DELTA_HEAD_DIM; }
 size_t history_words(const ModelDims& d) {
   const size_t C = size_t(2 * d.lin_k_heads + d.lin_v_heads) * MQ_DELTA_HEAD_DIM;
   return size_t(d.conv_kernel - 1) * C;
 }
-
-}  // namespace
 
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
   const size_t kv_dim = size_t(d.kv_heads) * MQ_ATTN_HEAD_DIM, ctx = size_t(o.max_context);
@@ -149,7 +149,12 @@ uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
   uint64_t total = 0;
   for (const Planned& p : activation_plan(d, o)) total += bytes_of_words(p.words);
   for (bool full_attention : d.full_attention)
-    if (!full_attention) total += bytes_of_words(state_words(d)) + bytes_of_words(history_words(d));
+    if (!full_attention) {
+      total += bytes_of_words(state_words(d)) + bytes_of_words(history_words(d));
+      if (o.max_draft > 0)
+        total += bytes_of_words(size_t(o.max_draft) * state_words(d)) +
+                 bytes_of_words(size_t(o.max_draft) * history_words(d));
+    }
   return total;
 }
 
@@ -182,6 +187,10 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
       l.hist = words(history_words(d));
       recurrent.push_back(l.state);
       recurrent.push_back(l.hist);
+      if (o.max_draft > 0) {
+        l.state_snaps = words(size_t(o.max_draft) * state_words(d));
+        l.hist_snaps = words(size_t(o.max_draft) * history_words(d));
+      }
     }
   }
 }

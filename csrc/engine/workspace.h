@@ -58,6 +58,9 @@ struct LayerWeights {
   // Recurrent state (DeltaNet) or KV cache (attention) of this layer.
   std::shared_ptr<gpu::Buffer> state, hist;  // [nv][D][D]; [K-1][C]
   std::shared_ptr<gpu::Buffer> k_cache, v_cache;
+  // Speculative rollback (DeltaNet, options.max_draft > 0): the state and history after
+  // each of the first max_draft rows of a verify step: [max_draft][nv][D][D]; [max_draft][K-1][C].
+  std::shared_ptr<gpu::Buffer> state_snaps, hist_snaps;
 };
 
 struct Workspace {
@@ -93,10 +96,15 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> penalised;       // [vocab]: the chosen row's logits after penalties
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
+  std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [kMaxVerifyRows]: a verify step's choice per row
+  std::shared_ptr<gpu::Buffer> accepted;       // uint [1]: drafts the last verify step accepted
   std::vector<std::shared_ptr<gpu::Buffer>> recurrent;  // every state/hist buffer, for clearing
   uint32_t argmax_chunk, argmax_partials;
 };
 
+// Floats of one DeltaNet layer's recurrent state [nv][D][D] and conv history [K-1][C].
+size_t state_words(const ModelDims& dims);
+size_t history_words(const ModelDims& dims);
 // Bytes of one attention layer's K (or V) cache at max_context.
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.

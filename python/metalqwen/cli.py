@@ -58,7 +58,8 @@ def _load(args: argparse.Namespace):
 
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
                 progress=True if args.progress else None,
-                prefix_cache_bytes=int(getattr(args, "cache_gb", 0) * 2**30))
+                prefix_cache_bytes=int(getattr(args, "cache_gb", 0) * 2**30),
+                speculative=args.speculative, draft_depth=args.draft_depth)
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -96,6 +97,16 @@ def _report(model) -> None:
           f"{s.engine.get('dispatches_last_step', 0)} dispatches per step | "
           f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}{full}",
           file=sys.stderr)
+    if model.speculative != "off":
+        print(f"speculative ({model.speculative}): {_speculation(s)}", file=sys.stderr)
+
+
+def _speculation(s) -> str:
+    if not s.verify_steps:
+        return "no verify steps (no drafts, or penalties on)"
+    by_depth = "/".join(f"{a:.2f}" for a in s.acceptance_at)
+    return (f"{s.verify_steps} verify steps, {s.tokens_per_verify_step:.2f} tokens per step, "
+            f"acceptance {s.acceptance:.2f} ({s.accepted} of {s.drafted} drafts; by depth {by_depth})")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -206,9 +217,18 @@ def _add_common_options(p: argparse.ArgumentParser) -> None:
                    help="show load and prompt progress on stderr even when it is not a terminal")
 
 
+def _add_speculative_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative", choices=["auto", "lookup", "off"], default="auto",
+                   help="draft tokens and verify several per step, same output: lookup = prompt lookup (n-grams "
+                        "of the prompt and answer); auto (default) = the best the checkpoint allows")
+    p.add_argument("--draft-depth", type=int, default=None,
+                   help="most drafts per verify step, 1..7 (default 4); each reserves a copy of the recurrent state")
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
     _add_common_options(p)
+    _add_speculative_options(p)
     p.add_argument("--max-context", type=int, default=4096,
                    help="prompt + generated tokens the caches hold (default 4096)")
     p.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
@@ -253,6 +273,7 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, ...)")
     serve.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
     _add_common_options(serve)
+    _add_speculative_options(serve)
     serve.add_argument("--max-context", type=int, default=8192, help="prompt + generated tokens (default 8192)")
     serve.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")

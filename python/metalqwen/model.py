@@ -10,7 +10,7 @@ from typing import Iterator, Sequence, Union
 
 import numpy as np
 
-from . import _core, arguments, gpu
+from . import _core, arguments, gpu, speculative as spec
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ModelConfig
 from .errors import ContextFullError
@@ -32,6 +32,25 @@ class GenerationStats:
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     engine: dict = field(default_factory=dict)  # the engine's counters after the call
+    # Speculative decoding in this call: verify steps, drafts fed and accepted, and the same per depth.
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_at(self) -> list[float]:
+        """Per draft depth: the share of drafts at that depth that were accepted."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_verify_step(self) -> float:
+        return (self.verify_steps + self.accepted) / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -63,7 +82,7 @@ class Model:
     """A checkpoint on a device. Not thread-safe: one generation at a time."""
 
     def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool,
-                 prefix_cache: PrefixCache | None = None):
+                 prefix_cache: PrefixCache | None = None, speculative: str = "off", draft_depth: int = 0):
         self.checkpoint = checkpoint
         self.config: ModelConfig = checkpoint.config
         self.tokenizer = tokenizer
@@ -72,6 +91,8 @@ class Model:
         self.eos_token_ids = sorted(set(self.config.eos_token_ids) | {tokenizer.eos_token_id} - {None})
         self.progress = progress  # show prefill progress on stderr
         self.prefix_cache = prefix_cache
+        self.speculative = speculative  # "lookup" | "off": what stream() does unless told otherwise
+        self.draft_depth = draft_depth  # drafts per verify step at most (the engine's rollback planes)
         # Statistics of the latest generate/stream (complete once the stream is exhausted).
         self.last_stats: GenerationStats | None = None
         # Every token the latest generate/stream produced, eos included (also when interrupted).
@@ -122,7 +143,7 @@ class Model:
                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None,
                chat: bool = False, boundaries: Sequence[int] = (), min_p: float = 0.0,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-               repetition_penalty: float = 1.0) -> Iterator[Chunk]:
+               repetition_penalty: float = 1.0, speculative: str | spec.Drafter | None = None) -> Iterator[Chunk]:
         """Yields text as tokens are generated. ``prompt``: text (chat template applied when ``chat``) or ids.
 
         Greedy when temperature is 0; else sampling with top-k (0 = off), top-p (1 = off) and
@@ -137,18 +158,55 @@ class Model:
         prefix cache (``load(prefix_cache_bytes=...)``) the state is also saved at the end of the
         prompt and at ``boundaries`` (prompt positions, e.g. message ends), and a prompt resumes
         from the longest saved prefix it starts with. Ctrl-C (KeyboardInterrupt) stops within
-        one step and leaves the cache holding what was fed."""
+        one step and leaves the cache holding what was fed.
+
+        ``speculative`` overrides the load's mode for this call: "lookup", "off", or any object
+        with ``draft(history, k) -> ids`` (a ``speculative.Drafter``). Speculation never changes
+        the output (greedy: the same tokens; sampling: the same distribution); penalties turn it
+        off for the call (they would change with every draft)."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
         sampling = arguments.sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
                                       repetition_penalty)
         sampling.setdefault("seed", int.from_bytes(os.urandom(8), "little"))
         stopper = StopMatcher(arguments.stop_strings(stop))
+        drafter = self._drafter(speculative, sampling)
         ids = self.prompt_ids(prompt, chat)
         self._check_fits(ids)
-        return self._run(ids, max_tokens, sampling, stopper, boundaries)
+        return self._run(ids, max_tokens, sampling, stopper, boundaries, drafter)
+
+    def _drafter(self, speculative, sampling: dict) -> spec.Drafter | None:
+        """Who drafts for this call (None: plain decoding)."""
+        mode = self.speculative if speculative is None else speculative
+        if isinstance(mode, str):
+            if mode not in ("lookup", "off"):
+                raise ValueError(f"speculative must be 'lookup', 'off' or a Drafter for a call, got {mode!r}")
+            if mode == "off":
+                return None
+            mode = spec.PromptLookup()
+        elif not callable(getattr(mode, "draft", None)):
+            raise TypeError(f"speculative must be 'lookup', 'off' or an object with draft(history, k), "
+                            f"got {type(mode).__name__}")
+        if self.draft_depth == 0:
+            raise ValueError("speculative decoding needs the rollback state reserved at load: "
+                             "load(..., speculative='lookup' or 'auto')")
+        penalised = (sampling["presence_penalty"], sampling["frequency_penalty"], sampling["repetition_penalty"])
+        return None if penalised != (0.0, 0.0, 1.0) else mode
+
+    def _plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
+        self._engine.decode_begin(budget, **sampling)
+        try:
+            while (token := self._engine.decode_next()) is not None:
+                yield token
+        finally:
+            self._engine.decode_end()
+
+    def _speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter: spec.Drafter) -> Iterator[int]:
+        verify = {k: sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
+        return spec.generate(self._engine, self._engine.chosen(), budget, verify, drafter,
+                             spec.DepthPolicy(self.draft_depth), history=list(ids))
 
     def _run(self, ids: list[int], max_tokens: int, sampling: dict, stopper: StopMatcher,
-             boundaries: Sequence[int]) -> Iterator[Chunk]:
+             boundaries: Sequence[int], drafter: spec.Drafter | None = None) -> Iterator[Chunk]:
         """The generator behind ``stream`` (arguments already checked, so errors come at the call)."""
         stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
         self.last_tokens = []
@@ -164,10 +222,12 @@ class Model:
         decoder = self.tokenizer.stream_decoder()
         eos = set(self.eos_token_ids)
         start = time.perf_counter()
-        self._engine.decode_begin(budget, **sampling)
+        before = self.counters()
+        tokens = (self._plain_tokens(budget, sampling) if drafter is None
+                  else self._speculative_tokens(ids, budget, sampling, drafter))
         hit = False
         try:
-            while (token := self._engine.decode_next()) is not None:
+            for token in tokens:
                 stats.generated_tokens += 1
                 self.last_tokens.append(token)
                 if token in eos:
@@ -179,7 +239,7 @@ class Model:
                     self.last_finish_reason = "stop"
                     break
         finally:
-            self._engine.decode_end()
+            tokens.close()
             # An interrupt that lands while decode_next runs loses the token it returned, but
             # that token was fed: take it from the cache so last_tokens matches the cache.
             fed = self._engine.tokens()[len(ids):]
@@ -189,6 +249,7 @@ class Model:
             stats.decode_seconds = time.perf_counter() - start
             stats.context_full = self.last_finish_reason == "length" and stats.generated_tokens == room < max_tokens
             stats.engine = self.counters()
+            _count_speculation(stats, before, stats.engine)
         if not hit:  # text after a stop string is dropped; otherwise flush what is held back
             tail, _ = stopper.feed(decoder.flush())
             tail += stopper.flush()
@@ -229,8 +290,18 @@ class Model:
                 self.prefix_cache.add(snapshot)
         return reuse
 
+def _count_speculation(stats: GenerationStats, before: dict, after: dict) -> None:
+    """The speculative counters of one call: the engine's, after minus before."""
+    for name in ("verify_steps", "drafted", "accepted"):
+        setattr(stats, name, after[name] - before[name])
+    for name in ("drafted_at", "accepted_at"):
+        old = before[name] + [0] * (len(after[name]) - len(before[name]))
+        setattr(stats, name, [a - b for a, b in zip(after[name], old)])
+
+
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
-         prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0) -> Model:
+         prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0,
+         speculative: str = "off", draft_depth: int | None = None) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -238,13 +309,27 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     cache) or 16 (f16). ``progress`` (default: when stderr is a terminal) shows the load,
     a first-run kernel compile and prefills longer than a second on stderr.
     ``prefix_cache_bytes`` > 0 keeps snapshots of the sequence state up to that many bytes of
-    device memory (see ``prefix_cache.PrefixCache``; the server uses it). Bad
-    checkpoints raise CheckpointError naming the file and tensor."""
+    device memory (see ``prefix_cache.PrefixCache``; the server uses it).
+    ``speculative``: "lookup" (prompt-lookup drafts, verified several tokens per step: see
+    ``speculative``), "auto" (the best the checkpoint allows: lookup) or "off"; it reserves a
+    copy of the recurrent state per draft row (``draft_depth`` rows at most, 1..7, default
+    4), which calls may use or not (``stream(speculative=...)``). Bad checkpoints raise
+    CheckpointError naming the file and tensor."""
     if isinstance(kv_bits, bool) or kv_bits not in (8, 16):
         raise ValueError(f"kv_bits must be 8 or 16, got {kv_bits!r}")
     max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
     prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
     prefix_cache_bytes = arguments.integer("prefix_cache_bytes", prefix_cache_bytes, low=0, allowed="bytes >= 0")
+    if speculative not in ("auto", "lookup", "off"):
+        raise ValueError(f"speculative must be 'auto', 'lookup' or 'off', got {speculative!r}")
+    mode = "off" if speculative == "off" else "lookup"
+    if draft_depth is None:
+        draft_depth = spec.DEFAULT_DEPTH
+    draft_depth = arguments.integer("draft_depth", draft_depth, low=1, allowed=f"an integer in 1..{spec.MAX_DEPTH}")
+    if draft_depth > spec.MAX_DEPTH:
+        raise ValueError(f"draft_depth must be an integer in 1..{spec.MAX_DEPTH} (a verify step holds at most "
+                         f"{spec.MAX_DEPTH + 1} rows), got {draft_depth}")
+    max_draft = draft_depth if mode != "off" else 0
     if device is not None and not isinstance(device, (str, gpu.Device)):
         raise TypeError(f"device must be 'metal', 'cpu', a metalqwen.gpu.Device or None, got {type(device).__name__}")
     show = sys.stderr.isatty() if progress is None else bool(progress)
@@ -255,11 +340,13 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     desc = ckpt.describe()
     shown = LoadProgress(dev.kind) if show else None
     try:
-        engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk, shown)
+        engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
+                              max_draft=max_draft, progress=shown)
     finally:
         if shown:
             shown.close()
     if shown:
         print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return Model(ckpt, tokenizer, dev, engine, progress=show,
-                 prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
+                 prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None,
+                 speculative=mode, draft_depth=max_draft)

@@ -71,13 +71,14 @@ struct DeltaScanParams {
 };
 
 // delta_restore: state = state_snaps[plane], hist = hist_snaps[plane] (rejecting the
-// speculative rows after row `plane`). Each thread copies a float4: dispatch
-// ceil((state_floats + hist_floats) / 4) threads, any threadgroup size; both sizes must
-// be multiples of 4 (they are, as multiples of D).
+// speculative rows after row `plane`), with `plane` read from a device word (the verify
+// step's accepted-draft count) and nothing copied when it is >= planes. Each thread copies
+// a float4: dispatch ceil((state_floats + hist_floats) / 4) threads, any threadgroup size;
+// both sizes must be multiples of 4 (they are, as multiples of D).
 struct DeltaRestoreParams {
   uint state_floats;       // floats of state to copy (n_v * D * D, or all layers' states)
   uint hist_floats;        // floats of hist to copy ((K-1) * C, or all layers')
   uint state_snap_stride;  // floats between state snapshot planes
   uint hist_snap_stride;   // floats between history snapshot planes
-  uint plane;              // which snapshot to restore
+  uint planes;             // snapshot planes held: a plane >= planes keeps the live state
 };

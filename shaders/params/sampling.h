@@ -32,6 +32,13 @@ struct ArgmaxParams {
 #define MQ_SAMPLE_THREADS 1024
 // Candidates the sampler can hold in threadgroup memory (threshold resolution).
 #define MQ_SAMPLE_CAP 2048
+// Speculative verify rows (`drafts` > 0): row r < drafts holds a draft token d =
+// draft_ids[draft_pos + r], a point mass proposed for the token this row samples. With p
+// the row's kept, renormalised distribution, d is written with probability p(d) (a second
+// Philox word, counter (counter + row, 1, 0, 0), decides); otherwise the row draws from p
+// with d removed and renormalised, so it never writes d. The token written is thus
+// distributed as p whatever d is (speculative sampling, Leviathan et al. 2023, with q a
+// point mass), and "written == d" tells acceptance. Rows >= drafts draw as usual.
 struct SampleParams {
   uint n;             // vocabulary size
   uint row_stride;    // floats between rows of logits (>= n)
@@ -43,6 +50,19 @@ struct SampleParams {
   uint seed_hi;
   uint counter;       // position of row 0 (row r draws with counter + r)
   uint out_pos;       // ids[out_pos + row]
+  uint drafts;        // rows [0, drafts) verify a draft (see above); 0 = plain sampling
+  uint draft_pos;     // row r's draft is draft_ids[draft_pos + r]
+};
+
+// spec_accept: after a verify step chose a token for each of its drafts + 1 rows (chosen
+// [rows]: argmax, or sample_top_kp in draft mode), counts the leading rows whose choice
+// equals the row's draft ids[draft_pos + r] (r < drafts): that many drafts are accepted.
+// Writes the count to accepted[0] and the choice of the first row not accepted (the
+// correction, or the bonus token when all are) to ids[draft_pos + accepted[0]], where the
+// next step reads it. One thread: dispatch 1 threadgroup of 1 thread.
+struct SpecAcceptParams {
+  uint drafts;     // draft rows of the verify step (rows - 1)
+  uint draft_pos;  // position of the first draft in ids
 };
 
 // Penalties, applied before the choice (argmax or sampler) to one row of logits, as vLLM

@@ -27,7 +27,7 @@ CONV_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "ksize", "rows", "sna
 SCAN_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "rows", "snap_rows", "z_stride", "state_snap_stride",
                                                 "gated_norm")] + [("norm_eps", "<f4")])
 RESTORE_PARAMS = np.dtype([(n, "<u4") for n in ("state_floats", "hist_floats", "state_snap_stride",
-                                                   "hist_snap_stride", "plane")])
+                                                   "hist_snap_stride", "planes")])
 
 
 def pack(dtype: np.dtype, **fields) -> np.ndarray:

@@ -406,12 +406,13 @@ class Layer:
         cb.wait()
         return qkv.numpy(np.float32, (rows, self.c)), out.numpy(np.float32, (rows, self.n_v * D))
 
-    def restore(self, plane):
+    def restore(self, plane, planes):
         p = pack(RESTORE_PARAMS, state_floats=self.state_plane, hist_floats=self.hist_plane,
-                 state_snap_stride=self.state_plane, hist_snap_stride=self.hist_plane, plane=plane)
+                 state_snap_stride=self.state_plane, hist_snap_stride=self.hist_plane, planes=planes)
         total4 = (self.state_plane + self.hist_plane) // 4
         self.lib.kernel("delta_restore").dispatch_threads(
-            {0: self.state, 1: self.state_snaps, 2: self.hist, 3: self.hist_snaps, 4: p}, grid=(total4,), threads=(64,))
+            {0: self.state, 1: self.state_snaps, 2: self.hist, 3: self.hist_snaps,
+             4: self.dev.buffer(np.array([plane], np.uint32)), 5: p}, grid=(total4,), threads=(64,))
 
     def snapshot(self):
         return self.state.numpy(np.float32).copy(), self.hist.numpy(np.float32)[:self.hist_plane].copy()
@@ -439,14 +440,14 @@ def test_layer_rows_at_once_equal_row_by_row_bitwise(dev, lib):
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-@pytest.mark.parametrize("accepted", [1, 3, 5])
+@pytest.mark.parametrize("accepted", [1, 3, 5, 6])
 def test_layer_restore_equals_running_only_the_accepted_rows(dev, lib, accepted):
     n_k, n_v, ksize, rows = 2, 6, 4, 6
     x, a, b, z = layer_inputs(seeded("restore-inputs"), rows, n_k, n_v)
     spec = Layer(dev, lib, seeded("restore"), n_k, n_v, ksize, rows)
     plain = Layer(dev, lib, seeded("restore"), n_k, n_v, ksize, rows)
     spec.step(x, a, b, z, snap_rows=rows - 1)
-    spec.restore(accepted - 1)  # keep rows 0 .. accepted-1
+    spec.restore(accepted - 1, planes=rows - 1)  # keep rows 0 .. accepted-1 (all rows: no copy)
     plain.step(x[:accepted], a[:accepted], b[:accepted], z[:accepted])
     for got, want, name in zip(spec.snapshot(), plain.snapshot(), ("state", "history")):
         np.testing.assert_array_equal(got, want, err_msg=f"{name} after restoring plane {accepted - 1}")
@@ -464,9 +465,10 @@ def test_restore_copies_exactly_the_plane_and_nothing_else(dev, lib):
     state = nan_buffer(dev, state_floats + 8)
     hist = nan_buffer(dev, hist_floats + 8)
     p = pack(RESTORE_PARAMS, state_floats=state_floats, hist_floats=hist_floats, state_snap_stride=s_stride,
-             hist_snap_stride=h_stride, plane=2)
+             hist_snap_stride=h_stride, planes=planes)
     lib.kernel("delta_restore").dispatch_threads(
-        {0: state, 1: dev.buffer(state_snaps), 2: hist, 3: dev.buffer(hist_snaps), 4: p},
+        {0: state, 1: dev.buffer(state_snaps), 2: hist, 3: dev.buffer(hist_snaps),
+         4: dev.buffer(np.array([2], np.uint32)), 5: p},
         grid=((state_floats + hist_floats) // 4,), threads=(32,))
     got_s, got_h = state.numpy(np.float32), hist.numpy(np.float32)
     np.testing.assert_array_equal(got_s[:state_floats], state_snaps[2 * s_stride:2 * s_stride + state_floats])

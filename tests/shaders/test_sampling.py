@@ -29,7 +29,8 @@ NO_ID = 0xFFFFFFFF  # ids sentinel: never a token id
 ARGMAX_PARAMS = np.dtype([(n, "<u4") for n in ("n", "row_stride", "chunk", "n_partials", "out_pos")])
 SAMPLE_PARAMS = np.dtype([("n", "<u4"), ("row_stride", "<u4"), ("top_k", "<u4"), ("top_p", "<f4"),
                           ("temperature", "<f4"), ("min_p", "<f4"), ("seed_lo", "<u4"), ("seed_hi", "<u4"), ("counter", "<u4"),
-                          ("out_pos", "<u4")])
+                          ("out_pos", "<u4"), ("drafts", "<u4"), ("draft_pos", "<u4")])
+SPEC_ACCEPT_PARAMS = np.dtype([("drafts", "<u4"), ("draft_pos", "<u4")])
 
 # Relative distance (of the total kept mass) from a CDF boundary below which the f32
 # kernel and the float64 reference may pick neighbouring tokens: the kernel's f32
@@ -171,14 +172,20 @@ def run_argmax(dev, lib, logits, chunk, out_pos=3, threads=256, final_threads=64
 
 
 def run_sampler(dev, lib, logits, *, temperature, top_k=0, top_p=1.0, min_p=0.0, seed=1234, counter=0,
-                threads=SAMPLE_THREADS, out_pos=2):
+                threads=SAMPLE_THREADS, out_pos=2, drafts=None):
+    """The sampler's tokens for each row; ``drafts`` (one id per row) runs it in draft mode."""
     logits = np.atleast_2d(np.asarray(logits, np.float32))
     rows, n = logits.shape
-    params = np.array([(n, n, top_k, top_p, temperature, min_p, seed & 0xFFFFFFFF, seed >> 32, counter, out_pos)],
-                      SAMPLE_PARAMS)
+    draft_rows = 0 if drafts is None else len(drafts)
+    draft_pos = 5
+    draft_ids = np.full(draft_pos + draft_rows + 1, NO_ID, np.uint32)
+    if drafts is not None:
+        draft_ids[draft_pos:draft_pos + draft_rows] = drafts
+    params = np.array([(n, n, top_k, top_p, temperature, min_p, seed & 0xFFFFFFFF, seed >> 32, counter, out_pos,
+                        draft_rows, draft_pos)], SAMPLE_PARAMS)
     ids = dev.buffer(np.full(out_pos + rows + 2, NO_ID, np.uint32))
-    lib.kernel("sample_top_kp").dispatch({0: dev.buffer(logits), 1: ids, 2: params}, threadgroups=(rows,),
-                                         threads=(threads,))
+    lib.kernel("sample_top_kp").dispatch({0: dev.buffer(logits), 1: ids, 2: params, 3: dev.buffer(draft_ids)},
+                                         threadgroups=(rows,), threads=(threads,))
     got = ids.numpy(np.uint32)
     assert (got[:out_pos] == NO_ID).all() and (got[out_pos + rows:] == NO_ID).all(), "ids written outside the rows"
     return got[out_pos:out_pos + rows].astype(np.int64)
@@ -395,6 +402,91 @@ def test_sampler_frequencies_match_softmax(dev, lib, temperature, top_k, top_p):
     sigma = np.sqrt(draws * p * (1 - p))
     dev_sigma = np.abs(counts - draws * p) / np.maximum(sigma, 1e-12)
     assert (dev_sigma[keep] <= 5.0).all(), f"frequencies off: counts {counts}, expected {np.round(draws * p, 1)}"
+
+
+# ---------------------------------------------------------------------------
+# Speculative verification: draft mode and spec_accept
+
+
+def kept_probabilities(logits, temperature, top_k, top_p, min_p=0.0):
+    keep, w, _ = kept_distribution(logits, temperature, top_k, top_p, min_p=min_p)
+    p = np.where(keep, w, 0.0)
+    return p / p.sum()
+
+
+# (draft, temperature, top_k, top_p, min_p): a likely draft, an unlikely one, one outside the
+# kept set (never accepted), and the only kept token (always accepted).
+DRAFT_CASES = [
+    (0, 1.0, 0, 1.0, 0.0),
+    (11, 0.8, 0, 0.9, 0.0),
+    (9, 1.0, 6, 1.0, 0.0),
+    (0, 1.0, 1, 1.0, 0.0),
+    (3, 1.3, 0, 1.0, 0.2),
+]
+
+
+@pytest.mark.parametrize("draft,temperature,top_k,top_p,min_p", DRAFT_CASES)
+def test_draft_mode_output_has_the_plain_distribution(dev, lib, draft, temperature, top_k, top_p, min_p):
+    """Accepting d with probability p(d), else drawing from p without d, must give p itself:
+    a chi-square goodness-of-fit over 20000 independent rows (Philox counters)."""
+    n, draws = 12, 20000
+    logits = np.log(np.array([0.2, 0.15, 0.12, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04, 0.03, 0.01]))
+    logits = logits.astype(np.float32)
+    x = np.tile(logits, (draws, 1))
+    got = run_sampler(dev, lib, x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=7, counter=0,
+                      threads=32, drafts=np.full(draws, draft, np.uint32))
+    p = kept_probabilities(logits, temperature, top_k, top_p, min_p)
+    counts = np.bincount(got, minlength=n)
+    assert counts.sum() == draws and len(counts) == n
+    assert counts[p == 0].sum() == 0, f"tokens outside the kept set drawn: {counts}"
+    kept = p > 0
+    chi2 = float((((counts - draws * p) ** 2)[kept] / (draws * p[kept])).sum())
+    dof = int(kept.sum()) - 1
+    # The 1e-4 upper quantile of chi-square is below dof + 4.3 * sqrt(2 dof) + 12 for dof <= 11.
+    assert chi2 < dof + 4.3 * np.sqrt(2 * max(dof, 1)) + 12, f"chi2 {chi2:.1f} with {dof} dof: counts {counts}"
+
+
+def test_draft_mode_accepts_as_often_as_the_draft_is_likely(dev, lib):
+    """Writing the draft happens with probability p(d) (when d is drawn, it was accepted);
+    rows past `drafts` sample plainly and equal the plain sampler's draws."""
+    n, draws = 12, 20000
+    logits = np.log(np.linspace(1.0, 2.0, n)).astype(np.float32)
+    p = kept_probabilities(logits, 1.0, 0, 1.0)
+    got = run_sampler(dev, lib, np.tile(logits, (draws, 1)), temperature=1.0, seed=3, threads=32,
+                      drafts=np.full(draws, 4, np.uint32))
+    rate = float((got == 4).mean())
+    assert abs(rate - p[4]) < 5 * np.sqrt(p[4] * (1 - p[4]) / draws), (rate, p[4])
+    rows = np.tile(logits, (6, 1))
+    plain = run_sampler(dev, lib, rows, temperature=1.0, seed=3, threads=32)
+    mixed = run_sampler(dev, lib, rows, temperature=1.0, seed=3, threads=32, drafts=np.array([1, 2, 3], np.uint32))
+    np.testing.assert_array_equal(mixed[3:], plain[3:])
+
+
+def run_spec_accept(dev, lib, drafts, chosen, draft_pos=4):
+    ids = np.full(draft_pos + len(drafts) + 3, NO_ID, np.uint32)
+    ids[draft_pos:draft_pos + len(drafts)] = drafts
+    ids_buf, accepted = dev.buffer(ids), dev.buffer(np.full(2, NO_ID, np.uint32))
+    params = np.array([(len(drafts), draft_pos)], SPEC_ACCEPT_PARAMS)
+    lib.kernel("spec_accept").dispatch({0: ids_buf, 1: dev.buffer(np.asarray(chosen, np.uint32)), 2: accepted,
+                                        3: params}, threadgroups=(1,), threads=(1,))
+    got_ids, got_accepted = ids_buf.numpy(np.uint32), accepted.numpy(np.uint32)
+    assert got_accepted[1] == NO_ID, "spec_accept wrote past accepted[0]"
+    return int(got_accepted[0]), got_ids
+
+
+@pytest.mark.parametrize("drafts,chosen,accepted", [
+    ([5, 6, 7], [5, 6, 7, 8], 3),  # all accepted: the bonus token follows
+    ([5, 6, 7], [5, 9, 7, 8], 1),  # rejected at depth 2: the correction replaces draft 2
+    ([5, 6, 7], [1, 6, 7, 8], 0),  # rejected at once
+    ([], [42], 0),                 # no drafts: a plain step
+])
+def test_spec_accept_counts_the_leading_matches(dev, lib, drafts, chosen, accepted):
+    got, ids = run_spec_accept(dev, lib, drafts, chosen)
+    assert got == accepted
+    want = np.full(len(ids), NO_ID, np.uint32)
+    want[4:4 + len(drafts)] = drafts
+    want[4 + accepted] = chosen[accepted]  # the next token, where the next step reads it
+    np.testing.assert_array_equal(ids, want)
 
 
 def test_sampler_never_draws_minus_inf_or_nan(dev, lib):

@@ -1,0 +1,246 @@
+"""Speculative decoding on the CPU runtime: verify steps give exactly plain decoding's tokens
+(greedy) and its distribution (sampling), whoever drafts.
+
+Random tiny models accept almost no real drafts, so the drafters here are test hooks: an
+oracle drafting the known plain continuation (every draft accepted: multi-token acceptance),
+one that drafts it wrong at a chosen depth (rejection, rollback and K/V overwrite at each
+depth), and prompt lookup on the "repetitive" checkpoint (model_fixtures: the next token
+depends almost only on the current one), fed a prompt that quotes the chain the model is
+about to produce, as a code edit quotes the file. Prompts are long enough that the context
+crosses the flash-decode split length (128) while decoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import metalqwen
+from metalqwen import speculative as spec
+from test_model import prompt
+
+TOKENS = 64
+CONTEXT = 320
+
+
+class Oracle:
+    """Drafts the known continuation of `prompt_len` tokens, wrong at depth `wrong_at`
+    (1-based, cycling through 1..4 when "cycle") or never."""
+
+    def __init__(self, continuation, prompt_len, wrong_at=None):
+        self.continuation, self.prompt_len, self.wrong_at, self.steps = continuation, prompt_len, wrong_at, 0
+
+    def draft(self, history, k):
+        done = len(history) - self.prompt_len
+        drafts = list(self.continuation[done:done + k])
+        wrong = (self.steps % 4) + 1 if self.wrong_at == "cycle" else self.wrong_at
+        self.steps += 1
+        if wrong is not None and wrong <= len(drafts):
+            drafts[wrong - 1] = (drafts[wrong - 1] + 1) % 1024
+        return drafts
+
+
+_models: dict = {}
+
+
+def load(converted, name: str, kv_bits: int) -> metalqwen.Model:
+    key = (name, kv_bits)
+    if key not in _models:
+        # The prefix cache spares the tests' repeated prompts a second prefill.
+        _models[key] = metalqwen.load(converted(name)[1], device="cpu", max_context=CONTEXT, kv_bits=kv_bits,
+                                      progress=False, speculative="lookup", draft_depth=4,
+                                      prefix_cache_bytes=1 << 26)
+    return _models[key]
+
+
+_quoting: dict = {}
+
+
+def quoting_prompt(m: metalqwen.Model) -> list[int]:
+    """A prompt holding the chain the repetitive model produces after its last tokens."""
+    if m not in _quoting:
+        chain = m.generate([5], max_tokens=48, speculative="off").tokens
+        _quoting[m] = chain + prompt(m.config.vocab_size, 70, seed=1) + chain[:3]
+    return _quoting[m]
+
+
+@pytest.mark.parametrize("kv_bits", [8, 16])
+def test_greedy_speculation_gives_plain_greedy_tokens(converted, kv_bits):
+    m = load(converted, "base", kv_bits)
+    ids = prompt(m.config.vocab_size, 110, seed=kv_bits)
+    plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
+    assert len(plain.tokens) == TOKENS and plain.stats.verify_steps == 0
+
+    every = m.generate(ids, max_tokens=TOKENS, speculative=Oracle(plain.tokens, len(ids)))
+    assert every.tokens == plain.tokens
+    s = every.stats
+    assert s.accepted == s.drafted > 0 and s.acceptance_at == [1.0] * 4
+    assert s.verify_steps < TOKENS // 3 and s.tokens_per_verify_step > 3  # several tokens per step
+
+    wrong = m.generate(ids, max_tokens=TOKENS, speculative=Oracle(plain.tokens, len(ids), wrong_at="cycle"))
+    assert wrong.tokens == plain.tokens
+    s = wrong.stats
+    # Every depth is drafted and sometimes rejected; a wrong first draft rejects them all.
+    assert s.drafted_at[0] > s.drafted_at[3] > 0 and s.accepted < s.drafted
+    assert 0.0 < s.acceptance_at[0] < 1.0 and all(a < 1.0 for a in s.acceptance_at), s.acceptance_at
+
+
+@pytest.mark.parametrize("kv_bits", [8, 16])
+def test_prompt_lookup_accepts_quoted_spans_and_keeps_the_tokens(converted, kv_bits):
+    m = load(converted, "repetitive", kv_bits)
+    ids = quoting_prompt(m)
+    plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
+    looked = m.generate(ids, max_tokens=TOKENS, speculative="lookup")
+    assert looked.tokens == plain.tokens
+    s = looked.stats
+    assert s.accepted >= 20 and s.tokens_per_verify_step > 2, s
+    assert s.engine["verify_steps"] >= s.verify_steps > 0
+
+
+def test_moe_verify_rows_give_plain_greedy_tokens(converted):
+    m = load(converted, "moe", 16)
+    ids = prompt(m.config.vocab_size, 30, seed=3)
+    plain = m.generate(ids, max_tokens=32, speculative="off")
+    oracle = m.generate(ids, max_tokens=32, speculative=Oracle(plain.tokens, len(ids), wrong_at="cycle"))
+    assert oracle.tokens == plain.tokens and oracle.stats.accepted > 0
+
+
+def test_speculation_stops_at_max_tokens_and_at_the_context_end(converted):
+    m = load(converted, "repetitive", 8)
+    ids = quoting_prompt(m)
+    plain = m.generate(ids, max_tokens=7, speculative="off").tokens
+    for n in (1, 2, 7):  # a verify step never returns more than the budget left
+        got = m.generate(ids, max_tokens=n, speculative=Oracle(plain, len(ids)))
+        assert got.tokens == plain[:n]
+    # Up to the last position of the context: drafts are trimmed to the room left.
+    short = metalqwen.load(converted("repetitive")[1], device="cpu", max_context=len(ids) + 10, kv_bits=8,
+                           progress=False, speculative="lookup", draft_depth=4)
+    plain = short.generate(ids, max_tokens=64, speculative="off")
+    assert len(plain.tokens) == 10 and plain.stats.context_full
+    looked = short.generate(ids, max_tokens=64, speculative=Oracle(plain.tokens, len(ids)))
+    assert looked.tokens == plain.tokens and looked.stats.context_full and looked.stats.accepted > 0
+
+
+def test_sampled_speculation_has_the_plain_distribution(converted):
+    """The first sampled token (verified against a draft) and the one after an accepted
+    draft follow plain sampling's distribution: chi-square against the model's own
+    probabilities (temperature 1, top-k 4) over 200 seeds."""
+    m = load(converted, "base", 16)
+    engine, vocab = m._engine, m.config.vocab_size
+    ids = prompt(vocab, 12, seed=5)
+    engine.reset()
+    engine.prefill(ids)  # greedy: the first token is fixed
+    first = engine.chosen()
+    snapshots = []
+    engine.reset()
+    engine.prefill(ids, snapshot_at=[len(ids)], snapshots=snapshots)
+    def top4(logits):
+        logits = logits.astype(np.float64)
+        p = np.where(logits >= np.sort(logits)[-4], np.exp(logits - logits.max()), 0.0)
+        return p / p.sum()
+
+    def assert_fits(counts, p):
+        assert counts[p == 0].sum() == 0
+        expected = counts.sum() * p[p > 0]
+        chi2 = float(((counts[p > 0] - expected) ** 2 / expected).sum())
+        assert chi2 < 3 + 4.3 * np.sqrt(6) + 12, (chi2, counts[p > 0], expected.round(1))  # dof 3: past quantile 1e-4
+
+    p = top4(m.score(ids + [first])[-1])
+    draft = int(np.argsort(p)[-2])  # the second most likely: accepted about p(draft) of the time
+    after = top4(m.score(ids + [first, draft])[-1])
+    counts, counts_after = np.zeros(vocab, np.int64), np.zeros(vocab, np.int64)
+    for seed in range(200):
+        engine.restore(snapshots[0])
+        got = engine.verify([draft], temperature=1.0, top_k=4, seed=seed)
+        assert (got[0] == draft) == (len(got) == 2)  # an accepted draft brings the token after it
+        counts[got[0]] += 1
+        if len(got) == 2:
+            counts_after[got[1]] += 1
+    assert_fits(counts, p)
+    assert counts_after.sum() > 20
+    assert_fits(counts_after, after)
+    engine.restore(snapshots[0])
+    once = engine.verify([draft], temperature=1.0, top_k=4, seed=11)
+    engine.restore(snapshots[0])
+    assert engine.verify([draft], temperature=1.0, top_k=4, seed=11) == once  # a seed reproduces
+
+
+def test_sampled_generation_is_reproducible_for_a_seed(converted):
+    m = load(converted, "repetitive", 8)
+    ids = quoting_prompt(m)
+    a = m.generate(ids, max_tokens=24, temperature=0.7, top_k=20, seed=42, speculative="lookup")
+    b = m.generate(ids, max_tokens=24, temperature=0.7, top_k=20, seed=42, speculative="lookup")
+    assert a.tokens == b.tokens and a.stats.verify_steps > 0
+
+
+def test_penalties_decode_plainly(converted):
+    m = load(converted, "repetitive", 8)
+    ids = quoting_prompt(m)
+    got = m.generate(ids, max_tokens=8, repetition_penalty=1.2, speculative="lookup")
+    assert got.stats.verify_steps == 0
+    assert got.tokens == m.generate(ids, max_tokens=8, repetition_penalty=1.2, speculative="off").tokens
+
+
+def test_arguments_are_checked(converted):
+    path = converted("base")[1]
+    with pytest.raises(ValueError, match="speculative must be"):
+        metalqwen.load(path, device="cpu", speculative="medusa")
+    with pytest.raises(ValueError, match="draft_depth must be an integer in 1..7"):
+        metalqwen.load(path, device="cpu", speculative="lookup", draft_depth=8)
+    plain = metalqwen.load(path, device="cpu", max_context=64, progress=False)
+    with pytest.raises(ValueError, match="reserved at load"):
+        plain.stream([1, 2, 3], speculative="lookup")
+    m = load(converted, "base", 8)
+    with pytest.raises(TypeError, match="draft\\(history, k\\)"):
+        m.stream([1, 2, 3], speculative=42)
+    with pytest.raises(ValueError, match="speculative must be"):
+        m.stream([1, 2, 3], speculative="auto-ish")
+
+
+# ---------------------------------------------------------------------------- the drafter and the policy
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_longest_match():
+    look = spec.PromptLookup(max_ngram=3, min_ngram=2)
+    history = [1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 1, 2, 3]
+    # (2, 3) last occurred before "4, 7, 8"; the 3-gram (1, 2, 3) before "4, 5, 9": the longer wins.
+    assert look.draft(history, 3) == [4, 5, 9]
+    history += [4, 5]
+    assert look.draft(history, 2) == [9, 2]  # (3, 4, 5) -> 9 ...
+    assert spec.PromptLookup().draft([1, 2, 3, 4, 5, 6, 7], 4) == []  # nothing repeats: no drafts
+
+
+def test_policy_goes_deep_on_high_acceptance():
+    policy = spec.DepthPolicy(max_depth=4)
+    for _ in range(40):
+        k = policy.depth()
+        policy.update(k, k)  # everything accepted
+    assert policy.depth() == 4 and policy.speedup(4) > 3
+
+
+def test_policy_turns_itself_off_then_probes_again():
+    policy = spec.DepthPolicy(max_depth=4, pause=16)
+    depths = []
+    for _ in range(40):
+        depths.append(policy.depth())
+        if depths[-1]:
+            policy.update(depths[-1], 0)  # nothing accepted
+        else:
+            assert policy.plain_tokens() == 16
+    assert depths[0] == 4
+    assert depths[-6:] in ([0, 1] * 3, [1, 0] * 3)  # off, probing at depth 1 after each pause
+    for _ in range(30):  # acceptance returns: depth climbs back
+        k = policy.depth()
+        if k:
+            policy.update(k, k)
+        else:
+            policy.plain_tokens()
+    assert policy.depth() == 4
+
+
+def test_policy_picks_a_middle_depth_when_acceptance_falls_with_depth():
+    policy = spec.DepthPolicy(max_depth=4, decay=0.0)  # the last step's outcome is the estimate
+    policy.update(4, 1)  # first accepted, second rejected: a_1 = 1, a_2 = 0
+    assert policy.depth() == 1
+    policy.acceptance = [0.9, 0.8, 0.1, 0.1]
+    assert policy.depth() == 2
