@@ -236,3 +236,21 @@ def test_the_next_chat_turn_resumes_from_the_prefix_cache(demo, device):
         assert "metalqwen_prefix_cache_entries" in metrics and "metalqwen_cache_hits_total 1" in metrics
     finally:
         live.close()
+
+
+def test_a_speculative_server_answers_as_a_plain_one(demo, device, client):
+    """Greedy answers do not depend on speculation; /metrics counts the verify steps."""
+    openai = require("openai")
+    m = metalqwen.load(demo, device=device, max_context=512, progress=False, speculative="lookup")
+    live = LiveServer(create_app(m))
+    try:
+        fast = openai.OpenAI(base_url=live.url + "/v1", api_key="unused")
+        prompt = "one two three four one two three four one two three"
+        got = fast.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0)
+        want = client.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0)
+        assert got.choices[0].text == want.choices[0].text
+        metrics = httpx.get(live.url + "/metrics").text
+        assert f"metalqwen_verify_steps_total {m.counters()['verify_steps']}" in metrics
+        assert "metalqwen_accepted_tokens_total" in metrics
+    finally:
+        live.close()

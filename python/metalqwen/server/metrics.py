@@ -28,6 +28,9 @@ class Metrics:
             ("cached_tokens_total", "counter", "prompt tokens taken from the cache", self.cached_tokens),
             ("queue_depth", "gauge", "requests waiting for the engine", self.worker.queue_depth),
             ("engine_steps_total", "counter", "command buffers the engine committed", counters["steps"]),
+            ("verify_steps_total", "counter", "speculative verify steps", counters["verify_steps"]),
+            ("drafted_tokens_total", "counter", "draft tokens verified", counters["drafted"]),
+            ("accepted_tokens_total", "counter", "draft tokens accepted", counters["accepted"]),
         ]
         cache = self.model.prefix_cache
         if cache is not None:
