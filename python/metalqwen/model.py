@@ -11,9 +11,10 @@ from typing import Iterator, Sequence, Union
 import numpy as np
 
 from . import _core, arguments, gpu
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ModelConfig
 from .errors import ContextFullError
+from .mtp_checkpoint import how_to_get_mtp
 from .prefix_cache import PrefixCache
 from .progress import LoadProgress, PrefillProgress
 from .tokenizer import StopMatcher, Tokenizer
@@ -89,6 +90,26 @@ class Model:
     def reset(self) -> None:
         """Forgets the cached conversation."""
         self._engine.reset()
+
+    @property
+    def mtp_bytes(self) -> int:
+        """Bytes of the MTP head's weights in the checkpoint (0 when it was not loaded)."""
+        return sum(t.nbytes for t in self.checkpoint.mtp.values()) if self._engine.has_mtp else 0
+
+    def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The MTP head's logits (float32 [len(token_ids) - 1, vocab]) from a fresh state: row t
+        predicts token_ids[t + 2] from the trunk's hidden state at t and token_ids[t + 1], with the
+        head's cache holding rows 0..t. Resets the cached conversation."""
+        if not self._engine.has_mtp:
+            if self.checkpoint.mtp:
+                raise ValueError("the model was loaded with mtp=False: load it with mtp=True for mtp_logits")
+            raise CheckpointError(f"[checkpoint] {how_to_get_mtp(self.checkpoint.path)}")
+        ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
+        if len(ids) < 2:
+            raise ValueError(f"mtp_logits needs at least 2 token ids, got {len(ids)}")
+        if len(ids) > self.max_context:
+            raise ContextFullError(f"{len(ids)} token ids exceed max_context {self.max_context}")
+        return self._engine.mtp_logits(ids)
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits (float32 [len(token_ids), vocab]) at every position, from a fresh state."""
@@ -230,7 +251,8 @@ class Model:
         return reuse
 
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
-         prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0) -> Model:
+         prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0,
+         mtp: bool | None = None, mtp_hidden: str = "post_norm") -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -238,8 +260,15 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     cache) or 16 (f16). ``progress`` (default: when stderr is a terminal) shows the load,
     a first-run kernel compile and prefills longer than a second on stderr.
     ``prefix_cache_bytes`` > 0 keeps snapshots of the sequence state up to that many bytes of
-    device memory (see ``prefix_cache.PrefixCache``; the server uses it). Bad
-    checkpoints raise CheckpointError naming the file and tensor."""
+    device memory (see ``prefix_cache.PrefixCache``; the server uses it). ``mtp``: load the
+    multi-token-prediction head (its weights and a KV cache of max_context rows) — None: when
+    the folder has one, True: required, False: never. ``mtp_hidden``: the trunk state the head
+    reads, "post_norm" (after the final norm, as vLLM/SGLang) or "pre_norm". Bad checkpoints
+    raise CheckpointError naming the file and tensor."""
+    if mtp not in (None, True, False):
+        raise ValueError(f"mtp must be None, True or False, got {mtp!r}")
+    if mtp_hidden not in ("post_norm", "pre_norm"):
+        raise ValueError(f"mtp_hidden must be 'post_norm' or 'pre_norm', got {mtp_hidden!r}")
     if isinstance(kv_bits, bool) or kv_bits not in (8, 16):
         raise ValueError(f"kv_bits must be 8 or 16, got {kv_bits!r}")
     max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
@@ -252,14 +281,22 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     ckpt = load_checkpoint(path)
     tokenizer = Tokenizer.from_folder(ckpt.path)
     dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
+    if mtp and not ckpt.mtp:
+        raise CheckpointError(f"[checkpoint] mtp=True, but {how_to_get_mtp(ckpt.path)}")
+    with_mtp = bool(ckpt.mtp) if mtp is None else mtp
     desc = ckpt.describe()
+    tensors = {**desc["tensors"], **desc["mtp"]} if with_mtp else desc["tensors"]
     shown = LoadProgress(dev.kind) if show else None
     try:
-        engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk, shown)
+        engine = _core.Engine(dev._native, desc["dims"], tensors, max_context, kv_bits, prefill_chunk, shown,
+                              mtp=with_mtp, mtp_hidden=mtp_hidden)
     finally:
         if shown:
             shown.close()
+    model = Model(ckpt, tokenizer, dev, engine, progress=show,
+                  prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
     if shown:
+        if with_mtp:
+            print(f"metalqwen: MTP head loaded ({model.mtp_bytes / 2**20:.1f} MiB of weights)", file=sys.stderr)
         print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return Model(ckpt, tokenizer, dev, engine, progress=show,
-                 prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
+    return model
