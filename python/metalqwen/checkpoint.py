@@ -604,7 +604,7 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
     mtp = mtp_head(folder, config, {**{n: tensors[n] for n in rest if n.startswith(_MTP_PREFIXES)},
                                     **sidecar_tensors(folder, [s.path for s in shards])})
     ignored = sorted(n for n in rest if n.startswith(_IGNORED_PREFIXES))
-    unknown = sorted(n for n in rest if n not in mtp and not n.startswith(_IGNORED_PREFIXES))
+    unknown = sorted(n for n in rest if not n.startswith(_MTP_PREFIXES + _IGNORED_PREFIXES))
     if unknown:
         shown = ", ".join(unknown[:20]) + (f", ... ({len(unknown)} in all)" if len(unknown) > 20 else "")
         warnings.warn(f"[checkpoint] {folder}: ignoring {len(unknown)} tensor(s) the model does not use: {shown}",
