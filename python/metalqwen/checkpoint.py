@@ -86,9 +86,10 @@ class TensorInfo:
     add: float = 0.0  # added to every element at load: 1 for MTP norms stored unshifted (mtp_checkpoint.py)
 
     def entry(self) -> tuple:
-        """(file, offset, nbytes, dtype, shape, bits, group_size, mode, add): the engine's view."""
-        return (self.file, self.offset, self.nbytes, self.dtype, self.shape, self.bits, self.group_size, self.mode,
-                self.add)
+        """(file, offset, nbytes, dtype, shape, bits, group_size, mode[, add]): the engine's view (add
+        only when it is not 0)."""
+        entry = (self.file, self.offset, self.nbytes, self.dtype, self.shape, self.bits, self.group_size, self.mode)
+        return entry + (self.add,) if self.add else entry
 
 
 @dataclass(frozen=True)
@@ -488,12 +489,13 @@ class Checkpoint:
            "globals": {full name: entry},            # the same, outside the layers
            "layers": [{"index", "type", "prefix", "tensors": {name relative to prefix: entry}}],
            "mtp": {mtp.* name: entry}}``  (the MTP head, whatever prefix the folder used; may be empty)
-        with ``entry = (file, offset, nbytes, dtype, shape, bits, group_size, mode)``: absolute
+        with ``entry = (file, offset, nbytes, dtype, shape, bits, group_size, mode[, add])``: absolute
         byte offset in ``file``, dtype a safetensors tag (U32, U8, BF16, F16, F32), bits,
-        group_size and mode set on the weight/scales/biases of quantized modules, else None.
+        group_size and mode set on the weight/scales/biases of quantized modules, else None; add
+        (only on MTP norms stored unshifted) is added to every element at load.
         Globals are ``language_model.model.embed_tokens.{weight,scales,biases}``,
         ``language_model.model.norm.weight`` and, when untied, ``language_model.lm_head.*``.
-        The engine binding takes ``dims`` and the flat ``tensors``.
+        The engine binding takes ``dims`` and the flat ``tensors`` (plus ``mtp`` to load the head).
         """
         layers = []
         for i, kind in enumerate(self.config.layer_types):
