@@ -22,6 +22,7 @@ import os
 import shutil
 import struct
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -364,13 +365,24 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
     written from DESIGN.md section 2 alone (not from mlx-lm): a cross-check that the
     mlx-lm reference and our reading of the checkpoint mean the same model.
     """
+    m = numpy_model(ck)
+    return m.logits(m.hidden(token_ids))
+
+
+def numpy_model(ck) -> SimpleNamespace:
+    """The pieces of ``numpy_forward`` (float64): ``f(name)`` a float tensor (MTP norms with their
+    load-time shift), ``linear(module, x)``, ``rms(x, w)``, ``embed`` [vocab, H],
+    ``layer(prefix, kind, x)`` one decoder layer over the residual rows x [T, H] at positions
+    0..T-1, ``hidden(ids, pre_norm=False)`` the trunk's last state (after the final norm, or
+    before it) and ``logits(h)`` the lm_head's scores."""
     import reference as ref
 
     c = ck.config
 
     def f(name):
-        a = ck.array(name)
-        return (ref.bf16_to_f32(a) if ck.tensors[name].dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
+        a, t = ck.array(name), ck.tensors.get(name) or ck.mtp[name]
+        v = (ref.bf16_to_f32(a) if t.dtype == "BF16" else np.asarray(a, np.float32)).astype(np.float64)
+        return v + t.add
 
     def weight(module, expert=None):
         """The float weight of a module, or of one expert of a stacked switch_mlp module."""
@@ -416,12 +428,10 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
         gate = 1 / (1 + np.exp(-linear(prefix + "shared_expert_gate", h)))
         return out + gate * dense_mlp(prefix + "shared_expert.", h)
 
-    ids = np.asarray(token_ids)
-    T = len(ids)
     embed = weight("language_model.model.embed_tokens")
-    x = embed[ids]
-    for i, kind in enumerate(c.layer_types):
-        p = ck.layer_prefix(i)
+
+    def layer(p, kind, x):
+        T = len(x)
         h = rms(x, f(p + "input_layernorm.weight"))
         if kind == "full_attention":
             nq, nkv, hd, rot = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim
@@ -478,10 +488,17 @@ def numpy_forward(ck, token_ids) -> np.ndarray:
             mixed = linear(a + "out_proj", y.reshape(T, nv * dv))
         x = x + mixed
         h = rms(x, f(p + "post_attention_layernorm.weight"))
-        x = x + (moe_mlp if c.is_moe else dense_mlp)(p + "mlp.", h)
-    x = rms(x, f("language_model.model.norm.weight"))
+        return x + (moe_mlp if c.is_moe else dense_mlp)(p + "mlp.", h)
+
+    def hidden(token_ids, pre_norm=False):
+        x = embed[np.asarray(token_ids)]
+        for i, kind in enumerate(c.layer_types):
+            x = layer(ck.layer_prefix(i), kind, x)
+        return x if pre_norm else rms(x, f("language_model.model.norm.weight"))
+
     head = embed if c.tie_word_embeddings else weight("language_model.lm_head")
-    return x @ head.T
+    return SimpleNamespace(f=f, linear=linear, rms=rms, embed=embed, layer=layer, hidden=hidden,
+                           logits=lambda h: h @ head.T)
 
 
 # ---------------------------------------------------------------------------- mlx-lm references

@@ -46,7 +46,7 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
   for (const auto& kind : field<std::vector<std::string>>(dims, "layer_types")) d.full_attention.push_back(kind == "full_attention");
   if (int(d.full_attention.size()) != d.layers) throw std::runtime_error("[engine] layer_types does not match num_hidden_layers");
   for (const auto& [name, entry] : tensors) {
-    auto e = entry.cast<py::tuple>();  // (file, offset, nbytes, dtype, shape, bits, group, mode)
+    auto e = entry.cast<py::tuple>();  // (file, offset, nbytes, dtype, shape, bits, group, mode[, add])
     TensorDesc t;
     t.file = e[0].cast<std::string>();
     t.offset = e[1].cast<uint64_t>();
@@ -56,6 +56,7 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
     t.bits = e[5].is_none() ? 0 : e[5].cast<int>();
     t.group = e[6].is_none() ? 0 : e[6].cast<int>();
     t.mode = e[7].is_none() ? "" : e[7].cast<std::string>();
+    if (e.size() > 8) t.add = e[8].cast<float>();
     m.tensors[name.cast<std::string>()] = std::move(t);
   }
   return m;
@@ -81,7 +82,10 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("nbytes", &Snapshot::nbytes);
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
-                       int kv_bits, int prefill_chunk, int max_draft, py::object progress) {
+                       int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
+                       const std::string& mtp_hidden) {
+             if (mtp_hidden != "post_norm" && mtp_hidden != "pre_norm")
+               throw py::value_error("mtp_hidden must be 'post_norm' or 'pre_norm'");
              ModelDesc desc = to_model_desc(dims, tensors);
              // progress(stage, done, total, note): stage "weights" (bytes) or "kernels" (pipelines).
              LoadProgress report;
@@ -96,11 +100,13 @@ void bind_engine(py::module_& m) {
                };
              }
              py::gil_scoped_release release;
-             return std::make_unique<Engine>(std::move(device), std::move(desc),
-                                             EngineOptions{max_context, kv_bits, prefill_chunk, max_draft}, report);
+             const EngineOptions options{max_context, kv_bits, prefill_chunk, max_draft, mtp,
+                                         mtp_hidden == "pre_norm" ? MtpHidden::pre_norm : MtpHidden::post_norm};
+             return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
-           py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none())
+           py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(),
+           py::arg("mtp") = false, py::arg("mtp_hidden") = "post_norm")
       .def("reset", &Engine::reset)
       .def_property_readonly("position", &Engine::position)
       .def_property_readonly("max_context", &Engine::max_context)
@@ -147,6 +153,21 @@ void bind_engine(py::module_& m) {
                                                  frequency_penalty, repetition_penalty, seed));
            },
            py::arg("max_tokens"), MQ_SAMPLING_ARGS)
+      .def_property_readonly("has_mtp", &Engine::has_mtp)
+      .def(
+          "mtp_logits",
+          [](Engine& e, std::vector<uint32_t> ids) {
+            std::vector<float> out;
+            {
+              py::gil_scoped_release release;
+              out = e.mtp_logits(ids);
+            }
+            const size_t vocab = size_t(e.dims().vocab);
+            py::array_t<float> a({out.size() / vocab, vocab});
+            std::copy(out.begin(), out.end(), a.mutable_data());
+            return a;
+          },
+          py::arg("ids"))
       .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())
       .def("decode_end", &Engine::decode_end, py::call_guard<py::gil_scoped_release>())
       .def(

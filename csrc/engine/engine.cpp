@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "mtp.h"  // Engine owns the MtpWeights: its destructor needs the type
 #include "workspace.h"
 
 namespace mq::engine {
@@ -57,6 +58,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   embed_ = weights_.linear("language_model.model.embed_tokens");
   lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");
   final_norm_ = weights_.tensor("language_model.model.norm.weight");
+  if (options_.mtp) load_mtp();
   ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
   counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
   counters_.weight_bytes_copied = weights_.copied_bytes();
@@ -132,6 +134,7 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
     const uint32_t logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
     Encoder enc(*device_, kernels_);
     encode_step(enc, rows, logit_row0, last ? &sampling : nullptr, true);
+    if (mtp_) encode_mtp_prefill_chunk(enc, rows);
     if (next_snapshot != snapshot_at.end() && *next_snapshot == position_ + int(rows)) {
       if (snapshots) snapshots->push_back(encode_snapshot(enc, *next_snapshot));
       ++next_snapshot;

@@ -52,6 +52,7 @@ struct Sampling {
 };
 
 struct LayerWeights;
+struct MtpWeights;
 struct MlpWeights;
 struct MoeWeights;
 struct Workspace;
@@ -131,6 +132,12 @@ class Engine {
   std::vector<uint32_t> tokens() const;
   const Counters& counters() const { return counters_; }
 
+  // MTP head (mtp.cpp), loaded with EngineOptions::mtp. mtp_logits: from a fresh state,
+  // logits [ids.size() - 1][vocab], row t predicting ids[t + 2] from the trunk's h[t] and
+  // ids[t + 1] with the MTP cache holding rows 0..t; the engine is reset afterwards.
+  bool has_mtp() const { return mtp_ != nullptr; }
+  std::vector<float> mtp_logits(const std::vector<uint32_t>& ids);
+
  private:
   // Every kernel encode_step may dispatch for this model, with its threadgroup needs.
   std::map<std::string, ThreadgroupNeed> kernel_needs() const;
@@ -142,7 +149,8 @@ class Engine {
   // of the chunk: so a prompt resumed from a snapshot gets a cold run's logits exactly.
   // Decode and verify steps of up to kMaxVerifyRows rows take the matvec path.
   void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose, bool prefill);
-  void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows);
+  // One decoder layer over `rows` rows at `position` (xn in, residual x, output into mix).
+  void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows, int position);
   // The MLP on xn into mix: dense, or the sparse MoE block (routing stays on the GPU).
   void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate);
   void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, uint32_t rows);
@@ -154,6 +162,8 @@ class Engine {
   // A verify step's choices: one token per row of logits into ws_->verify_chosen, then
   // spec_accept and the DeltaNet rollback (see verify; speculative.cpp).
   void encode_verification(Encoder& enc, uint32_t drafts, const Sampling& sampling);
+  // out [rows][hidden] = the embeddings of ids[first .. first + rows).
+  void encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg& out);
   // Where the state after `position` tokens lives: (buffer, byte offset, bytes) regions.
   struct StateRegion {
     std::shared_ptr<gpu::Buffer> buffer;
@@ -165,6 +175,20 @@ class Engine {
   std::unique_ptr<gpu::CommandBuffer> commit(Encoder& enc);
   void wait(gpu::CommandBuffer& cb);
 
+  // MTP head (mtp.cpp, math in mtp.h). For r in [0, rows): the pair (row r of `hidden`,
+  // [rows][hidden_stride] f32, and ids[position + 1 + r], read on the GPU) at position
+  // + r; appends the MTP KV cache there; leaves the rows after mtp.norm in
+  // ws_->mtp_hidden [rows][hidden] (a chained call's `hidden`, stride hidden) and the
+  // logits of rows [logit_row0, rows) in ws_->logits rows [0, rows - logit_row0).
+  // Clobbers x, xn, mix and the layer scratch buffers (never the trunk's caches/state).
+  void encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
+                  uint32_t logit_row0 = 0);
+  // lm_head over ws_->mtp_hidden rows [row0, rows) into ws_->logits rows [0, rows - row0).
+  void encode_mtp_logits(Encoder& enc, uint32_t row0, uint32_t rows);
+  // The prefill hook: after a chunk's trunk (and its choice), the chunk's rows through the head.
+  void encode_mtp_prefill_chunk(Encoder& enc, uint32_t rows);
+  void load_mtp();
+
   std::shared_ptr<gpu::Device> device_;
   ModelDesc model_;
   EngineOptions options_;
@@ -174,6 +198,7 @@ class Engine {
   std::vector<LayerWeights> layers_;
   QuantLinear embed_, lm_head_;  // lm_head_ is embed_ when the embeddings are tied
   DeviceTensor final_norm_;
+  std::unique_ptr<MtpWeights> mtp_;  // null unless EngineOptions::mtp
   std::unique_ptr<Workspace> ws_;
   bool matvec_ = false;  // the step being encoded takes the matvec / flash-decode path
   uint32_t snap_rows_ = 0;  // the step being encoded snapshots DeltaNet states after rows [0, snap_rows_)

@@ -10,13 +10,6 @@ namespace {
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
-Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
-
-// The weight, scales and biases slots of a projection kernel (buffers 0..2); formats
-// without scales or biases get the weight bound there (never read).
-Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
-Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
-
 }  // namespace
 
 void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
@@ -46,7 +39,7 @@ void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows
     enc.dispatch("rms_norm" + vector_suffix(weight), {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
-void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
+void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, int position) {
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
@@ -75,7 +68,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows) {
   } else {
     const AttentionWeights& m = *l.attn;
     const uint32_t nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
-    const uint32_t q_stride = nq * 2 * HD, kv_stride = nkv * HD, pos = uint32_t(position_);
+    const uint32_t q_stride = nq * 2 * HD, kv_stride = nkv * HD, pos = uint32_t(position);
     const char* cache = options_.kv_bits == 8 ? "q8" : "f16";
     encode_projection(enc, m.q_proj, w.xn, H, w.q, q_stride, rows);
     encode_projection(enc, m.k_proj, w.xn, H, w.k, kv_stride, rows, true);
@@ -176,6 +169,15 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, uint32_t rows) {
                        {H / 4, rows});
 }
 
+// out[r] = embed_tokens[ids[first + r]], r < rows: [rows][hidden].
+void Engine::encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg& out) {
+  const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab);
+  const QuantEmbedParams ep{H, V, first, rows};
+  enc.dispatch("embed" + quant_suffix(embed_),
+               {at(embed_.weight), scales_of(embed_), biases_of(embed_), ws_->ids, out, Arg::value(ep)},
+               {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS});
+}
+
 void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {
   const uint32_t V = uint32_t(model_.dims.vocab);
   Arg logits(ws_->logits, size_t(logit_row) * V * 4);
@@ -205,14 +207,11 @@ void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const
   matvec_ = !prefill && rows <= kMaxVerifyRows;
   const ModelDims& d = model_.dims;
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab);
-  const QuantEmbedParams ep{H, V, uint32_t(position_), rows};
-  enc.dispatch("embed" + quant_suffix(embed_),
-               {at(embed_.weight), scales_of(embed_), biases_of(embed_), ws_->ids, ws_->x, Arg::value(ep)},
-               {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS});
+  encode_embed(enc, uint32_t(position_), rows, ws_->x);
   for (size_t i = 0; i < layers_.size(); ++i) {
     // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
     encode_norm(enc, layers_[i].input_norm, rows, i > 0, ws_->mix);
-    encode_layer(enc, layers_[i], rows);
+    encode_layer(enc, layers_[i], rows, position_);
   }
   encode_norm(enc, final_norm_, rows, true, ws_->mix);
   if (logit_row0 < rows)

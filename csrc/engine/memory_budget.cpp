@@ -34,8 +34,8 @@ int64_t largest_fitting_context(const ModelDesc& model, EngineOptions options, u
 MemoryNeeds estimate_memory(const ModelDesc& model, const EngineOptions& options) {
   MemoryNeeds needs;
   for (const auto& entry : model.tensors)
-    needs.weights += entry.second.nbytes * (widened_on_load(entry.second) ? 2 : 1);
-  uint64_t attention_layers = 0;
+    needs.weights += placed_bytes(entry.second);
+  uint64_t attention_layers = options.mtp ? 1 : 0;  // the MTP head's layer keeps its own cache
   for (bool full_attention : model.dims.full_attention) attention_layers += full_attention;
   needs.kv_cache = 2 * attention_layers * kv_cache_bytes(model.dims, options);
   needs.workspace = workspace_bytes(model.dims, options);

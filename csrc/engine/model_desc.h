@@ -17,6 +17,9 @@ struct TensorDesc {
   int bits = 0;  // quantized modules only
   int group = 0;
   std::string mode;  // quantized modules only: affine, mxfp4, nvfp4, mxfp8
+  // Added to every element at load (then placed as an f32 copy): 1 for the MTP norms of
+  // folders that store them unshifted (w, used as 1 + w); 0 for every other tensor.
+  float add = 0.0f;
 };
 
 struct ModelDims {
@@ -39,11 +42,16 @@ struct ModelDesc {
   std::map<std::string, TensorDesc> tensors;
 };
 
+// Which trunk state the MTP head reads as h[t] (see mtp.h).
+enum class MtpHidden { post_norm, pre_norm };
+
 struct EngineOptions {
   int max_context = 4096;
   int kv_bits = 8;          // 8: q8 cache; 16: f16 cache
   int prefill_chunk = 64;   // rows per prefill command buffer
   int max_draft = 0;        // drafts per speculative verify step (0: none; snapshot planes are sized for it)
+  bool mtp = false;         // load the MTP head (mtp.* tensors) with its KV cache
+  MtpHidden mtp_hidden = MtpHidden::post_norm;
 };
 
 }  // namespace mq::engine

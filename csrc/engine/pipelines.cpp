@@ -3,6 +3,7 @@
 // inside a step) and fails there if the GPU cannot run one. Sizes: shaders/params/*.h.
 #include <algorithm>
 
+#include "mtp.h"
 #include "workspace.h"
 
 namespace mq::engine {
@@ -47,7 +48,18 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
 
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";
-  for (const LayerWeights& l : layers_) {
+  std::vector<const LayerWeights*> layers;
+  for (const LayerWeights& l : layers_) layers.push_back(&l);
+  if (mtp_) {
+    // The MTP head: its layer as the trunk's, fc, and its three norms (mtp.h).
+    layers.push_back(&mtp_->layer);
+    projection(mtp_->fc);
+    needs["rms_norm" + vector_suffix(mtp_->pre_fc_norm_embedding)] =
+        needs["rms_norm" + vector_suffix(mtp_->pre_fc_norm_hidden)] =
+            needs["rms_norm_residual" + vector_suffix(mtp_->norm)] = up_to(MQ_NORM_THREADS);
+  }
+  for (const LayerWeights* layer : layers) {
+    const LayerWeights& l = *layer;
     const MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
     for (const QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
     needs["rms_norm" + vector_suffix(l.input_norm)] = needs["rms_norm_residual" + vector_suffix(l.input_norm)] =

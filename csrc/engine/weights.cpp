@@ -32,8 +32,15 @@ float half_to_float(uint16_t h) {
 
 }  // namespace
 
-// Unquantized matrices have f16 kernels; every other F16 tensor is read as f32.
-bool widened_on_load(const TensorDesc& t) { return t.dtype == "F16" && !(t.bits == 0 && t.shape.size() == 2); }
+// Unquantized matrices have f16 kernels; every other F16 tensor is read as f32, and so is
+// a tensor shifted at load.
+bool widened_on_load(const TensorDesc& t) {
+  return (t.dtype == "F16" && !(t.bits == 0 && t.shape.size() == 2)) || t.add != 0.0f;
+}
+
+uint64_t placed_bytes(const TensorDesc& t) {
+  return widened_on_load(t) ? t.nbytes / (t.dtype == "F32" ? 4 : 2) * 4 : t.nbytes;
+}
 
 // A read-only mapping of a whole file, unmapped when the last buffer using it goes.
 struct Weights::MappedFile {
@@ -122,16 +129,31 @@ DeviceTensor Weights::copy_tensor(gpu::Device& device, const MappedFile& file, c
 }
 
 DeviceTensor Weights::widen_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry) {
-  TensorDesc& wide = widened_[entry.first] = entry.second;
+  const TensorDesc& t = entry.second;
+  if (t.dtype != "F16" && t.dtype != "BF16" && t.dtype != "F32")
+    throw std::runtime_error("[weights] tensor " + entry.first + ": cannot shift a " + t.dtype + " tensor at load");
+  TensorDesc& wide = widened_[entry.first] = t;
   wide.dtype = "F32";
-  wide.nbytes = entry.second.nbytes * 2;
+  wide.nbytes = placed_bytes(t);
+  wide.add = 0.0f;  // the copy holds the shifted values
   DeviceTensor copy{device.new_buffer(wide.nbytes), 0, &wide};
-  const char* src = static_cast<const char*>(file.data) + entry.second.offset;
+  const char* src = static_cast<const char*>(file.data) + t.offset;
   float* dst = static_cast<float*>(copy.buffer->contents());
-  for (uint64_t i = 0; i < entry.second.nbytes / 2; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);
-    dst[i] = half_to_float(h);
+  for (uint64_t i = 0; i < wide.nbytes / 4; ++i) {
+    float v;
+    if (t.dtype == "F32") {
+      std::memcpy(&v, src + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      if (t.dtype == "F16") {
+        v = half_to_float(h);
+      } else {
+        const uint32_t bits = uint32_t(h) << 16;  // bf16: the top half of an f32
+        std::memcpy(&v, &bits, 4);
+      }
+    }
+    dst[i] = v + t.add;
   }
   copied_bytes_ += wide.nbytes;
   buffer_count_ += 1;

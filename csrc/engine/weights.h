@@ -40,8 +40,11 @@ struct QuantLinear {
   uint64_t expert_nbytes() const { return nbytes() / (experts ? experts : 1); }
 };
 
-// True for the F16 tensors Weights places as F32 copies (twice their file bytes on the device).
+// True for the tensors Weights places as F32 copies: F16 vectors and scales, and tensors
+// shifted at load (TensorDesc::add).
 bool widened_on_load(const TensorDesc& t);
+// Device bytes of a tensor: its file bytes, or those of its F32 copy.
+uint64_t placed_bytes(const TensorDesc& t);
 
 class Weights {
  public:

@@ -20,37 +20,40 @@ uint64_t mlp_bytes(const MlpWeights& m) { return m.gate_proj.nbytes() + m.up_pro
 
 uint32_t mlp_intermediate(const ModelDims& d) { return uint32_t(d.experts > 0 ? d.shared_intermediate : d.intermediate); }
 
-std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims) {
-  std::vector<LayerWeights> layers(size_t(dims.layers));
-  for (int i = 0; i < dims.layers; ++i) {
-    const std::string p = kModel + "layers." + std::to_string(i) + ".";
-    LayerWeights& l = layers[size_t(i)];
-    l.full_attention = dims.full_attention[size_t(i)];
-    l.input_norm = w.tensor(p + "input_layernorm.weight");
-    l.post_norm = w.tensor(p + "post_attention_layernorm.weight");
-    if (dims.experts > 0) {
-      l.moe = MoeWeights{w.linear(p + "mlp.gate"),
-                         w.linear(p + "mlp.switch_mlp.gate_proj"),
-                         w.linear(p + "mlp.switch_mlp.up_proj"),
-                         w.linear(p + "mlp.switch_mlp.down_proj"),
-                         load_mlp(w, p + "mlp.shared_expert."),
-                         w.linear(p + "mlp.shared_expert_gate")};
-    } else {
-      l.mlp = load_mlp(w, p + "mlp.");
-    }
-    if (l.full_attention) {
-      const std::string a = p + "self_attn.";
-      l.attn = AttentionWeights{w.linear(a + "q_proj"), w.linear(a + "k_proj"),        w.linear(a + "v_proj"),
-                                w.linear(a + "o_proj"), w.tensor(a + "q_norm.weight"), w.tensor(a + "k_norm.weight")};
-    } else {
-      const std::string d = p + "linear_attn.";
-      l.delta = DeltaNetWeights{w.linear(d + "in_proj_qkv"), w.linear(d + "in_proj_z"),
-                                w.linear(d + "in_proj_b"),   w.linear(d + "in_proj_a"),
-                                w.linear(d + "out_proj"),    w.tensor(d + "conv1d.weight"),
-                                w.tensor(d + "dt_bias"),     w.tensor(d + "A_log"),
-                                w.tensor(d + "norm.weight")};
-    }
+LayerWeights load_layer(const Weights& w, const ModelDims& dims, const std::string& p, bool full_attention) {
+  LayerWeights l;
+  l.full_attention = full_attention;
+  l.input_norm = w.tensor(p + "input_layernorm.weight");
+  l.post_norm = w.tensor(p + "post_attention_layernorm.weight");
+  if (dims.experts > 0) {
+    l.moe = MoeWeights{w.linear(p + "mlp.gate"),
+                       w.linear(p + "mlp.switch_mlp.gate_proj"),
+                       w.linear(p + "mlp.switch_mlp.up_proj"),
+                       w.linear(p + "mlp.switch_mlp.down_proj"),
+                       load_mlp(w, p + "mlp.shared_expert."),
+                       w.linear(p + "mlp.shared_expert_gate")};
+  } else {
+    l.mlp = load_mlp(w, p + "mlp.");
   }
+  if (l.full_attention) {
+    const std::string a = p + "self_attn.";
+    l.attn = AttentionWeights{w.linear(a + "q_proj"), w.linear(a + "k_proj"),        w.linear(a + "v_proj"),
+                              w.linear(a + "o_proj"), w.tensor(a + "q_norm.weight"), w.tensor(a + "k_norm.weight")};
+  } else {
+    const std::string d = p + "linear_attn.";
+    l.delta = DeltaNetWeights{w.linear(d + "in_proj_qkv"), w.linear(d + "in_proj_z"),
+                              w.linear(d + "in_proj_b"),   w.linear(d + "in_proj_a"),
+                              w.linear(d + "out_proj"),    w.tensor(d + "conv1d.weight"),
+                              w.tensor(d + "dt_bias"),     w.tensor(d + "A_log"),
+                              w.tensor(d + "norm.weight")};
+  }
+  return l;
+}
+
+std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims) {
+  std::vector<LayerWeights> layers;
+  for (int i = 0; i < dims.layers; ++i)
+    layers.push_back(load_layer(w, dims, kModel + "layers." + std::to_string(i) + ".", dims.full_attention[size_t(i)]));
   return layers;
 }
 
@@ -124,6 +127,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::expert_out, P * H},
       {&Workspace::logits, R * V}, {&Workspace::partials, R * partials * 2},
       {&Workspace::penalty_counts, 2 * V}, {&Workspace::penalised, V},
+      {&Workspace::mtp_in, o.mtp ? R * 2 * H : 0}, {&Workspace::mtp_hidden, o.mtp ? R * H : 0},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},
       {&Workspace::verify_chosen, kMaxVerifyRows}, {&Workspace::accepted, 1},

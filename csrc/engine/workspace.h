@@ -94,6 +94,9 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> partials;     // uint2 [rows][n_partials]: argmax stage 1
   std::shared_ptr<gpu::Buffer> penalty_counts;  // uint [2][vocab], zero between steps (params/sampling.h)
   std::shared_ptr<gpu::Buffer> penalised;       // [vocab]: the chosen row's logits after penalties
+  // MTP head (allocated with EngineOptions::mtp, else 16 bytes each):
+  std::shared_ptr<gpu::Buffer> mtp_in;       // [rows][2 hidden]: [pre_fc_norm_embedding(e) | pre_fc_norm_hidden(h)]
+  std::shared_ptr<gpu::Buffer> mtp_hidden;   // [rows][hidden]: after mtp.norm (the next chained step's h)
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
   std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [kMaxVerifyRows]: a verify step's choice per row
@@ -105,6 +108,12 @@ struct Workspace {
 // Floats of one DeltaNet layer's recurrent state [nv][D][D] and conv history [K-1][C].
 size_t state_words(const ModelDims& dims);
 size_t history_words(const ModelDims& dims);
+inline Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
+// The weight, scales and biases slots of a projection kernel (buffers 0..2); formats
+// without scales or biases get the weight bound there (never read).
+inline Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
+inline Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
+
 // Bytes of one attention layer's K (or V) cache at max_context.
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.
@@ -119,6 +128,8 @@ std::string vector_suffix(const DeviceTensor& t);
 // The DeltaNet conv/gates kernel for a layer's conv1d / dt_bias and A_log dtypes.
 std::string delta_conv_kernel(const DeltaNetWeights& m);
 
+// One decoder layer's weights under `prefix` (e.g. "language_model.model.layers.3."), caches unset.
+LayerWeights load_layer(const Weights& weights, const ModelDims& dims, const std::string& prefix, bool full_attention);
 std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
 // Bytes of weights one decode step streams (every projection once, the lm_head, norms).
 uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers,

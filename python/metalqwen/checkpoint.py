@@ -83,10 +83,13 @@ class TensorInfo:
     bits: int | None = None
     group_size: int | None = None
     mode: str | None = None  # affine, mxfp4, nvfp4, mxfp8 (quantized modules only)
+    add: float = 0.0  # added to every element at load: 1 for MTP norms stored unshifted (mtp_checkpoint.py)
 
     def entry(self) -> tuple:
-        """(file, offset, nbytes, dtype, shape, bits, group_size, mode): the engine's view."""
-        return (self.file, self.offset, self.nbytes, self.dtype, self.shape, self.bits, self.group_size, self.mode)
+        """(file, offset, nbytes, dtype, shape, bits, group_size, mode[, add]): the engine's view (add
+        only when it is not 0)."""
+        entry = (self.file, self.offset, self.nbytes, self.dtype, self.shape, self.bits, self.group_size, self.mode)
+        return entry + (self.add,) if self.add else entry
 
 
 @dataclass(frozen=True)
@@ -233,15 +236,15 @@ _LM = "language_model."
 _MODEL = "language_model.model."
 
 
-def _layer_spec(cfg: ModelConfig, i: int) -> list:
-    """What layer i must hold, with names relative to ``language_model.model.layers.{i}.``."""
+def _layer_spec(cfg: ModelConfig, full_attention: bool) -> list:
+    """What a decoder layer must hold, with names relative to its prefix (``language_model.model.layers.{i}.``)."""
     H = cfg.hidden_size
     spec: list = [
         _Vector("input_layernorm.weight", (H,)),
         _Vector("post_attention_layernorm.weight", (H,)),
         *(_moe_spec(cfg) if cfg.is_moe else _mlp_spec("mlp.", H, cfg.intermediate_size)),
     ]
-    if cfg.is_full_attention(i):
+    if full_attention:
         nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         spec += [
             _Linear("self_attn.q_proj", nq * hd * 2, H),  # per head [query | gate]
@@ -293,6 +296,17 @@ def _global_spec(cfg: ModelConfig) -> list:
     if not cfg.tie_word_embeddings:
         spec.append(_Linear(_LM + "lm_head", cfg.vocab_size, cfg.hidden_size))
     return spec
+
+
+def _take_layer(v: "_Validator", cfg: ModelConfig, prefix: str, full_attention: bool) -> None:
+    """Validates one decoder layer's tensors under ``prefix``."""
+    for item in _layer_spec(cfg, full_attention):
+        if isinstance(item, _Linear):
+            v.linear(item, prefix + item.module)
+        else:
+            v.vector(item, prefix + item.name)
+    if full_attention:
+        v.check_widths([prefix + "self_attn.q_norm.weight", prefix + "self_attn.k_norm.weight"])
 
 
 # Tensors that are recognised and deliberately not used: the vision tower of multimodal
@@ -447,8 +461,8 @@ class Checkpoint:
     """A validated MLX Qwen3.5 checkpoint folder.
 
     ``config``: the ModelConfig; ``tensors``: name -> TensorInfo of every tensor the model
-    uses (with bits/group_size on quantized ones); ``files``: the shards; ``mtp``: names of
-    multi-token-prediction tensors if the folder kept them (not validated, not used yet);
+    uses (with bits/group_size on quantized ones); ``files``: the shards; ``mtp``: the validated
+    multi-token-prediction head if the folder has one (mtp_checkpoint.py; names ``mtp.*``, empty if none);
     ``ignored``: recognised tensors deliberately unused (vision tower); ``unknown``: the rest,
     reported once with warnings.warn and never used.
     """
@@ -474,13 +488,14 @@ class Checkpoint:
            "tensors": {full name: entry},            # every tensor the model uses, flat
            "globals": {full name: entry},            # the same, outside the layers
            "layers": [{"index", "type", "prefix", "tensors": {name relative to prefix: entry}}],
-           "mtp": {full name: entry}}``
-        with ``entry = (file, offset, nbytes, dtype, shape, bits, group_size, mode)``: absolute
+           "mtp": {mtp.* name: entry}}``  (the MTP head, whatever prefix the folder used; may be empty)
+        with ``entry = (file, offset, nbytes, dtype, shape, bits, group_size, mode[, add])``: absolute
         byte offset in ``file``, dtype a safetensors tag (U32, U8, BF16, F16, F32), bits,
-        group_size and mode set on the weight/scales/biases of quantized modules, else None.
+        group_size and mode set on the weight/scales/biases of quantized modules, else None; add
+        (only on MTP norms stored unshifted) is added to every element at load.
         Globals are ``language_model.model.embed_tokens.{weight,scales,biases}``,
         ``language_model.model.norm.weight`` and, when untied, ``language_model.lm_head.*``.
-        The engine binding takes ``dims`` and the flat ``tensors``.
+        The engine binding takes ``dims`` and the flat ``tensors`` (plus ``mtp`` to load the head).
         """
         layers = []
         for i, kind in enumerate(self.config.layer_types):
@@ -500,7 +515,7 @@ class Checkpoint:
 
     def quant(self, module: str) -> Quant | None:
         """Quant(bits, group_size, mode) of a linear/embedding module as stored, or None if it is float."""
-        t = self.tensors.get(module + ".weight")
+        t = self.tensors.get(module + ".weight") or self.mtp.get(module + ".weight")
         if t is None:
             raise KeyError(module)
         return None if t.bits is None else Quant(t.bits, t.group_size, t.mode)
@@ -578,14 +593,8 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
             v.fail(extra[0], f"present, but {os.path.basename(config.source)} says tie_word_embeddings = true")
     for i in range(config.num_hidden_layers):
         prefix = f"{_MODEL}layers.{i}."
-        for item in _layer_spec(config, i):
-            if isinstance(item, _Linear):
-                v.linear(item, prefix + item.module)
-            else:
-                v.vector(item, prefix + item.name)
-        if config.is_full_attention(i):
-            v.check_widths([prefix + "self_attn.q_norm.weight", prefix + "self_attn.k_norm.weight"])
-        else:
+        _take_layer(v, config, prefix, config.is_full_attention(i))
+        if not config.is_full_attention(i):
             d = prefix + "linear_attn."
             v.check_widths([d + "conv1d.weight", d + "dt_bias"])
             if _wide(v.used[d + "conv1d.weight"].dtype):  # no f32-conv kernel takes a bf16 A_log
@@ -593,9 +602,11 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
                                                                    "not bf16 with f16/f32 ones)")
 
     rest = [n for n in tensors if n not in v.used]
-    mtp = {n: tensors[n] for n in rest if n.startswith(_MTP_PREFIXES)}
+    from .mtp_checkpoint import mtp_head, sidecar_tensors  # it builds on this module's validator
+    mtp = mtp_head(folder, config, {**{n: tensors[n] for n in rest if n.startswith(_MTP_PREFIXES)},
+                                    **sidecar_tensors(folder, [s.path for s in shards])})
     ignored = sorted(n for n in rest if n.startswith(_IGNORED_PREFIXES))
-    unknown = sorted(n for n in rest if n not in mtp and not n.startswith(_IGNORED_PREFIXES))
+    unknown = sorted(n for n in rest if not n.startswith(_MTP_PREFIXES + _IGNORED_PREFIXES))
     if unknown:
         shown = ", ".join(unknown[:20]) + (f", ... ({len(unknown)} in all)" if len(unknown) > 20 else "")
         warnings.warn(f"[checkpoint] {folder}: ignoring {len(unknown)} tensor(s) the model does not use: {shown}",
@@ -609,12 +620,9 @@ _SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
                   _MODEL + "norm.weight")
 
 
-def _check_norm_shift(folder: str, used: dict[str, TensorInfo]) -> None:
-    """Refuses norms stored in the wrong convention: the median of all shifted norm weights
-    sits near 1 in an MLX folder (1 + w, w small), near 0 when a converter left them as
-    Hugging Face stores them and near 2 when one shifted them twice."""
-    norms = [t for n, t in used.items() if n.endswith(_SHIFTED_NORMS)]
-    maps: dict[str, np.ndarray] = {}  # one map per shard, not one per tensor (hundreds in large models)
+def _norm_median(norms: list[TensorInfo]) -> float:
+    """The median of all the values of ``norms`` (one map per shard, not one per tensor: hundreds in large models)."""
+    maps: dict[str, np.ndarray] = {}
 
     def values(t: TensorInfo) -> np.ndarray:
         if t.file not in maps:
@@ -622,11 +630,26 @@ def _check_norm_shift(folder: str, used: dict[str, TensorInfo]) -> None:
         a = tensor_view(t, maps[t.file])
         return (bf16_to_f32(a) if t.dtype == "BF16" else a.astype(np.float32)).ravel()
 
-    median = float(np.median(np.concatenate([values(t) for t in norms])))
-    if 0.5 <= median <= 1.5:
+    return float(np.median(np.concatenate([values(t) for t in norms])))
+
+
+def _norm_convention(median: float) -> str:
+    """How zero-centred norms (used as 1 + w) with this median are stored: "shifted" (1 + w, w small:
+    MLX's convention, median near 1), "unshifted" (Hugging Face's w, near 0) or "twice" (1 + 1 + w, near 2)."""
+    return "shifted" if 0.5 <= median <= 1.5 else "unshifted" if median < 0.5 else "twice"
+
+
+_CONVENTION_HOW = {"unshifted": "not shifted (stored as Hugging Face's w instead of MLX's 1 + w)",
+                   "twice": "shifted twice (1 + 1 + w, an old converter's mistake)"}
+
+
+def _check_norm_shift(folder: str, used: dict[str, TensorInfo]) -> None:
+    """Refuses trunk norms stored in any convention but MLX's 1 + w (see _norm_convention)."""
+    norms = [t for n, t in used.items() if n.endswith(_SHIFTED_NORMS)]
+    median = _norm_median(norms)
+    how = _norm_convention(median)
+    if how == "shifted":
         return
-    how = ("not shifted (stored as Hugging Face's w instead of MLX's 1 + w)" if median < 0.5
-           else "shifted twice (1 + 1 + w, an old converter's mistake)")
     raise CheckpointError(f"[checkpoint] {folder}: the RMSNorm weights (e.g. {norms[0].name} in {norms[0].file}) "
-                          f"have median {median:.2f}, expected about 1: they look {how}. Convert the original "
-                          f"again with mlx_lm.convert or metalqwen convert")
+                          f"have median {median:.2f}, expected about 1: they look {_CONVENTION_HOW[how]}. Convert "
+                          f"the original again with mlx_lm.convert or metalqwen convert")

@@ -11,9 +11,10 @@ from typing import Iterator, Sequence, Union
 import numpy as np
 
 from . import _core, arguments, gpu, speculative as spec
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ModelConfig
 from .errors import ContextFullError
+from .mtp_checkpoint import how_to_get_mtp
 from .prefix_cache import PrefixCache
 from .progress import LoadProgress, PrefillProgress
 from .tokenizer import StopMatcher, Tokenizer
@@ -110,6 +111,26 @@ class Model:
     def reset(self) -> None:
         """Forgets the cached conversation."""
         self._engine.reset()
+
+    @property
+    def mtp_bytes(self) -> int:
+        """Bytes of the MTP head's weights in the checkpoint (0 when it was not loaded)."""
+        return sum(t.nbytes for t in self.checkpoint.mtp.values()) if self._engine.has_mtp else 0
+
+    def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The MTP head's logits (float32 [len(token_ids) - 1, vocab]) from a fresh state: row t
+        predicts token_ids[t + 2] from the trunk's hidden state at t and token_ids[t + 1], with the
+        head's cache holding rows 0..t. Resets the cached conversation."""
+        if not self._engine.has_mtp:
+            if self.checkpoint.mtp:
+                raise ValueError("the model was loaded with mtp=False: load it with mtp=True for mtp_logits")
+            raise CheckpointError(f"[checkpoint] {how_to_get_mtp(self.checkpoint.path)}")
+        ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
+        if len(ids) < 2:
+            raise ValueError(f"mtp_logits needs at least 2 token ids, got {len(ids)}")
+        if len(ids) > self.max_context:
+            raise ContextFullError(f"{len(ids)} token ids exceed max_context {self.max_context}")
+        return self._engine.mtp_logits(ids)
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits (float32 [len(token_ids), vocab]) at every position, from a fresh state."""
@@ -301,7 +322,8 @@ def _count_speculation(stats: GenerationStats, before: dict, after: dict) -> Non
 
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
          prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0,
-         speculative: str = "off", draft_depth: int | None = None) -> Model:
+         speculative: str = "off", draft_depth: int | None = None, mtp: bool | None = None,
+         mtp_hidden: str = "post_norm") -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -310,26 +332,34 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     a first-run kernel compile and prefills longer than a second on stderr.
     ``prefix_cache_bytes`` > 0 keeps snapshots of the sequence state up to that many bytes of
     device memory (see ``prefix_cache.PrefixCache``; the server uses it).
-    ``speculative``: "lookup" (prompt-lookup drafts, verified several tokens per step: see
-    ``speculative``), "auto" (the best the checkpoint allows: lookup) or "off"; it reserves a
-    copy of the recurrent state per draft row (``draft_depth`` rows at most, 1..7, default
-    4), which calls may use or not (``stream(speculative=...)``). Bad checkpoints raise
-    CheckpointError naming the file and tensor."""
+    ``speculative``: "mtp" (drafts from the checkpoint's multi-token-prediction head, verified
+    several tokens per step: see ``speculative``), "lookup" (prompt-lookup drafts), "auto"
+    (MTP when the folder has a head, else lookup) or "off"; it reserves a copy of the
+    recurrent state per draft row (``draft_depth`` rows at most, 1..7, default 3 with MTP, 4
+    with lookup), which calls may use or not (``stream(speculative=...)``). ``mtp``: load the
+    MTP head (its weights and a KV cache of max_context rows) — None: when speculation drafts
+    with it, True: required (also for ``mtp_logits``), False: never. ``mtp_hidden``: the trunk
+    state the head reads, "post_norm" (after the final norm, as vLLM/SGLang) or "pre_norm".
+    Bad checkpoints raise CheckpointError naming the file and tensor."""
+    if speculative not in ("auto", "mtp", "lookup", "off"):
+        raise ValueError(f"speculative must be 'auto', 'mtp', 'lookup' or 'off', got {speculative!r}")
+    if mtp not in (None, True, False):
+        raise ValueError(f"mtp must be None, True or False, got {mtp!r}")
+    if mtp_hidden not in ("post_norm", "pre_norm"):
+        raise ValueError(f"mtp_hidden must be 'post_norm' or 'pre_norm', got {mtp_hidden!r}")
+    if speculative == "mtp" and mtp is False:
+        raise ValueError("speculative='mtp' drafts with the MTP head: it cannot go with mtp=False")
     if isinstance(kv_bits, bool) or kv_bits not in (8, 16):
         raise ValueError(f"kv_bits must be 8 or 16, got {kv_bits!r}")
     max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
     prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
     prefix_cache_bytes = arguments.integer("prefix_cache_bytes", prefix_cache_bytes, low=0, allowed="bytes >= 0")
-    if speculative not in ("auto", "lookup", "off"):
-        raise ValueError(f"speculative must be 'auto', 'lookup' or 'off', got {speculative!r}")
-    mode = "off" if speculative == "off" else "lookup"
-    if draft_depth is None:
-        draft_depth = spec.DEFAULT_DEPTH
-    draft_depth = arguments.integer("draft_depth", draft_depth, low=1, allowed=f"an integer in 1..{spec.MAX_DEPTH}")
-    if draft_depth > spec.MAX_DEPTH:
-        raise ValueError(f"draft_depth must be an integer in 1..{spec.MAX_DEPTH} (a verify step holds at most "
-                         f"{spec.MAX_DEPTH + 1} rows), got {draft_depth}")
-    max_draft = draft_depth if mode != "off" else 0
+    if draft_depth is not None:
+        draft_depth = arguments.integer("draft_depth", draft_depth, low=1,
+                                        allowed=f"an integer in 1..{spec.MAX_DEPTH}")
+        if draft_depth > spec.MAX_DEPTH:
+            raise ValueError(f"draft_depth must be an integer in 1..{spec.MAX_DEPTH} (a verify step holds at "
+                             f"most {spec.MAX_DEPTH + 1} rows), got {draft_depth}")
     if device is not None and not isinstance(device, (str, gpu.Device)):
         raise TypeError(f"device must be 'metal', 'cpu', a metalqwen.gpu.Device or None, got {type(device).__name__}")
     show = sys.stderr.isatty() if progress is None else bool(progress)
@@ -337,16 +367,28 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     ckpt = load_checkpoint(path)
     tokenizer = Tokenizer.from_folder(ckpt.path)
     dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
+    if (mtp or speculative == "mtp") and not ckpt.mtp:
+        asked = "mtp=True" if mtp else "speculative='mtp'"
+        raise CheckpointError(f"[checkpoint] {asked}, but {how_to_get_mtp(ckpt.path)}")
+    mode = {"auto": "mtp" if ckpt.mtp and mtp is not False else "lookup"}.get(speculative, speculative)
+    with_mtp = mode == "mtp" if mtp is None else mtp
+    if draft_depth is None:
+        draft_depth = spec.DEFAULT_MTP_DEPTH if mode == "mtp" else spec.DEFAULT_DEPTH
+    max_draft = draft_depth if mode != "off" else 0
     desc = ckpt.describe()
+    tensors = {**desc["tensors"], **desc["mtp"]} if with_mtp else desc["tensors"]
     shown = LoadProgress(dev.kind) if show else None
     try:
-        engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
-                              max_draft=max_draft, progress=shown)
+        engine = _core.Engine(dev._native, desc["dims"], tensors, max_context, kv_bits, prefill_chunk,
+                              max_draft=max_draft, progress=shown, mtp=with_mtp, mtp_hidden=mtp_hidden)
     finally:
         if shown:
             shown.close()
+    model = Model(ckpt, tokenizer, dev, engine, progress=show,
+                  prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None,
+                  speculative=mode, draft_depth=max_draft)
     if shown:
+        if with_mtp:
+            print(f"metalqwen: MTP head loaded ({model.mtp_bytes / 2**20:.1f} MiB of weights)", file=sys.stderr)
         print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return Model(ckpt, tokenizer, dev, engine, progress=show,
-                 prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None,
-                 speculative=mode, draft_depth=max_draft)
+    return model

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
-__all__ = ["Drafter", "PromptLookup", "DepthPolicy", "DEFAULT_DEPTH", "MAX_DEPTH"]
+__all__ = ["Drafter", "PromptLookup", "DepthPolicy", "DEFAULT_DEPTH", "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
 
 MAX_DEPTH = 7  # a verify step holds at most 8 rows (the engine's matvec path)
 DEFAULT_DEPTH = 4  # each depth reserves a copy of every DeltaNet state
+DEFAULT_MTP_DEPTH = 3  # MTP acceptance falls with depth (MTPLX: 0.93 / 0.86 / 0.75 at depths 1 / 2 / 3)
 
 
 class Drafter(Protocol):
