@@ -57,6 +57,7 @@ def write_hf_checkpoint(
     template_file: bool = False,
     moe: dict | None = None,
     mixer_gain: float = 1.0,
+    edit=None,
     **dims,
 ) -> str:
     """Writes a tiny random Qwen3.5 checkpoint in the Hugging Face layout; returns the folder.
@@ -66,7 +67,8 @@ def write_hf_checkpoint(
     ``mtp`` adds the multi-token-prediction head (mlx-lm's converter drops it);
     ``template_file`` puts the chat template in chat_template.jinja; ``moe`` (the MoE
     config fields, see ``moe_weights``) makes it a qwen3_5_moe model; ``mixer_gain`` scales
-    every projection that writes into the residual stream (o_proj, out_proj, down_proj).
+    every projection that writes into the residual stream (o_proj, out_proj, down_proj);
+    ``edit(weights)`` may then change the float32 weights (HF names, norms unshifted).
     """
     from tokenizers import Tokenizer
 
@@ -81,6 +83,8 @@ def write_hf_checkpoint(
     for name in weights:
         if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
             weights[name] = weights[name] * np.float32(mixer_gain)
+    if edit is not None:
+        edit(weights)
     tensors = {}
     for name, value in weights.items():
         if name == "lm_head.weight":

@@ -179,6 +179,14 @@ void bind_engine(py::module_& m) {
           },
           py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
           py::arg("min_p") = 0.0f, py::arg("seed") = 0)
+      .def(
+          "verify_mtp",
+          [](Engine& e, uint32_t drafts, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
+            py::gil_scoped_release release;
+            return e.verify_mtp(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed));
+          },
+          py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+          py::arg("min_p") = 0.0f, py::arg("seed") = 0)
       .def("chosen", &Engine::chosen)
       .def("counters", [](const Engine& e) {
         const Counters& c = e.counters();

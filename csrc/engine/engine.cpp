@@ -74,6 +74,7 @@ void Engine::reset() {
   decode_end();
   ws_->clear_state();
   position_ = 0;
+  mtp_row_ = -1;
 }
 
 void Engine::check_room(size_t extra) const {
@@ -134,7 +135,10 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
     const uint32_t logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
     Encoder enc(*device_, kernels_);
     encode_step(enc, rows, logit_row0, last ? &sampling : nullptr, true);
-    if (mtp_) encode_mtp_prefill_chunk(enc, rows);
+    if (mtp_) {
+      encode_mtp_prefill_chunk(enc, rows);
+      mtp_row_ = int(rows) - 1;  // after the last chunk: the pair of the last prompt token and the chosen one
+    }
     if (next_snapshot != snapshot_at.end() && *next_snapshot == position_ + int(rows)) {
       if (snapshots) snapshots->push_back(encode_snapshot(enc, *next_snapshot));
       ++next_snapshot;
@@ -165,6 +169,7 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
 
 void Engine::decode_begin(int max_tokens, const Sampling& sampling) {
   if (decoding_) decode_end();
+  mtp_row_ = -1;  // decode steps do not run the MTP head
   decoding_.emplace();
   decoding_->sampling = sampling;
   decoding_->max_tokens = max_tokens;

@@ -125,6 +125,12 @@ class Engine {
   // output equals decode's token for token; sampled output has decode's distribution.
   // No penalties (a draft would change the counts of the rows after it).
   std::vector<uint32_t> verify(const std::vector<uint32_t>& drafts, const Sampling& sampling);
+  // The same with `drafts` drafts (at most max_draft) made on the GPU by the MTP head in the
+  // same command buffer: greedy chained drafts from the head's state for the row that chose
+  // ids[position()] (point masses, so sampling stays exact). With the head loaded, every
+  // verify step also runs it over its rows, which is how that state exists; after a plain
+  // decode step or a restore it does not, and this step drafts nothing.
+  std::vector<uint32_t> verify_mtp(uint32_t drafts, const Sampling& sampling);
   // The token chosen last and not yet fed (ids[position()]), e.g. by prefill.
   uint32_t chosen() const;
 
@@ -162,6 +168,11 @@ class Engine {
   // A verify step's choices: one token per row of logits into ws_->verify_chosen, then
   // spec_accept and the DeltaNet rollback (see verify; speculative.cpp).
   void encode_verification(Encoder& enc, uint32_t drafts, const Sampling& sampling);
+  // A verify step of k drafts at position_ (ids[position_ + 1 ..] hold them, or the MTP
+  // drafts are encoded first when `mtp_drafts`); returns the accepted drafts and the next token.
+  std::vector<uint32_t> run_verify(uint32_t k, const Sampling& sampling, bool mtp_drafts);
+  // ids[position_ + 1 .. + k] = the MTP head's greedy chain from ws_->mtp_hidden row mtp_row_.
+  void encode_mtp_drafts(Encoder& enc, uint32_t k);
   // out [rows][hidden] = the embeddings of ids[first .. first + rows).
   void encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg& out);
   // Where the state after `position` tokens lives: (buffer, byte offset, bytes) regions.
@@ -202,6 +213,9 @@ class Engine {
   std::unique_ptr<Workspace> ws_;
   bool matvec_ = false;  // the step being encoded takes the matvec / flash-decode path
   uint32_t snap_rows_ = 0;  // the step being encoded snapshots DeltaNet states after rows [0, snap_rows_)
+  // The ws_->mtp_hidden row holding the MTP head's output for the pair that predicted
+  // ids[position_ + 1] (its logits draft the next step); -1 when no step left one.
+  int mtp_row_ = -1;
   int position_ = 0;
   int generated_from_ = 0;  // end of the last prefill: positions from here on were generated
   Counters counters_;

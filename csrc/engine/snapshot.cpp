@@ -4,15 +4,19 @@
 // position, so taking one costs no extra pass over the model.
 #include <cstring>
 
-#include "workspace.h"
+#include "mtp.h"
 
 namespace mq::engine {
 
 std::vector<Engine::StateRegion> Engine::state_regions(int position) const {
   const size_t kv_dim = size_t(model_.dims.kv_heads) * MQ_ATTN_HEAD_DIM, p = size_t(position);
   const size_t ctx = size_t(options_.max_context);
+  std::vector<const LayerWeights*> layers;
+  for (const LayerWeights& l : layers_) layers.push_back(&l);
+  if (mtp_) layers.push_back(&mtp_->layer);  // its K/V rows too: a resumed sequence drafts as a fed one does
   std::vector<StateRegion> regions;
-  for (const LayerWeights& l : layers_) {
+  for (const LayerWeights* layer : layers) {
+    const LayerWeights& l = *layer;
     if (!l.full_attention) {
       regions.push_back({l.state, 0, l.state->size()});
       regions.push_back({l.hist, 0, l.hist->size()});
@@ -72,6 +76,7 @@ void Engine::restore(const Snapshot& s) {
   wait(*commit(enc));
   std::memcpy(ws_->ids->contents(), s.tokens.data(), s.tokens.size() * 4);
   position_ = s.position;
+  mtp_row_ = -1;
 }
 
 }  // namespace mq::engine

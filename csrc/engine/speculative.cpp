@@ -5,7 +5,7 @@
 // the recurrent state back to the last accepted row. The host waits once per step.
 #include <cstring>
 
-#include "workspace.h"
+#include "mtp.h"
 
 namespace mq::engine {
 
@@ -39,32 +39,71 @@ void Engine::encode_verification(Encoder& enc, uint32_t drafts, const Sampling& 
   }
 }
 
+void Engine::encode_mtp_drafts(Encoder& enc, uint32_t k) {
+  const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab), p = uint32_t(position_);
+  matvec_ = true;  // one row at a time: stream the head's weights and the lm_head once
+  // Draft i (at ids[p + i]) is the argmax of the head's logits for the pair one position before it.
+  auto choose = [&](uint32_t out_pos) {
+    const ArgmaxParams a{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
+    enc.dispatch("argmax_partial", {ws_->logits, ws_->partials, Arg::value(a)}, {a.n_partials, 1});
+    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(a)}, {1});
+  };
+  encode_mtp_logits(enc, uint32_t(mtp_row_), uint32_t(mtp_row_) + 1);
+  choose(p + 1);
+  for (uint32_t i = 2; i <= k; ++i) {
+    // The pair (the head's last output, draft i - 1) at position p + i - 2; one row, into mtp_hidden row 0.
+    const uint32_t from = i == 2 ? uint32_t(mtp_row_) : 0;
+    encode_mtp(enc, 1, int(p + i - 2), Arg(ws_->mtp_hidden, size_t(from) * H * 4), H, 0);
+    choose(p + i);
+  }
+}
+
 std::vector<uint32_t> Engine::verify(const std::vector<uint32_t>& drafts, const Sampling& sampling) {
-  decode_end();
-  const uint32_t k = uint32_t(drafts.size());
-  if (k > uint32_t(options_.max_draft))
-    throw EngineError("[engine] " + std::to_string(k) + " drafts exceed max_draft " +
-                      std::to_string(options_.max_draft) + " (set at load)");
-  if (sampling.penalised()) throw EngineError("[engine] a verify step takes no penalties: decode instead");
-  check_room(k + 2);  // the rows fed, and the token chosen after the last
   const uint32_t vocab = uint32_t(model_.dims.vocab);
   for (uint32_t t : drafts)
     if (t >= vocab) throw EngineError("[engine] draft id " + std::to_string(t) + " is outside the vocabulary");
+  if (drafts.size() > size_t(options_.max_draft))
+    throw EngineError("[engine] " + std::to_string(drafts.size()) + " drafts exceed max_draft " +
+                      std::to_string(options_.max_draft) + " (set at load)");
+  decode_end();
+  check_room(drafts.size() + 2);  // the rows fed, and the token chosen after the last
   auto* ids = static_cast<uint32_t*>(ws_->ids->contents());
-  std::memcpy(ids + position_ + 1, drafts.data(), size_t(k) * 4);
+  std::memcpy(ids + position_ + 1, drafts.data(), drafts.size() * 4);
+  return run_verify(uint32_t(drafts.size()), sampling, false);
+}
 
+std::vector<uint32_t> Engine::verify_mtp(uint32_t drafts, const Sampling& sampling) {
+  if (!mtp_) throw EngineError("[engine] verify_mtp needs the MTP head (load it with the engine option mtp)");
+  if (drafts > uint32_t(options_.max_draft))
+    throw EngineError("[engine] " + std::to_string(drafts) + " drafts exceed max_draft " +
+                      std::to_string(options_.max_draft) + " (set at load)");
+  decode_end();
+  check_room(drafts + 2);
+  return run_verify(mtp_row_ < 0 ? 0 : drafts, sampling, true);
+}
+
+std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling, bool mtp_drafts) {
+  if (sampling.penalised()) throw EngineError("[engine] a verify step takes no penalties: decode instead");
   Encoder enc(*device_, kernels_);
+  if (mtp_drafts && k > 0) encode_mtp_drafts(enc, k);
   snap_rows_ = k;
   encode_step(enc, k + 1, 0, nullptr, false);
   snap_rows_ = 0;
   encode_verification(enc, k, sampling);
+  if (mtp_) {
+    // The head over the verified rows (pairs with the drafts and the next token; rows past the
+    // accepted ones are rewritten by the next step), for the next step's drafts.
+    const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
+    encode_mtp(enc, k + 1, position_, hidden, uint32_t(model_.dims.hidden), k + 1);
+  }
   auto cb = commit(enc);
   wait(*cb);
 
+  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
   const uint32_t a = *static_cast<const uint32_t*>(ws_->accepted->contents());
-  std::vector<uint32_t> out(drafts.begin(), drafts.begin() + a);
-  out.push_back(ids[position_ + 1 + a]);
+  std::vector<uint32_t> out(ids + position_ + 1, ids + position_ + 2 + a);  // accepted drafts, then the next token
   position_ += int(a) + 1;
+  mtp_row_ = mtp_ ? int(a) : -1;
   counters_.verify_steps += 1;
   counters_.tokens_decoded += a + 1;
   counters_.drafted += k;

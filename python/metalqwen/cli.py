@@ -218,11 +218,13 @@ def _add_common_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_speculative_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculative", choices=["auto", "lookup", "off"], default="auto",
-                   help="draft tokens and verify several per step, same output: lookup = prompt lookup (n-grams "
-                        "of the prompt and answer); auto (default) = the best the checkpoint allows")
+    p.add_argument("--speculative", choices=["auto", "mtp", "lookup", "off"], default="auto",
+                   help="draft tokens and verify several per step, same output: mtp = the checkpoint's MTP head "
+                        "(see convert / add-mtp), lookup = prompt lookup (n-grams of the prompt and answer); auto "
+                        "(default) = mtp when the folder has the head, else lookup")
     p.add_argument("--draft-depth", type=int, default=None,
-                   help="most drafts per verify step, 1..7 (default 4); each reserves a copy of the recurrent state")
+                   help="most drafts per verify step, 1..7 (default 3 with mtp, 4 with lookup); each reserves a "
+                        "copy of the recurrent state")
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:

@@ -92,7 +92,7 @@ class Model:
         self.eos_token_ids = sorted(set(self.config.eos_token_ids) | {tokenizer.eos_token_id} - {None})
         self.progress = progress  # show prefill progress on stderr
         self.prefix_cache = prefix_cache
-        self.speculative = speculative  # "lookup" | "off": what stream() does unless told otherwise
+        self.speculative = speculative  # "mtp" | "lookup" | "off": what stream() does unless told otherwise
         self.draft_depth = draft_depth  # drafts per verify step at most (the engine's rollback planes)
         # Statistics of the latest generate/stream (complete once the stream is exhausted).
         self.last_stats: GenerationStats | None = None
@@ -181,7 +181,7 @@ class Model:
         from the longest saved prefix it starts with. Ctrl-C (KeyboardInterrupt) stops within
         one step and leaves the cache holding what was fed.
 
-        ``speculative`` overrides the load's mode for this call: "lookup", "off", or any object
+        ``speculative`` overrides the load's mode for this call: "mtp", "lookup", "off", or any object
         with ``draft(history, k) -> ids`` (a ``speculative.Drafter``). Speculation never changes
         the output (greedy: the same tokens; sampling: the same distribution); penalties turn it
         off for the call (they would change with every draft)."""
@@ -199,13 +199,16 @@ class Model:
         """Who drafts for this call (None: plain decoding)."""
         mode = self.speculative if speculative is None else speculative
         if isinstance(mode, str):
-            if mode not in ("lookup", "off"):
-                raise ValueError(f"speculative must be 'lookup', 'off' or a Drafter for a call, got {mode!r}")
+            if mode not in ("mtp", "lookup", "off"):
+                raise ValueError(f"speculative must be 'mtp', 'lookup', 'off' or a Drafter for a call, got {mode!r}")
             if mode == "off":
                 return None
-            mode = spec.PromptLookup()
+            if mode == "mtp" and not self._engine.has_mtp:
+                raise ValueError("speculative='mtp' needs the MTP head: load with speculative='mtp' or 'auto' "
+                                 "(or mtp=True)")
+            mode = spec.MtpHead() if mode == "mtp" else spec.PromptLookup()
         elif not callable(getattr(mode, "draft", None)):
-            raise TypeError(f"speculative must be 'lookup', 'off' or an object with draft(history, k), "
+            raise TypeError(f"speculative must be 'mtp', 'lookup', 'off' or an object with draft(history, k), "
                             f"got {type(mode).__name__}")
         if self.draft_depth == 0:
             raise ValueError("speculative decoding needs the rollback state reserved at load: "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
-__all__ = ["Drafter", "PromptLookup", "DepthPolicy", "DEFAULT_DEPTH", "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
+__all__ = ["Drafter", "PromptLookup", "MtpHead", "DepthPolicy", "DEFAULT_DEPTH", "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
 
 MAX_DEPTH = 7  # a verify step holds at most 8 rows (the engine's matvec path)
 DEFAULT_DEPTH = 4  # each depth reserves a copy of every DeltaNet state
@@ -51,6 +51,21 @@ class PromptLookup:
                 if start is not None:
                     return list(history[start:start + k])
         return []
+
+
+class MtpHead:
+    """Drafts with the checkpoint's multi-token-prediction head, on the GPU inside the verify
+    step (``Engine.verify_mtp``): greedy chained drafts, so sampling stays exact with them as
+    point masses. Where prompt lookup proposes a full-depth draft (a quoted span) it is used
+    instead."""
+
+    def __init__(self):
+        self.lookup = PromptLookup()
+
+    def draft(self, history: Sequence[int], k: int) -> list[int]:
+        """The lookup draft when it has ``k`` tokens, else none (the head drafts)."""
+        drafts = self.lookup.draft(history, k)
+        return drafts if len(drafts) == k else []
 
 
 @dataclass
@@ -117,9 +132,22 @@ def generate(engine, first: int, budget: int, sampling: dict, drafter: Drafter, 
     history.append(first)
     yield first
     left = budget - 1
+    mtp = isinstance(drafter, MtpHead)
     while left > 0:
         k = min(policy.depth(), left - 1)
         drafts = drafter.draft(history, k)[:k] if k > 0 else []
+        if mtp and not drafts:
+            # The head drafts (or, pausing, one-row steps that keep its state for later drafts).
+            steps = [k] if k else [0] * min(policy.plain_tokens(), left)
+            for depth in steps:
+                tokens = engine.verify_mtp(depth, **sampling)
+                if depth:
+                    policy.update(depth, len(tokens) - 1)
+                for token in tokens:
+                    history.append(token)
+                    left -= 1
+                    yield token
+            continue
         if not drafts:
             # Plain decoding, pipelined; its first token is the one already yielded.
             n = min(policy.plain_tokens(), left)
