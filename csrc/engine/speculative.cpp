@@ -3,6 +3,7 @@
 // snapshotted after each draft row, and the GPU decides: a choice per row (argmax, or the
 // sampler in draft mode), spec_accept counting the accepted drafts, delta_restore rolling
 // the recurrent state back to the last accepted row. The host waits once per step.
+#include <algorithm>
 #include <cstring>
 
 #include "mtp.h"
