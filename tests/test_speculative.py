@@ -296,3 +296,15 @@ def test_mtp_mode_needs_a_head(converted):
     assert metalqwen.load(path, device="cpu", max_context=64, speculative="auto").speculative == "lookup"
     with pytest.raises(ValueError, match="needs the MTP head"):
         load(converted, "base", 8).stream([1, 2, 3], speculative="mtp")
+
+
+def test_cli_generate_reports_the_acceptance(mtp_folder):
+    from test_cli import _run
+
+    r = _run("generate", "-m", mtp_folder, "--device", "cpu", "--raw", "-p", "Hello there", "--max-tokens", "12",
+             "--max-context", "64")
+    assert r.returncode == 0, r.stderr
+    assert "speculative (mtp): " in r.stderr and "tokens per step, acceptance" in r.stderr, r.stderr
+    off = _run("generate", "-m", mtp_folder, "--device", "cpu", "--raw", "-p", "Hello there", "--max-tokens", "12",
+               "--max-context", "64", "--speculative", "off")
+    assert off.returncode == 0 and off.stdout == r.stdout and "speculative" not in off.stderr
