@@ -63,13 +63,13 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
 
 // prefill and decode_begin take the Sampling fields as keyword arguments, neutral by default.
 Sampling sampling(float temperature, int top_k, float top_p, float min_p, float presence_penalty,
-                  float frequency_penalty, float repetition_penalty, uint64_t seed) {
-  return {temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty, seed};
+                  float frequency_penalty, float repetition_penalty, uint64_t seed, int logprobs) {
+  return {temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty, seed, logprobs};
 }
 #define MQ_SAMPLING_ARGS                                                                                     \
   py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f, \
       py::arg("presence_penalty") = 0.0f, py::arg("frequency_penalty") = 0.0f,                            \
-      py::arg("repetition_penalty") = 1.0f, py::arg("seed") = 0
+      py::arg("repetition_penalty") = 1.0f, py::arg("seed") = 0, py::arg("logprobs") = -1
 
 }  // namespace
 
@@ -109,7 +109,7 @@ void bind_engine(py::module_& m) {
           "prefill",
           [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, float min_p,
              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed,
-             const std::string& logits, py::object progress, std::vector<int> snapshot_at,
+             int logprobs, const std::string& logits, py::object progress, std::vector<int> snapshot_at,
              py::object snapshots) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
@@ -126,7 +126,7 @@ void bind_engine(py::module_& m) {
               py::gil_scoped_release release;
               out = e.prefill(tokens,
                               sampling(temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty,
-                                       repetition_penalty, seed),
+                                       repetition_penalty, seed, logprobs),
                               logits == "all", logits == "last", between_chunks, snapshot_at, &taken);
             }
             if (!snapshots.is_none())
@@ -142,13 +142,21 @@ void bind_engine(py::module_& m) {
       .def("restore", &Engine::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin",
            [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, float min_p,
-              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed) {
+              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed,
+              int logprobs) {
              e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, min_p, presence_penalty,
-                                                 frequency_penalty, repetition_penalty, seed));
+                                                 frequency_penalty, repetition_penalty, seed, logprobs));
            },
            py::arg("max_tokens"), MQ_SAMPLING_ARGS)
       .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())
       .def("decode_end", &Engine::decode_end, py::call_guard<py::gil_scoped_release>())
+      // (logprob, [(id, logprob), ...]) of the token decode_next returned last, or None.
+      .def("last_logprobs",
+           [](const Engine& e) -> py::object {
+             const auto found = e.last_logprobs();
+             if (!found) return py::none();
+             return py::make_tuple(found->logprob, found->top);
+           })
       .def("counters", [](const Engine& e) {
         const Counters& c = e.counters();
         py::dict d;

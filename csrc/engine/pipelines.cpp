@@ -40,6 +40,7 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   needs["argmax_partial"] = needs["argmax_final"] = up_to(MQ_ARGMAX_THREADS);
   needs["sample_top_kp"] = up_to(MQ_SAMPLE_THREADS);
   needs["penalty_count"] = needs["penalty_apply"] = up_to(MQ_PENALTY_THREADS);
+  needs["token_logprobs"] = up_to(MQ_LOGPROB_THREADS);
 
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";

@@ -91,6 +91,7 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> partials;     // uint2 [rows][n_partials]: argmax stage 1
   std::shared_ptr<gpu::Buffer> penalty_counts;  // uint [2][vocab], zero between steps (params/sampling.h)
   std::shared_ptr<gpu::Buffer> penalised;       // [vocab]: the chosen row's logits after penalties
+  std::shared_ptr<gpu::Buffer> logprobs;        // uint [MQ_LOGPROB_SLOTS][MQ_LOGPROB_ENTRY_WORDS] (params/sampling.h)
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
   std::vector<std::shared_ptr<gpu::Buffer>> recurrent;  // every state/hist buffer, for clearing
