@@ -18,6 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 
 from ..errors import MetalqwenError
 from ..model import Model
+from ..prefix_cache import message_boundaries
 from .logprobs import CompletionLogprobs, TokenTexts, chat_logprobs
 from .metrics import Metrics
 from .output_parser import Delta, OutputParser
@@ -54,20 +55,6 @@ def _sampling_defaults(folder: str) -> dict:
     except (OSError, ValueError):
         return {}
     return {k: found[k] for k in _SAMPLING_NEUTRAL if isinstance(found.get(k), (int, float))}
-
-
-def _message_boundaries(tokenizer, messages: list[dict], ids: list[int], **template) -> list[int]:
-    """Where the system prompt and the last user (or tool) turn end in ``ids``: the points a
-    next turn shares even when the template re-renders the answers after them."""
-    last = max((i for i, m in enumerate(messages) if m["role"] != "assistant"), default=None)
-    ends = sorted({0 if messages[0]["role"] == "system" else None, last} - {None})
-    found = []
-    for i in ends:
-        prefix = tokenizer.encode(tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False,
-                                                                **template))
-        if 0 < len(prefix) < len(ids) and ids[: len(prefix)] == prefix:
-            found.append(len(prefix))
-    return found
 
 
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
@@ -181,7 +168,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             messages = [m.for_template() for m in req.messages]
             text = model.tokenizer.apply_chat_template(messages, tools=tools, **req.chat_template_kwargs)
             prompt = model.tokenizer.encode(text)
-            boundaries = _message_boundaries(model.tokenizer, messages, prompt, tools=tools,
+            boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools,
                                              **req.chat_template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
