@@ -169,7 +169,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             text = model.tokenizer.apply_chat_template(messages, tools=tools, **req.chat_template_kwargs)
             prompt = model.tokenizer.encode(text)
             boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools,
-                                             **req.chat_template_kwargs)
+                                            **req.chat_template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
         job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens, boundaries,
