@@ -549,4 +549,76 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
   while (a < p.drafts && chosen[a] == ids[p.draft_pos + a]) a++;
   ids[p.draft_pos + a] = chosen[a];
   accepted[0] = a;
+// Log-probabilities of a chosen token and of the row's top entries, over the raw logits
+// (definition and output layout in params/sampling.h). One pass: each thread keeps an
+// online (max, sum of exp) and its own top_n list sorted descending (indices ascend within
+// a thread, so a strict comparison keeps the lower id first among equals); then top_n
+// rounds pick the best head of all threads' lists (ties: lower id), so nothing is sorted
+// across the threadgroup and the threadgroup memory stays at two 32-entry scratches.
+//   logits [n] (one row); ids uint [..], ids[out_pos] read; out uint [slots][ENTRY_WORDS].
+// Grid: (1) threadgroup of 32..MQ_LOGPROB_THREADS threads (a multiple of 32).
+[[max_total_threads_per_threadgroup(MQ_LOGPROB_THREADS)]]
+[[kernel]] void token_logprobs(device const float* logits [[buffer(0)]],
+                               device const uint* ids [[buffer(1)]],
+                               device uint* out [[buffer(2)]],
+                               constant LogprobParams& p [[buffer(3)]],
+                               uint tid [[thread_index_in_threadgroup]],
+                               uint tpg [[threads_per_threadgroup]],
+                               uint sg [[simdgroup_index_in_threadgroup]],
+                               uint n_sg [[simdgroups_per_threadgroup]],
+                               uint lane [[thread_index_in_simdgroup]]) {
+  using namespace mq_sample;
+  threadgroup float scratch_f[32];
+  threadgroup uint scratch_u[32];
+  uint top_key[MQ_LOGPROB_MAX_TOP];
+  uint top_id[MQ_LOGPROB_MAX_TOP];
+  uint held = 0;
+  float my_m = -INFINITY;
+  float my_s = 0.0f;
+  for (uint i = tid; i < p.n; i += tpg) {
+    const float v = logits[i];
+    const bool nan_v = is_nan(v);
+    if (!nan_v && v != -INFINITY) {
+      if (v > my_m) {
+        my_s = fma(my_s, exp(my_m - v), 1.0f);
+        my_m = v;
+      } else {
+        my_s += exp(v - my_m);
+      }
+    }
+    if (p.top_n == 0) continue;
+    const uint k = nan_v ? KEY_NEG_INF : key_of(v);
+    if (held == p.top_n && k <= top_key[held - 1]) continue;
+    uint j = held < p.top_n ? held++ : p.top_n - 1;
+    for (; j > 0 && top_key[j - 1] < k; j--) {
+      top_key[j] = top_key[j - 1];
+      top_id[j] = top_id[j - 1];
+    }
+    top_key[j] = k;
+    top_id[j] = i;
+  }
+  const float m = value_of(tg_max(key_of(my_m), scratch_u, sg, n_sg, lane));
+  const float s = tg_sum(my_s > 0.0f ? my_s * exp(my_m - m) : 0.0f, scratch_f, sg, n_sg, lane);
+  const float lse = m + log(s);
+
+  device uint* entry = out + (ulong)p.slot * MQ_LOGPROB_ENTRY_WORDS;
+  if (tid == 0) {
+    const uint chosen = ids[p.out_pos];
+    const float v = chosen < p.n ? logits[chosen] : NAN;
+    entry[0] = chosen;
+    entry[1] = as_type<uint>(is_nan(v) ? -INFINITY : v - lse);
+    entry[2] = as_type<uint>(lse);
+    entry[3] = p.top_n;
+  }
+  uint head = 0;
+  for (uint r = 0; r < p.top_n; r++) {
+    const uint mine = head < held ? top_key[head] : 0u;  // 0: below every key, NaN's included
+    const uint best = tg_max(mine, scratch_u, sg, n_sg, lane);
+    const uint id = tg_min(head < held && mine == best ? top_id[head] : NO_INDEX, scratch_u, sg, n_sg, lane);
+    if (head < held && top_id[head] == id) head++;
+    if (tid == 0) {
+      entry[4 + r] = id;
+      entry[4 + MQ_LOGPROB_MAX_TOP + r] = as_type<uint>(value_of(best) - lse);
+    }
+  }
 }

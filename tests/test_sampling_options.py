@@ -1,7 +1,9 @@
 """min-p and the penalties through Model.generate on the demo checkpoint: penalised greedy
 follows numpy penalties over model.score's logits step by step, min_p = 1 is greedy,
 seeded draws reproduce, neutral values dispatch exactly the kernels they did before, and
-bad values raise errors naming the argument."""
+bad values raise errors naming the argument. logprobs: each chunk's logprob and top ids
+equal numpy's log-softmax of model.score's raw logits at that position (greedy, sampled
+and penalised), at the cost of one dispatch per step only when asked for."""
 
 from __future__ import annotations
 
@@ -89,11 +91,46 @@ def test_neutral_options_dispatch_the_same_kernels(model):
         assert decode_dispatches(presence_penalty=0.5, **sampled) == plain + 2
 
 
+def log_softmax(rows):
+    rows = rows.astype(np.float64)
+    m = rows.max(axis=-1, keepdims=True)
+    return rows - m - np.log(np.exp(rows - m).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 1.3, "top_p": 0.9, "seed": 4},
+                                     {"repetition_penalty": 1.5, "presence_penalty": 1.0}])
+@pytest.mark.parametrize("top", [0, 5, 20])
+def test_logprobs_are_the_raw_log_softmax_at_each_position(model, options, top):
+    model.reset()
+    chunks = [c for c in model.stream(PROMPT, max_tokens=7, logprobs=top, **options) if c.token is not None]
+    tokens = [c.token for c in chunks]
+    # Row i of score(prompt + tokens) predicts tokens[i]: raw logits, before penalties and temperature.
+    want = log_softmax(model.score(PROMPT + tokens)[len(PROMPT) - 1:-1])
+    for i, c in enumerate(chunks):
+        assert abs(c.logprob - want[i, c.token]) <= 1e-4, (i, c.logprob, want[i, c.token])
+        ids = [t for t, _ in c.top_logprobs]
+        assert ids == np.argsort(-want[i], kind="stable")[:top].tolist()
+        np.testing.assert_allclose([lp for _, lp in c.top_logprobs], want[i, ids], rtol=0, atol=1e-4)
+    assert all(c.logprob is None and c.top_logprobs == [] for c in model.stream(PROMPT, max_tokens=3))
+
+
+def test_logprobs_cost_one_dispatch_per_step_when_asked(model):
+    def decode_dispatches(**options):
+        model.reset()
+        model.generate(PROMPT, max_tokens=3, **options)
+        return model.counters()["dispatches_last_step"]
+
+    plain = decode_dispatches()
+    assert decode_dispatches(logprobs=None) == plain
+    assert decode_dispatches(logprobs=0) == decode_dispatches(logprobs=20) == plain + 1
+
+
 @pytest.mark.parametrize("name,value,error", [
     ("min_p", 1.5, ValueError), ("min_p", -0.1, ValueError), ("min_p", "0.1", TypeError),
     ("presence_penalty", 2.5, ValueError), ("frequency_penalty", -3, ValueError),
     ("frequency_penalty", None, TypeError), ("repetition_penalty", 0, ValueError),
-    ("repetition_penalty", True, TypeError),
+    ("repetition_penalty", True, TypeError), ("logprobs", 21, ValueError), ("logprobs", -1, ValueError),
+    ("logprobs", True, TypeError),
 ])
 def test_bad_values_name_the_argument(model, name, value, error):
     with pytest.raises(error, match=name):

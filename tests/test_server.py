@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 import metalqwen
@@ -107,6 +108,73 @@ def test_penalties_and_min_p_reach_the_gpu_sampler(client, model):
                                                     **options, **extra).text
 
 
+def _log_softmax_at(model, prompt, tokens):
+    """Row i: float64 log-softmax of the raw logits that chose tokens[i] (model.score's)."""
+    rows = model.score(prompt + tokens)[len(prompt) - 1:len(prompt) - 1 + len(tokens)].astype(np.float64)
+    m = rows.max(axis=1, keepdims=True)
+    return rows - m - np.log(np.exp(rows - m).sum(axis=1, keepdims=True))
+
+
+def _check_entry(model, entry, token, row, top):
+    text = model.tokenizer.decode([token])
+    assert entry.token == text and entry.bytes == list(text.encode("utf-8"))
+    assert abs(entry.logprob - row[token]) <= 1e-4, (entry.logprob, row[token])
+    want = np.argsort(-row, kind="stable")[:top]
+    assert [t.token for t in entry.top_logprobs] == [model.tokenizer.decode([int(i)]) for i in want]
+    np.testing.assert_allclose([t.logprob for t in entry.top_logprobs], row[want], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("top", [None, 5])
+def test_chat_logprobs_equal_the_log_softmax_of_score(client, model, top):
+    messages = [{"role": "user", "content": "hi"}]
+    kwargs = dict(model="x", messages=messages, max_tokens=8, temperature=0, logprobs=True)
+    if top is not None:
+        kwargs["top_logprobs"] = top
+    r = client.chat.completions.create(**kwargs)
+    prompt = model.tokenizer.encode_chat(messages)
+    gen = _greedy(model, prompt, 8)
+    tokens = [t for t in gen.tokens if t not in model.eos_token_ids]  # no entry for the eos token
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(tokens) == r.usage.completion_tokens - (len(gen.tokens) - len(tokens))
+    rows = _log_softmax_at(model, prompt, tokens)
+    for entry, token, row in zip(content, tokens, rows):
+        _check_entry(model, entry, token, row, top or 0)
+    # Streamed, the chunks' logprobs add up to the same list (also over text the parser holds back).
+    streamed = [e for c in client.chat.completions.create(stream=True, **kwargs) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+
+
+def test_completion_logprobs_in_the_legacy_shape(client, model):
+    r = client.completions.create(model="x", prompt="The sky is", max_tokens=8, temperature=0, logprobs=3)
+    prompt = model.tokenizer.encode("The sky is")
+    tokens = [t for t in _greedy(model, prompt, 8).tokens if t not in model.eos_token_ids]
+    rows = _log_softmax_at(model, prompt, tokens)
+    lp = r.choices[0].logprobs
+    texts = [model.tokenizer.decode([t]) for t in tokens]
+    assert lp.tokens == texts and "".join(texts) == r.choices[0].text
+    np.testing.assert_allclose(lp.token_logprobs, rows[np.arange(len(tokens)), tokens], rtol=0, atol=1e-4)
+    assert lp.text_offset == [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    for got, row in zip(lp.top_logprobs, rows):
+        want = np.argsort(-row, kind="stable")[:3]
+        assert list(got) == [model.tokenizer.decode([int(i)]) for i in want]
+        np.testing.assert_allclose(list(got.values()), row[want], rtol=0, atol=1e-4)
+    streamed = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in client.completions.create(model="x", prompt="The sky is", max_tokens=8, temperature=0, logprobs=3,
+                                       stream=True):
+        if c.choices and c.choices[0].logprobs:
+            for key in streamed:
+                streamed[key] += getattr(c.choices[0].logprobs, key)
+    assert streamed == {key: getattr(lp, key) for key in streamed}
+    plain = client.completions.create(model="x", prompt="The sky is", max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].text == r.choices[0].text
+
+
+def test_logprobs_out_of_range_are_400_naming_the_field(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "logprobs": 21})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+
+
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
@@ -118,6 +186,8 @@ def test_penalties_and_min_p_reach_the_gpu_sampler(client, model):
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
     ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}, "presence_penalty"),
     ({"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 0}, "repetition_penalty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "string"}}}]}, "tools.0.function.parameters"),

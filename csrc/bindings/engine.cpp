@@ -64,13 +64,13 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
 
 // prefill and decode_begin take the Sampling fields as keyword arguments, neutral by default.
 Sampling sampling(float temperature, int top_k, float top_p, float min_p, float presence_penalty,
-                  float frequency_penalty, float repetition_penalty, uint64_t seed) {
-  return {temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty, seed};
+                  float frequency_penalty, float repetition_penalty, uint64_t seed, int logprobs) {
+  return {temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty, seed, logprobs};
 }
 #define MQ_SAMPLING_ARGS                                                                                     \
   py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f, \
       py::arg("presence_penalty") = 0.0f, py::arg("frequency_penalty") = 0.0f,                            \
-      py::arg("repetition_penalty") = 1.0f, py::arg("seed") = 0
+      py::arg("repetition_penalty") = 1.0f, py::arg("seed") = 0, py::arg("logprobs") = -1
 
 }  // namespace
 
@@ -115,7 +115,7 @@ void bind_engine(py::module_& m) {
           "prefill",
           [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, float min_p,
              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed,
-             const std::string& logits, py::object progress, std::vector<int> snapshot_at,
+             int logprobs, const std::string& logits, py::object progress, std::vector<int> snapshot_at,
              py::object snapshots) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
@@ -132,7 +132,7 @@ void bind_engine(py::module_& m) {
               py::gil_scoped_release release;
               out = e.prefill(tokens,
                               sampling(temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty,
-                                       repetition_penalty, seed),
+                                       repetition_penalty, seed, logprobs),
                               logits == "all", logits == "last", between_chunks, snapshot_at, &taken);
             }
             if (!snapshots.is_none())
@@ -148,9 +148,10 @@ void bind_engine(py::module_& m) {
       .def("restore", &Engine::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin",
            [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, float min_p,
-              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed) {
+              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed,
+              int logprobs) {
              e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, min_p, presence_penalty,
-                                                 frequency_penalty, repetition_penalty, seed));
+                                                 frequency_penalty, repetition_penalty, seed, logprobs));
            },
            py::arg("max_tokens"), MQ_SAMPLING_ARGS)
       .def_property_readonly("has_mtp", &Engine::has_mtp)
@@ -175,7 +176,7 @@ void bind_engine(py::module_& m) {
           [](Engine& e, std::vector<uint32_t> drafts, float temperature, int top_k, float top_p, float min_p,
              uint64_t seed) {
             py::gil_scoped_release release;
-            return e.verify(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed));
+            return e.verify(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed, -1));
           },
           py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
           py::arg("min_p") = 0.0f, py::arg("seed") = 0)
@@ -183,11 +184,18 @@ void bind_engine(py::module_& m) {
           "verify_mtp",
           [](Engine& e, uint32_t drafts, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
             py::gil_scoped_release release;
-            return e.verify_mtp(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed));
+            return e.verify_mtp(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed, -1));
           },
           py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
           py::arg("min_p") = 0.0f, py::arg("seed") = 0)
       .def("chosen", &Engine::chosen)
+      // (logprob, [(id, logprob), ...]) of the token decode_next returned last, or None.
+      .def("last_logprobs",
+           [](const Engine& e) -> py::object {
+             const auto found = e.last_logprobs();
+             if (!found) return py::none();
+             return py::make_tuple(found->logprob, found->top);
+           })
       .def("counters", [](const Engine& e) {
         const Counters& c = e.counters();
         py::dict d;

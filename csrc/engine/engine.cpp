@@ -83,6 +83,12 @@ void Engine::check_room(size_t extra) const {
                              std::to_string(extra) + " exceed max_context " + std::to_string(options_.max_context));
 }
 
+void Engine::check_sampling(const Sampling& s) const {
+  if (s.logprobs < -1 || s.logprobs > MQ_LOGPROB_MAX_TOP)
+    throw EngineError("[engine] logprobs must be -1 (off) or 0.." + std::to_string(MQ_LOGPROB_MAX_TOP) + ", got " +
+                      std::to_string(s.logprobs));
+}
+
 std::vector<uint32_t> Engine::tokens() const {
   const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
   return std::vector<uint32_t>(ids, ids + position_);
@@ -108,6 +114,7 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
                                    std::vector<std::shared_ptr<Snapshot>>* snapshots) {
   decode_end();
   if (tokens.empty()) throw EngineError("[engine] prefill needs at least one token");
+  check_sampling(sampling);
   // One slot past the last token receives the chosen next token.
   check_room(tokens.size() + 1);
   const uint32_t vocab = uint32_t(model_.dims.vocab);
@@ -170,6 +177,7 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
 void Engine::decode_begin(int max_tokens, const Sampling& sampling) {
   if (decoding_) decode_end();
   mtp_row_ = -1;  // decode steps do not run the MTP head
+  check_sampling(sampling);
   decoding_.emplace();
   decoding_->sampling = sampling;
   decoding_->max_tokens = max_tokens;
@@ -195,13 +203,32 @@ std::optional<uint32_t> Engine::decode_next() {
   if (d.committed < steps) commit_decode_step();
   if (d.returned == 0) {  // the token prefill (or the last decode) chose
     d.returned = 1;
-    return ids[position_ - d.committed];
+    d.last_position = position_ - d.committed;
+    return ids[d.last_position];
   }
   auto [cb, slot] = std::move(d.in_flight.front());
   d.in_flight.pop_front();
   wait(*cb);
   d.returned += 1;
+  d.last_position = slot;
   return ids[slot];
+}
+
+std::optional<TokenLogprobs> Engine::last_logprobs() const {
+  if (!decoding_ || decoding_->last_position < 0 || decoding_->sampling.logprobs < 0) return std::nullopt;
+  // The step that wrote this ring slot was waited for; the ones in flight write other slots.
+  const auto* entry = static_cast<const uint32_t*>(ws_->logprobs->contents()) +
+                      size_t(decoding_->last_position % MQ_LOGPROB_SLOTS) * MQ_LOGPROB_ENTRY_WORDS;
+  auto as_float = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  TokenLogprobs out;
+  out.logprob = as_float(entry[1]);
+  for (uint32_t r = 0; r < entry[3]; ++r)
+    out.top.emplace_back(entry[4 + r], as_float(entry[4 + MQ_LOGPROB_MAX_TOP + r]));
+  return out;
 }
 
 void Engine::decode_end() {

@@ -48,7 +48,16 @@ struct Sampling {
   float frequency_penalty = 0.0f;   // likewise, times each token's count
   float repetition_penalty = 1.0f;  // over the whole context (prompt + generated)
   uint64_t seed = 0;
+  // Log-probabilities of each chosen token over the raw logits (Engine::last_logprobs):
+  // -1 = off (no dispatch), 0 = the chosen token's only, N <= MQ_LOGPROB_MAX_TOP = and the top N.
+  int logprobs = -1;
   bool penalised() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f; }
+};
+
+// The log-probabilities of one chosen token (see Sampling::logprobs).
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<std::pair<uint32_t, float>> top;  // (id, logprob), descending, ties lower id first
 };
 
 struct LayerWeights;
@@ -112,6 +121,9 @@ class Engine {
   void decode_begin(int max_tokens, const Sampling& sampling);
   std::optional<uint32_t> decode_next();
   void decode_end();
+  // The log-probabilities of the token decode_next returned last, when the sampling asked
+  // for them (Sampling::logprobs >= 0); nothing otherwise.
+  std::optional<TokenLogprobs> last_logprobs() const;
 
   // Speculative decoding (options.max_draft > 0): one verify step feeds the chosen token
   // (ids[position()]) and `drafts` (at most max_draft) as 1 + drafts rows on the matvec path,
@@ -148,6 +160,7 @@ class Engine {
   // Every kernel encode_step may dispatch for this model, with its threadgroup needs.
   std::map<std::string, ThreadgroupNeed> kernel_needs() const;
   void check_room(size_t extra) const;
+  void check_sampling(const Sampling& sampling) const;
   // Encodes the model over `rows` tokens at position_ (ids[position_ ..]): logits of
   // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token
   // (from the last row) into ids[position_ + rows]. A `prefill` step always takes the
@@ -223,6 +236,7 @@ class Engine {
   struct Decoding {
     Sampling sampling;
     int max_tokens = 0, returned = 0, committed = 0;
+    int last_position = -1;  // where the token decode_next returned last sits in ids
     std::deque<std::pair<std::unique_ptr<gpu::CommandBuffer>, int>> in_flight;  // (step, id slot it writes)
   };
   std::optional<Decoding> decoding_;

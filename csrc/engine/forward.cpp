@@ -180,7 +180,8 @@ void Engine::encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg
 
 void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {
   const uint32_t V = uint32_t(model_.dims.vocab);
-  Arg logits(ws_->logits, size_t(logit_row) * V * 4);
+  const Arg raw(ws_->logits, size_t(logit_row) * V * 4);
+  Arg logits = raw;
   if (s.penalised()) {
     // The penalised copy is chosen from; the logits buffer (returned to callers) stays raw.
     const uint32_t generated_from = uint32_t(generated_from_);
@@ -200,6 +201,11 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
     const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos, 0, 0};
     enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p), ws_->ids}, {1});
+  }
+  if (s.logprobs >= 0) {
+    // Over the raw row (vLLM's default), once the choice above wrote ids[out_pos].
+    const LogprobParams p{V, std::min(uint32_t(s.logprobs), V), out_pos, out_pos % MQ_LOGPROB_SLOTS};
+    enc.dispatch("token_logprobs", {raw, ws_->ids, ws_->logprobs, Arg::value(p)}, {1});
   }
 }
 

@@ -45,6 +45,7 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
     needs["spec_accept"] = exactly(1);
     needs["delta_restore"] = up_to(kCopyThreads);
   }
+  needs["token_logprobs"] = up_to(MQ_LOGPROB_THREADS);
 
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";

@@ -85,6 +85,7 @@ std::vector<uint32_t> Engine::verify_mtp(uint32_t drafts, const Sampling& sampli
 
 std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling, bool mtp_drafts) {
   if (sampling.penalised()) throw EngineError("[engine] a verify step takes no penalties: decode instead");
+  if (sampling.logprobs >= 0) throw EngineError("[engine] a verify step reports no logprobs: decode instead");
   Encoder enc(*device_, kernels_);
   if (mtp_drafts && k > 0) encode_mtp_drafts(enc, k);
   snap_rows_ = k;

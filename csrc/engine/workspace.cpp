@@ -128,6 +128,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::logits, R * V}, {&Workspace::partials, R * partials * 2},
       {&Workspace::penalty_counts, 2 * V}, {&Workspace::penalised, V},
       {&Workspace::mtp_in, o.mtp ? R * 2 * H : 0}, {&Workspace::mtp_hidden, o.mtp ? R * H : 0},
+      {&Workspace::logprobs, MQ_LOGPROB_SLOTS * MQ_LOGPROB_ENTRY_WORDS},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},
       {&Workspace::verify_chosen, kMaxVerifyRows}, {&Workspace::accepted, 1},

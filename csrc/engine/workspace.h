@@ -97,6 +97,7 @@ struct Workspace {
   // MTP head (allocated with EngineOptions::mtp, else 16 bytes each):
   std::shared_ptr<gpu::Buffer> mtp_in;       // [rows][2 hidden]: [pre_fc_norm_embedding(e) | pre_fc_norm_hidden(h)]
   std::shared_ptr<gpu::Buffer> mtp_hidden;   // [rows][hidden]: after mtp.norm (the next chained step's h)
+  std::shared_ptr<gpu::Buffer> logprobs;        // uint [MQ_LOGPROB_SLOTS][MQ_LOGPROB_ENTRY_WORDS] (params/sampling.h)
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
   std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [kMaxVerifyRows]: a verify step's choice per row

@@ -54,6 +54,20 @@ def sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any, min_p: Any = 0
     return checked
 
 
+MAX_TOP_LOGPROBS = 20  # MQ_LOGPROB_MAX_TOP (shaders/params/sampling.h)
+
+
+def logprobs(value: Any) -> int:
+    """None (off, the engine's -1) or how many top log-probabilities to report, 0..20."""
+    if value is None:
+        return -1
+    allowed = f"an integer in 0..{MAX_TOP_LOGPROBS} (top entries per token), or None for off"
+    value = integer("logprobs", value, low=0, allowed=allowed)
+    if value > MAX_TOP_LOGPROBS:
+        raise ValueError(f"logprobs must be {allowed}, got {value}")
+    return value
+
+
 def stop_strings(stop: Any) -> list[str]:
     """None, one string or a sequence of non-empty strings."""
     if stop is None:

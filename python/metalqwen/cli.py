@@ -127,12 +127,13 @@ def _ask(question: str) -> bool:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    """Multi-turn chat; each turn feeds only its own tokens (see Conversation)."""
+    """Multi-turn chat rendered by the template each turn; the prefix cache resumes each turn at
+    the end of the previous user message (see Conversation)."""
     from .conversation import Conversation
 
     options = _options(args)
     model = _load(args)
-    conversation = Conversation(model.tokenizer, model.eos_token_ids, system=args.system)
+    conversation = Conversation(model.tokenizer, system=args.system)
     # A new turn wants room for an answer: max_tokens, or half the context when that is less.
     answer_room = min(args.max_tokens, model.max_context // 2)
     print("metalqwen chat: Ctrl-C stops an answer, Ctrl-D quits", file=sys.stderr)
@@ -145,20 +146,20 @@ def _chat(args: argparse.Namespace) -> int:
         if not line.strip():
             print("(empty message: type some text, or Ctrl-D to quit)", file=sys.stderr)
             continue
-        ids = conversation.prompt(line)
-        if len(ids) + answer_room > model.max_context:
-            if not _ask(f"the context is full ({len(ids)} tokens with your message; max_context "
+        prompt = conversation.prompt(line)
+        if len(prompt.ids) + answer_room > model.max_context:
+            if not _ask(f"the context is full ({len(prompt.ids)} tokens with your message; max_context "
                         f"{model.max_context}). Continue in a fresh context keeping the last turns that fit?"):
                 print("(message dropped; Ctrl-D quits)", file=sys.stderr)
                 continue
-            ids = conversation.restart(line, model.max_context - answer_room)
+            prompt = conversation.restart(line, model.max_context - answer_room)
             print(f"(fresh context: {len(conversation.turns)} earlier turns kept)", file=sys.stderr)
         try:
-            reply = _print_stream(model, ids, options, chat=False)
+            reply = _print_stream(model, prompt.ids, dict(options, boundaries=prompt.boundaries), chat=False)
         except KeyboardInterrupt:
             print("(answer stopped)", file=sys.stderr)
             reply = model.tokenizer.decode(model.last_tokens, skip_special_tokens=True)
-        conversation.record(ids, line, model.last_tokens, reply)
+        conversation.record(prompt, line, reply)
         _report(model)
 
 
@@ -264,6 +265,9 @@ def parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="multi-turn chat in the terminal")
     _add_model_options(chat)
     chat.add_argument("--system", default=None, help="a system message for the conversation")
+    chat.add_argument("--cache-gb", type=float, default=1.0,
+                      help="device memory for the states saved at message ends, GiB (default 1; 0 = off: each "
+                           "turn re-reads the whole conversation)")
     chat.set_defaults(run=_chat)
     demo = commands.add_parser("demo", help="write a tiny random checkpoint and generate from it (works anywhere)")
     _add_common_options(demo)

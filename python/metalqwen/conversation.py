@@ -1,10 +1,11 @@
-"""A multi-turn chat kept as the tokens the model actually saw.
+"""A multi-turn chat, rendered by the checkpoint's chat template every turn as the server renders it.
 
-Re-rendering the whole history with the chat template each turn rarely reproduces the
-cached tokens (Qwen's template drops the thinking of earlier answers, and the generated
-`<think>` is not in the re-rendered text), so the engine would re-read the conversation
-every turn. Instead each turn appends only its own rendering to the tokens fed and
-generated so far: the cache always holds a prefix of the next prompt.
+Qwen's template drops the thinking of earlier answers, so a turn's prompt does not extend
+the tokens the model saw: it shares them up to the end of the previous user turn. The
+model's prefix cache (``load(prefix_cache_bytes=...)``) saves the state at the message
+boundaries each prompt reports (where the system prompt and the last user turn end), so a
+turn resumes there and feeds only the last answer (without its thinking) and the new
+message, and the model reads the history exactly as its template writes it.
 """
 
 from __future__ import annotations
@@ -12,72 +13,72 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ContextFullError
+from .prefix_cache import message_boundaries
 from .tokenizer import Tokenizer
 
-# Stand-ins the template renders verbatim, to cut out the text it puts between messages.
-_REPLY_MARK = "\x1fmetalqwen-reply\x1f"
-_USER_MARK = "\x1fmetalqwen-user\x1f"
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass
 class _Turn:
     user: str
-    reply: str
+    reasoning: str
+    content: str
+
+
+@dataclass
+class ChatPrompt:
+    ids: list[int]  # the rendered conversation with the new user turn and the generation prompt
+    boundaries: list[int]  # positions to snapshot for the next turns (Model.stream(boundaries=...))
+    opens_thinking: bool  # the generation prompt ends inside <think>: the answer starts with its reasoning
 
 
 class Conversation:
-    """Prompts for a chat whose earlier turns stay in the engine's cache.
+    """Prompts for a chat: ``prompt(text)`` gives what to generate the next answer from;
+    ``record(text, reply)`` then stores the turn (also a partial answer after an interrupt).
+    A turn that is never recorded leaves the conversation as it was."""
 
-    ``prompt(text)`` gives the ids to generate the next answer from; ``record(...)`` then
-    stores what was generated (also a partial answer after an interrupt). A turn that is
-    never recorded leaves the conversation as it was."""
-
-    def __init__(self, tokenizer: Tokenizer, eos_token_ids, system: str | None = None):
+    def __init__(self, tokenizer: Tokenizer, system: str | None = None):
         self.tokenizer = tokenizer
-        self.eos = set(eos_token_ids)
         self.system = system
         self.turns: list[_Turn] = []
-        self.ids: list[int] = []  # every token fed and generated, in order
 
     def _messages(self, turns: list[_Turn], user: str) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        body = [m for t in turns for m in ({"role": "user", "content": t.user}, {"role": "assistant", "content": t.reply})]
+        body = [m for t in turns for m in ({"role": "user", "content": t.user},
+                                           {"role": "assistant", "content": t.content,
+                                            "reasoning_content": t.reasoning or None})]
         return head + body + [{"role": "user", "content": user}]
 
-    def prompt(self, user: str) -> list[int]:
-        """The conversation's tokens followed by the new user turn and the generation prompt."""
+    def _render(self, turns: list[_Turn], user: str) -> ChatPrompt:
+        messages = self._messages(turns, user)
+        text = self.tokenizer.apply_chat_template(messages)
+        ids = self.tokenizer.encode(text)
+        return ChatPrompt(ids, message_boundaries(self.tokenizer, messages, ids),
+                          text.rfind(_THINK_OPEN) > text.rfind(_THINK_CLOSE))
+
+    def prompt(self, user: str) -> ChatPrompt:
+        """Every recorded turn and the new user message, rendered by the template."""
         if not isinstance(user, str) or not user.strip():
             raise ValueError("a chat message needs some text")
-        if not self.ids:  # the first turn, or the first after a restart
-            return self.tokenizer.encode_chat(self._messages(self.turns, user))
-        return self.ids + self.tokenizer.encode(self._turn_text(user))
+        return self._render(self.turns, user)
 
-    def _turn_text(self, user: str) -> str:
-        """What the template writes after an answer: the answer's end, the user turn, the
-        generation prompt. The end is left out when the model already generated it (eos)."""
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "."}, {"role": "assistant", "content": _REPLY_MARK},
-             {"role": "user", "content": _USER_MARK}], add_generation_prompt=True)
-        after_reply = text[text.index(_REPLY_MARK) + len(_REPLY_MARK):]
-        if self.ids[-1] in self.eos:
-            closing = self.tokenizer.decode([self.ids[-1]])
-            if after_reply.startswith(closing):
-                after_reply = after_reply[len(closing):]
-        return after_reply.replace(_USER_MARK, user)
+    def record(self, prompt: ChatPrompt, user: str, reply: str) -> None:
+        """Stores a turn: the prompt ``prompt(user)`` gave and the text generated for it, split
+        into reasoning and answer at ``</think>`` (all reasoning when cut short inside it)."""
+        reasoning, content = "", reply
+        if _THINK_CLOSE in reply:
+            reasoning, content = reply.split(_THINK_CLOSE, 1)
+        elif prompt.opens_thinking:
+            reasoning, content = reply, ""
+        self.turns.append(_Turn(user, reasoning.removeprefix(_THINK_OPEN).strip("\n"), content.lstrip("\n")))
 
-    def record(self, prompt_ids: list[int], user: str, generated: list[int], reply: str) -> None:
-        """Stores a turn: the prompt ids ``prompt(user)`` gave and every token generated (eos included)."""
-        self.ids = list(prompt_ids) + list(generated)
-        self.turns.append(_Turn(user, reply))
-
-    def restart(self, user: str, limit: int) -> list[int]:
-        """A fresh context: the prompt of the last turns that fit in ``limit`` tokens with the
-        new message (rendered by the template, from text). Raises ContextFullError when the
-        message alone does not fit."""
+    def restart(self, user: str, limit: int) -> ChatPrompt:
+        """The prompt of the last turns that fit in ``limit`` tokens with the new message (the
+        older turns are forgotten). Raises ContextFullError when the message alone does not fit."""
         for first in range(len(self.turns) + 1):
-            ids = self.tokenizer.encode_chat(self._messages(self.turns[first:], user))
-            if len(ids) <= limit:
+            found = self._render(self.turns[first:], user)
+            if len(found.ids) <= limit:
                 self.turns = self.turns[first:]
-                self.ids = []
-                return ids
-        raise ContextFullError(f"the message alone needs {len(ids)} tokens, more than the {limit} available")
+                return found
+        raise ContextFullError(f"the message alone needs {len(found.ids)} tokens, more than the {limit} available")

@@ -77,6 +77,10 @@ class Generation:
 class Chunk:
     text: str  # new complete text (UTF-8 safe; may be empty while a character is incomplete)
     token: int | None  # the token this chunk came from (None for the final flush)
+    # With stream(logprobs=N): the token's log-probability over the raw logits (before
+    # penalties and temperature), and the N most likely (id, logprob), ties lower id first.
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
 
 
 class Model:
@@ -164,7 +168,8 @@ class Model:
                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None,
                chat: bool = False, boundaries: Sequence[int] = (), min_p: float = 0.0,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-               repetition_penalty: float = 1.0, speculative: str | spec.Drafter | None = None) -> Iterator[Chunk]:
+               repetition_penalty: float = 1.0, logprobs: int | None = None,
+               speculative: str | spec.Drafter | None = None) -> Iterator[Chunk]:
         """Yields text as tokens are generated. ``prompt``: text (chat template applied when ``chat``) or ids.
 
         Greedy when temperature is 0; else sampling with top-k (0 = off), top-p (1 = off) and
@@ -172,7 +177,9 @@ class Model:
         Before either, on the GPU: ``repetition_penalty`` (1 = off) divides the positive logits
         (multiplies the negative ones) of every token in the prompt or generated so far, then
         ``frequency_penalty`` times a token's count and ``presence_penalty`` (0 = off) are
-        subtracted for the tokens generated so far in this call (vLLM's definitions). Stops at an eos token, a ``stop`` string (not included in
+        subtracted for the tokens generated so far in this call (vLLM's definitions). ``logprobs``
+        (0..20; None = off) fills each chunk's ``logprob`` and its ``top_logprobs`` (that many
+        entries), computed on the GPU from the raw logits. Stops at an eos token, a ``stop`` string (not included in
         the text), ``max_tokens`` or the end of the context (``finish_reason`` "length",
         ``stats.context_full``); a prompt that leaves no room raises ContextFullError. The cache
         is kept: a next prompt that extends this conversation only feeds the new tokens. With a
@@ -183,12 +190,14 @@ class Model:
 
         ``speculative`` overrides the load's mode for this call: "mtp", "lookup", "off", or any object
         with ``draft(history, k) -> ids`` (a ``speculative.Drafter``). Speculation never changes
-        the output (greedy: the same tokens; sampling: the same distribution); penalties turn it
-        off for the call (they would change with every draft)."""
+        the output (greedy: the same tokens; sampling: the same distribution); penalties and
+        logprobs turn it off for the call (penalties would change with every draft; verify rows
+        report no logprobs)."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
         sampling = arguments.sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
                                       repetition_penalty)
         sampling.setdefault("seed", int.from_bytes(os.urandom(8), "little"))
+        sampling["logprobs"] = arguments.logprobs(logprobs)
         stopper = StopMatcher(arguments.stop_strings(stop))
         drafter = self._drafter(speculative, sampling)
         ids = self.prompt_ids(prompt, chat)
@@ -214,7 +223,7 @@ class Model:
             raise ValueError("speculative decoding needs the rollback state reserved at load: "
                              "load(..., speculative='lookup' or 'auto')")
         penalised = (sampling["presence_penalty"], sampling["frequency_penalty"], sampling["repetition_penalty"])
-        return None if penalised != (0.0, 0.0, 1.0) else mode
+        return None if penalised != (0.0, 0.0, 1.0) or sampling["logprobs"] >= 0 else mode
 
     def _plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
         self._engine.decode_begin(budget, **sampling)
@@ -258,7 +267,11 @@ class Model:
                     self.last_finish_reason = "stop"
                     break
                 text, hit = stopper.feed(decoder.add(token))
-                yield Chunk(text=text, token=token)
+                found = self._engine.last_logprobs()  # None unless asked for
+                if found is None:
+                    yield Chunk(text=text, token=token)
+                else:
+                    yield Chunk(text=text, token=token, logprob=found[0], top_logprobs=found[1])
                 if hit:
                     self.last_finish_reason = "stop"
                     break

@@ -15,6 +15,21 @@ from collections import OrderedDict
 from typing import Sequence
 
 
+def message_boundaries(tokenizer, messages: list[dict], ids: list[int], **template) -> list[int]:
+    """Where the system prompt and the last user (or tool) turn end in ``ids`` (the chat
+    ``messages`` rendered with ``template`` options): the points a next turn shares even when
+    the template re-renders the answers after them, so the snapshots worth taking."""
+    last = max((i for i, m in enumerate(messages) if m["role"] != "assistant"), default=None)
+    ends = sorted({0 if messages[0]["role"] == "system" else None, last} - {None})
+    found = []
+    for i in ends:
+        prefix = tokenizer.encode(tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False,
+                                                                **template))
+        if 0 < len(prefix) < len(ids) and ids[: len(prefix)] == prefix:
+            found.append(len(prefix))
+    return found
+
+
 class PrefixCache:
     """Snapshots by token prefix, least recently used evicted beyond ``budget_bytes``."""
 

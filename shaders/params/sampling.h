@@ -87,3 +87,26 @@ struct PenaltyParams {
   float presence;       // 0 = off
   float frequency;      // 0 = off
 };
+
+// token_logprobs: the log-probabilities OpenAI's `logprobs` reports, over one RAW row of
+// logits (before penalties and temperature, as vLLM's default "raw logprobs"): NaN counts
+// as -inf; logsumexp = m + log(sum exp(l - m)), m the max (f32 accumulation); the chosen
+// token's logprob (its id read from ids[out_pos], written by the choice before it) and the
+// top_n (<= MQ_LOGPROB_MAX_TOP, <= n) largest entries, descending, ties lower id first.
+// A row needs a finite max (otherwise the logprobs are -inf or NaN).
+// One threadgroup (dispatch (1) threadgroup of any multiple of 32 threads up to
+// MQ_LOGPROB_THREADS). Output: entry `slot` of out, MQ_LOGPROB_ENTRY_WORDS 4-byte words:
+//   [0] chosen id (uint)   [1] chosen logprob   [2] logsumexp   [3] top_n (uint)
+//   [4, 4 + top_n) top ids (uint)   [4 + MQ_LOGPROB_MAX_TOP, + top_n) their logprobs
+// Decode keeps steps in flight, so the engine writes position p's entry at slot
+// p % MQ_LOGPROB_SLOTS and reads it once that step is waited for.
+#define MQ_LOGPROB_THREADS 256
+#define MQ_LOGPROB_MAX_TOP 20
+#define MQ_LOGPROB_ENTRY_WORDS (4 + 2 * MQ_LOGPROB_MAX_TOP)
+#define MQ_LOGPROB_SLOTS 4
+struct LogprobParams {
+  uint n;        // vocabulary size
+  uint top_n;    // entries of the top list, <= MQ_LOGPROB_MAX_TOP and <= n; 0 = chosen only
+  uint out_pos;  // the chosen id is ids[out_pos]
+  uint slot;     // the entry of out written
+};

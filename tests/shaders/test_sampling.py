@@ -14,6 +14,10 @@ answers. Checks:
   deviations per token (false-alarm rate ~6e-7 per token), and tokens outside
   top-k / top-p are never drawn.
 - top_k = 1 and a tiny top_p give the argmax; a fixed seed reproduces its draws.
+- logprobs: the chosen token's and the top-n log-softmax of a raw row equal float64
+  numpy within 1e-5, the top ids equal a stable descending argsort (ties: lower id),
+  also with NaN / -inf entries, vocabularies not a multiple of the threadgroup and the
+  27B vocabulary; only the addressed ring slot is written.
 """
 
 import numpy as np
@@ -636,3 +640,106 @@ def test_penalties_empty_history_and_ids_outside_the_vocabulary(dev, lib):
     np.testing.assert_array_equal(got, want)
     none, _ = run_penalties(dev, lib, logits, ids, **dict(kw, start=5, generated_from=5))
     np.testing.assert_array_equal(none, logits)  # nothing counted (the engine skips penalty_count then)
+
+
+# ---------------------------------------------------------------------------
+# logprobs: token_logprobs over a raw row, after the choice wrote ids[out_pos]
+
+LOGPROB_PARAMS = np.dtype([(n, "<u4") for n in ("n", "top_n", "out_pos", "slot")])
+LOGPROB_MAX_TOP = 20  # MQ_LOGPROB_MAX_TOP
+LOGPROB_ENTRY_WORDS = 4 + 2 * LOGPROB_MAX_TOP  # MQ_LOGPROB_ENTRY_WORDS
+LOGPROB_SLOTS = 4  # MQ_LOGPROB_SLOTS
+
+
+def logprobs_ref(logits):
+    """float64 log-softmax with NaN counted as -inf."""
+    lv = np.asarray(logits, np.float64).copy()
+    lv[np.isnan(lv)] = -np.inf
+    m = lv[np.isfinite(lv)].max()
+    return lv - (m + np.log(np.exp(lv - m).sum()))
+
+
+def top_ref(logits, top_n):
+    """The top_n ids, descending, ties lower id first (a stable sort of the negated row)."""
+    lv = np.asarray(logits, np.float64).copy()
+    lv[np.isnan(lv)] = -np.inf
+    return np.argsort(-lv, kind="stable")[:top_n]
+
+
+def run_logprobs(dev, lib, logits, chosen, top_n, threads=256, slot=2, out_pos=5):
+    logits = np.asarray(logits, np.float32)
+    n = logits.size
+    ids = np.full(out_pos + 2, NO_ID, np.uint32)
+    ids[out_pos] = chosen
+    out = dev.buffer(np.full(LOGPROB_SLOTS * LOGPROB_ENTRY_WORDS, NO_ID, np.uint32))
+    params = np.array([(n, top_n, out_pos, slot)], LOGPROB_PARAMS)
+    lib.kernel("token_logprobs").dispatch({0: dev.buffer(logits), 1: dev.buffer(ids), 2: out, 3: params},
+                                          threadgroups=(1,), threads=(threads,))
+    words = out.numpy(np.uint32).reshape(LOGPROB_SLOTS, LOGPROB_ENTRY_WORDS)
+    others = np.delete(words, slot, axis=0)
+    assert (others == NO_ID).all(), "another ring slot was written"
+    entry = words[slot]
+    assert (entry[4 + top_n:4 + LOGPROB_MAX_TOP] == NO_ID).all(), "top ids written past top_n"
+    assert (entry[4 + LOGPROB_MAX_TOP + top_n:] == NO_ID).all(), "top logprobs written past top_n"
+    f = entry.view(np.float32)
+    return dict(chosen=int(entry[0]), logprob=float(f[1]), lse=float(f[2]), top_n=int(entry[3]),
+                top_ids=entry[4:4 + top_n].astype(np.int64),
+                top_logprobs=f[4 + LOGPROB_MAX_TOP:4 + LOGPROB_MAX_TOP + top_n].astype(np.float64))
+
+
+def check_logprobs(got, logits, chosen, top_n):
+    want = logprobs_ref(logits)
+    assert got["chosen"] == chosen and got["top_n"] == top_n
+    np.testing.assert_allclose(got["logprob"], want[chosen], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(got["top_ids"], top_ref(logits, top_n))
+    np.testing.assert_allclose(got["top_logprobs"], want[got["top_ids"]], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [32, 96, 256])
+@pytest.mark.parametrize("n,top_n", [(1, 0), (1, 1), (7, 5), (31, 20), (33, 20), (257, 3), (1000, 20), (1000, 0)])
+def test_logprobs_match_numpy(dev, lib, n, top_n, threads):
+    rng = seeded("logprobs", n, top_n, threads)
+    logits = llm_logits(rng, n)
+    chosen = int(rng.integers(0, n))
+    check_logprobs(run_logprobs(dev, lib, logits, chosen, top_n, threads=threads), logits, chosen, top_n)
+
+
+def test_logprobs_ties_keep_the_lower_id_first(dev, lib):
+    rng = seeded("logprobs-ties")
+    n = 999
+    logits = np.round(rng.standard_normal(n) * 2).astype(np.float32)  # ~10 distinct values: many ties
+    logits[[900, 5, 400, 17]] = logits.max() + 1.0  # a four-way tie at the top, spread over threads
+    got = run_logprobs(dev, lib, logits, 400, 20, threads=64)
+    assert got["top_ids"][:4].tolist() == [5, 17, 400, 900]
+    check_logprobs(got, logits, 400, 20)
+    flat = np.full(100, 0.25, np.float32)  # all equal: ids 0..19, each log(1/100)
+    got = run_logprobs(dev, lib, flat, 99, 20, threads=64)
+    assert got["top_ids"].tolist() == list(range(20))
+    np.testing.assert_allclose(got["top_logprobs"], np.log(0.01), atol=1e-5)
+    np.testing.assert_allclose(got["logprob"], np.log(0.01), atol=1e-5)
+
+
+def test_logprobs_with_nan_and_minus_inf(dev, lib):
+    rng = seeded("logprobs-special")
+    n = 300
+    logits = llm_logits(rng, n)
+    logits[rng.choice(n, size=100, replace=False)] = -np.inf  # masked tokens
+    logits[rng.choice(n, size=20, replace=False)] = np.nan  # counted as -inf
+    finite = np.flatnonzero(np.isfinite(logits))
+    chosen = int(finite[0])
+    check_logprobs(run_logprobs(dev, lib, logits, chosen, 20, threads=64), logits, chosen, 20)
+    few = np.full(50, -np.inf, np.float32)  # fewer finite entries than top_n: the rest are -inf
+    few[[3, 40]] = [1.0, 2.0]
+    few[7] = np.nan
+    got = run_logprobs(dev, lib, few, 7, 5, threads=32)
+    assert got["top_ids"].tolist() == [40, 3, 0, 1, 2]
+    np.testing.assert_allclose(got["top_logprobs"][:2], logprobs_ref(few)[[40, 3]], atol=1e-6)
+    assert np.isneginf(got["top_logprobs"][2:]).all() and np.isneginf(got["logprob"])
+
+
+def test_logprobs_27b_vocab(dev, lib):
+    rng = seeded("logprobs-27b")
+    logits = llm_logits(rng, VOCAB_27B)
+    logits[VOCAB_27B - 1] = logits.max() + 0.5  # the best in the very last entry
+    chosen = int(np.argmax(logits))
+    check_logprobs(run_logprobs(dev, lib, logits, chosen, 20), logits, chosen, 20)

@@ -18,6 +18,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 
 from ..errors import MetalqwenError
 from ..model import Model
+from ..prefix_cache import message_boundaries
+from .logprobs import CompletionLogprobs, TokenTexts, chat_logprobs
 from .metrics import Metrics
 from .output_parser import Delta, OutputParser
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -55,20 +57,6 @@ def _sampling_defaults(folder: str) -> dict:
     return {k: found[k] for k in _SAMPLING_NEUTRAL if isinstance(found.get(k), (int, float))}
 
 
-def _message_boundaries(tokenizer, messages: list[dict], ids: list[int], **template) -> list[int]:
-    """Where the system prompt and the last user (or tool) turn end in ``ids``: the points a
-    next turn shares even when the template re-renders the answers after them."""
-    last = max((i for i, m in enumerate(messages) if m["role"] != "assistant"), default=None)
-    ends = sorted({0 if messages[0]["role"] == "system" else None, last} - {None})
-    found = []
-    for i in ends:
-        prefix = tokenizer.encode(tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False,
-                                                                **template))
-        if 0 < len(prefix) < len(ids) and ids[: len(prefix)] == prefix:
-            found.append(len(prefix))
-    return found
-
-
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
                max_queue: int = 16) -> FastAPI:
     """The server's ASGI app around a loaded model (one engine; requests take turns).
@@ -84,6 +72,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     model_id = model_id or os.path.basename(os.path.normpath(model.checkpoint.path))
     defaults = {**_SAMPLING_NEUTRAL, **_sampling_defaults(model.checkpoint.path)}
     metrics = Metrics(model, worker)
+    texts = TokenTexts(model.tokenizer)
     app.state.drain = worker.drain
 
     @app.middleware("http")
@@ -119,9 +108,10 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     def models():
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "metalqwen"}]}
 
-    def options(req, prompt: list[int], max_tokens: int | None, boundaries: list[int] = ()) -> dict:
+    def options(req, prompt: list[int], max_tokens: int | None, boundaries: list[int] = (),
+                logprobs: int | None = None) -> dict:
         """The generation options; a max_tokens past the room left is cut to it (finish_reason
-        "length"), one past the whole context is refused."""
+        "length"), one past the whole context is refused. ``logprobs``: top entries per token (None = off)."""
         where = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         room = model.max_context - len(prompt)
         if room < 1:
@@ -133,7 +123,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         return dict(max_tokens=min(max_tokens or room, room), temperature=pick("temperature"), top_p=pick("top_p"),
                     top_k=max(pick("top_k"), 0), min_p=pick("min_p"), presence_penalty=pick("presence_penalty"),
                     frequency_penalty=pick("frequency_penalty"), repetition_penalty=pick("repetition_penalty"),
-                    seed=req.seed, stop=req.stop or None, boundaries=boundaries)
+                    seed=req.seed, stop=req.stop or None, boundaries=boundaries, logprobs=logprobs)
 
     def start(job: Job) -> Job:
         try:
@@ -146,10 +136,10 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         return job
 
     async def run(job: Job):
-        """The job's text chunks; ends the job when the response ends, also a client gone mid-stream."""
+        """The job's chunks (model.Chunk); ends the job when the response ends, also a client gone mid-stream."""
         try:
-            async for text in job.chunks():
-                yield text
+            async for chunk in job.chunks():
+                yield chunk
         except (MetalqwenError, ValueError, TypeError) as e:
             raise _Refused(400, str(e)) from None
         except ShuttingDown as e:
@@ -169,17 +159,21 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest):
+        if req.top_logprobs and not req.logprobs:
+            raise _Refused(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        # Logprobs attach to every generated token, whichever of reasoning, content or tool calls it feeds.
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
         tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
         try:
             messages = [m.for_template() for m in req.messages]
             text = model.tokenizer.apply_chat_template(messages, tools=tools, **req.chat_template_kwargs)
             prompt = model.tokenizer.encode(text)
-            boundaries = _message_boundaries(model.tokenizer, messages, prompt, tools=tools,
-                                             **req.chat_template_kwargs)
+            boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools,
+                                            **req.chat_template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
-        job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens, boundaries),
-                        asyncio.get_running_loop()))
+        job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens, boundaries,
+                                        logprobs), asyncio.get_running_loop()))
         parser = OutputParser(in_reasoning=text.rfind("<think>") > text.rfind("</think>"), tools=tools)
         head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model_id}
 
@@ -204,19 +198,29 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 yield sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                  "finish_reason": None}]})
                 calls = 0
+                held = []  # tokens whose text the parser holds back: their logprobs go with the next delta
+
+                def choice(delta: dict, finish: str | None) -> dict:
+                    out = {"index": 0, "delta": delta, "finish_reason": finish}
+                    if logprobs is not None:
+                        out["logprobs"] = chat_logprobs(texts, held)
+                        held.clear()
+                    return out
+
                 try:
                     async for piece in run(job):
-                        if d := parser.feed(piece):
-                            yield sse({**chunk, "choices": [{"index": 0, "delta": delta_json(d, calls),
-                                                             "finish_reason": None}]})
+                        if logprobs is not None:
+                            held.append(piece)
+                        if d := parser.feed(piece.text):
+                            yield sse({**chunk, "choices": [choice(delta_json(d, calls), None)]})
                             calls += len(d.tool_calls)
                 except _Refused as e:
                     yield sse(_error_body(str(e), e.param, e.kind))
                     return
                 d = parser.finish()
                 calls += len(d.tool_calls)
-                yield sse({**chunk, "choices": [{"index": 0, "delta": delta_json(d, calls - len(d.tool_calls)),
-                                                 "finish_reason": finish_reason(calls)}]})
+                yield sse({**chunk, "choices": [choice(delta_json(d, calls - len(d.tool_calls)),
+                                                       finish_reason(calls))]})
                 if req.stream_options and req.stream_options.include_usage:
                     yield sse({**chunk, "choices": [], "usage": usage(job)})
                 yield sse("[DONE]")
@@ -224,8 +228,10 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             return StreamingResponse(events(), media_type="text/event-stream")
 
         total = Delta()
+        pieces = []
         async for piece in run(job):
-            d = parser.feed(piece)
+            pieces.append(piece)
+            d = parser.feed(piece.text)
             total.reasoning, total.content = total.reasoning + d.reasoning, total.content + d.content
             total.tool_calls += d.tool_calls
         d = parser.finish()
@@ -238,7 +244,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}} for c in total.tool_calls]
         return {**head, "object": "chat.completion", "usage": usage(job),
-                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(len(total.tool_calls))}]}
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(len(total.tool_calls)),
+                             "logprobs": chat_logprobs(texts, pieces) if logprobs is not None else None}]}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
@@ -247,14 +254,17 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                       else model.prompt_ids(req.prompt))
         except (ValueError, TypeError) as e:
             raise _Refused(400, str(e), "prompt") from None
-        job = start(Job(prompt, options(req, prompt, req.max_tokens or 16), asyncio.get_running_loop()))
+        job = start(Job(prompt, options(req, prompt, req.max_tokens or 16, logprobs=req.logprobs),
+                        asyncio.get_running_loop()))
+        legacy = CompletionLogprobs(texts) if req.logprobs is not None else None
         head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
                 "model": model_id}
         if req.stream:
             async def events():
                 try:
                     async for piece in run(job):
-                        yield sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": None,
+                        yield sse({**head, "choices": [{"index": 0, "text": piece.text,
+                                                        "logprobs": legacy.add([piece]) if legacy else None,
                                                         "finish_reason": None}]})
                 except _Refused as e:
                     yield sse(_error_body(str(e), e.param, e.kind))
@@ -266,8 +276,9 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 yield sse("[DONE]")
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        text = "".join([piece async for piece in run(job)])
+        pieces = [piece async for piece in run(job)]
         return {**head, "usage": usage(job),
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason}]}
+                "choices": [{"index": 0, "text": "".join(p.text for p in pieces),
+                             "logprobs": legacy.add(pieces) if legacy else None, "finish_reason": job.finish_reason}]}
 
     return app

@@ -140,8 +140,6 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _checks(self):
-        if self.logprobs:
-            raise ValueError("logprobs is not supported yet by this server")
         if isinstance(self.tool_choice, dict) or self.tool_choice == "required":
             raise ValueError("tool_choice supports 'auto' and 'none'")
         return self
@@ -149,14 +147,14 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int]]
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=20)  # the legacy integer: top entries per token
     echo: bool = False
     suffix: Optional[str] = None
 
     @model_validator(mode="after")
     def _checks(self):
-        if self.logprobs is not None or self.echo or self.suffix:
-            raise ValueError("logprobs, echo and suffix are not supported yet by this server")
+        if self.echo or self.suffix:
+            raise ValueError("echo and suffix are not supported yet by this server")
         if isinstance(self.prompt, str) and not self.prompt or isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt is empty")
         return self

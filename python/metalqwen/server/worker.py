@@ -42,7 +42,7 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, item)
 
     async def chunks(self):
-        """The generated text, chunk by chunk; raises what the generation raised."""
+        """The generated model.Chunks (text and, when asked, logprobs); raises what the generation raised."""
         while (item := await self.events.get()) is not _DONE:
             yield item
         if self.error is not None:
@@ -103,7 +103,7 @@ class Worker:
                 for chunk in stream:
                     if job.cancelled:
                         break
-                    job._put(chunk.text)
+                    job._put(chunk)
             finally:
                 stream.close()
             job.stats, job.finish_reason = self.model.last_stats, self.model.last_finish_reason
