@@ -549,6 +549,8 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
   while (a < p.drafts && chosen[a] == ids[p.draft_pos + a]) a++;
   ids[p.draft_pos + a] = chosen[a];
   accepted[0] = a;
+}
+
 // Log-probabilities of a chosen token and of the row's top entries, over the raw logits
 // (definition and output layout in params/sampling.h). One pass: each thread keeps an
 // online (max, sum of exp) and its own top_n list sorted descending (indices ascend within
