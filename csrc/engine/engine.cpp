@@ -85,6 +85,11 @@ std::unique_ptr<gpu::CommandBuffer> Engine::commit(Encoder& enc) {
   counters_.steps += 1;
   counters_.dispatches += enc.dispatches();
   counters_.last_step_dispatches = enc.dispatches();
+  counters_.barriers += enc.barriers();
+  counters_.last_step_barriers = enc.barriers();
+  const std::chrono::duration<double, std::micro> encoding = Encoder::Clock::now() - enc.started();
+  counters_.host_encode_us += encoding.count();
+  counters_.last_step_host_encode_us = encoding.count();
   auto cb = enc.finish();
   cb->commit();
   return cb;

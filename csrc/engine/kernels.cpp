@@ -38,7 +38,10 @@ const Pipeline& Kernels::get(const std::string& name) const {
 }
 
 void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap) {
-  if (dispatches_ > 0 && !overlap) cb_->barrier();
+  if (dispatches_ > 0 && !overlap) {
+    cb_->barrier();
+    ++barriers_;
+  }
   cb_->set_kernel(kernels_.get(kernel).kernel);
   uint32_t index = 0;
   for (const Arg& a : args) {

@@ -1,5 +1,6 @@
 // The shader library on one device, and a compact way to encode dispatches of it.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -67,7 +68,9 @@ struct Arg {
 // separated from the previous one by a barrier unless `overlap` is asked for.
 class Encoder {
  public:
-  Encoder(gpu::Device& device, Kernels& kernels) : kernels_(kernels), cb_(device.new_command_buffer()) {}
+  using Clock = std::chrono::steady_clock;
+  Encoder(gpu::Device& device, Kernels& kernels)
+      : kernels_(kernels), cb_(device.new_command_buffer()), started_(Clock::now()) {}
   void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
                 bool overlap = false);
   // Threadgroups of the size chosen for `kernel` at load.
@@ -76,13 +79,18 @@ class Encoder {
   void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid);
   std::unique_ptr<gpu::CommandBuffer> finish() { return std::move(cb_); }
   uint32_t dispatches() const { return dispatches_; }
+  // Dependent dispatch boundaries: dispatches after the first one that were not overlapped.
+  uint32_t barriers() const { return barriers_; }
+  // When the encoder (and its command buffer) was created: host encode time runs from here.
+  Clock::time_point started() const { return started_; }
 
  private:
   void bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap);
 
   Kernels& kernels_;
   std::unique_ptr<gpu::CommandBuffer> cb_;
-  uint32_t dispatches_ = 0;
+  uint32_t dispatches_ = 0, barriers_ = 0;
+  Clock::time_point started_;
 };
 
 }  // namespace mq::engine

@@ -93,7 +93,8 @@ def _report(model) -> None:
     full = f" | stopped: context full (max_context {model.max_context})" if s.context_full else ""
     print(f"prompt: {s.prompt_tokens} tokens{reused}, {s.prompt_tokens_per_second:.1f} tok/s | "
           f"decode: {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s | "
-          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step | "
+          f"{s.engine.get('dispatches_last_step', 0)} dispatches, {s.engine.get('barriers_last_step', 0)} barriers "
+          "per step | "
           f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}{full}",
           file=sys.stderr)
 
