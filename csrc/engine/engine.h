@@ -115,6 +115,8 @@ class Engine {
   // Token ids fed so far (positions 0 .. position()-1).
   std::vector<uint32_t> tokens() const;
   const Counters& counters() const { return counters_; }
+  // The model's pipelines (bench/ records a step's dispatches through them).
+  Kernels& kernels() { return kernels_; }
 
  private:
   // Every kernel encode_step may dispatch for this model, with its threadgroup needs.

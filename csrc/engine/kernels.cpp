@@ -52,10 +52,23 @@ void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, b
   ++dispatches_;
 }
 
+void Encoder::record(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
+                     bool grid_of_threads, bool overlap) {
+  std::vector<RecordedDispatch>* sink = kernels_.recording();
+  if (!sink) return;
+  RecordedDispatch d{kernel, {}, grid, threads, grid_of_threads, overlap};
+  for (const Arg& a : args) {
+    const auto* bytes = static_cast<const uint8_t*>(a.bytes);
+    d.args.push_back({a.buffer, a.offset, bytes ? std::vector<uint8_t>(bytes, bytes + a.size) : std::vector<uint8_t>{}});
+  }
+  sink->push_back(std::move(d));
+}
+
 void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups,
                        gpu::Size3 threads, bool overlap) {
   bind(kernel, args, overlap);
   cb_->dispatch_threadgroups(groups, threads);
+  record(kernel, args, groups, threads, false, overlap);
 }
 
 void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups) {
@@ -65,6 +78,7 @@ void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> arg
 void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid) {
   bind(kernel, args, false);
   cb_->dispatch_threads(grid, {kernels_.threads(kernel)});
+  record(kernel, args, grid, {kernels_.threads(kernel)}, true, false);
 }
 
 }  // namespace mq::engine

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu/device.h"
 
@@ -26,6 +27,21 @@ struct Pipeline {
   uint32_t threads = 0;
 };
 
+// A dispatch as an Encoder encoded it, argument bytes copied: enough to encode it again
+// on its own (bench/ times each kernel of a step so).
+struct RecordedDispatch {
+  struct Argument {
+    std::shared_ptr<gpu::Buffer> buffer;
+    size_t offset = 0;
+    std::vector<uint8_t> bytes;  // setBytes arguments
+  };
+  std::string kernel;
+  std::vector<Argument> args;  // by buffer index
+  gpu::Size3 grid, threads;    // grid: threadgroups, or threads when `grid_of_threads`
+  bool grid_of_threads = false;
+  bool overlap = false;        // encoded without a barrier before it
+};
+
 class Kernels {
  public:
   // `progress(done, total, note)` as pipelines are built; `note` says what the build
@@ -42,10 +58,14 @@ class Kernels {
   const Pipeline& get(const std::string& name) const;
   uint32_t threads(const std::string& name) const { return get(name).threads; }
   size_t size() const { return pipelines_.size(); }
+  // While set, every Encoder over these kernels appends its dispatches here (nullptr: off).
+  void record_into(std::vector<RecordedDispatch>* sink) { recorded_ = sink; }
+  std::vector<RecordedDispatch>* recording() const { return recorded_; }
 
  private:
   std::shared_ptr<gpu::Library> library_;
   std::map<std::string, Pipeline> pipelines_;
+  std::vector<RecordedDispatch>* recorded_ = nullptr;
 };
 
 // One argument of a dispatch: a buffer at a byte offset, or small bytes (setBytes).
@@ -86,6 +106,8 @@ class Encoder {
 
  private:
   void bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap);
+  void record(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
+              bool grid_of_threads, bool overlap);
 
   Kernels& kernels_;
   std::unique_ptr<gpu::CommandBuffer> cb_;
