@@ -212,7 +212,11 @@ ShapeResult run_shape(const std::shared_ptr<gpu::Device>& device, const BenchSha
 int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   std::optional<std::regex> filter;
-  if (!o.filter.empty()) filter.emplace(o.filter);
+  try {
+    if (!o.filter.empty()) filter.emplace(o.filter);
+  } catch (const std::regex_error& e) {
+    throw std::invalid_argument("--filter '" + o.filter + "' is not a regular expression: " + e.what());
+  }
   auto device = gpu::open_device(o.device);
   Report report;
   report.device_kind = device->kind();
