@@ -87,9 +87,8 @@ std::unique_ptr<gpu::CommandBuffer> Engine::commit(Encoder& enc) {
   counters_.last_step_dispatches = enc.dispatches();
   counters_.barriers += enc.barriers();
   counters_.last_step_barriers = enc.barriers();
-  const std::chrono::duration<double, std::micro> encoding = Encoder::Clock::now() - enc.started();
-  counters_.host_encode_us += encoding.count();
-  counters_.last_step_host_encode_us = encoding.count();
+  counters_.host_encode_us += enc.encoding_time().count();
+  counters_.last_step_host_encode_us = enc.encoding_time().count();
   auto cb = enc.finish();
   cb->commit();
   return cb;

@@ -25,7 +25,7 @@ struct Counters {
   uint64_t last_step_dispatches = 0;
   uint64_t barriers = 0;         // dependent dispatch boundaries, over all steps (Encoder::barriers)
   uint64_t last_step_barriers = 0;
-  double host_encode_us = 0;     // host time encoding steps, from Encoder creation to commit, over all steps
+  double host_encode_us = 0;     // host time encoding steps (Encoder::encoding_time), over all steps
   double last_step_host_encode_us = 0;
   uint64_t cpu_waits = 0;        // CommandBuffer::wait calls
   uint64_t tokens_decoded = 0;   // decode steps

@@ -52,8 +52,9 @@ void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, b
   ++dispatches_;
 }
 
-void Encoder::record(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
-                     bool grid_of_threads, bool overlap) {
+void Encoder::after_dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
+                             gpu::Size3 threads, bool grid_of_threads, bool overlap) {
+  last_dispatch_ = Clock::now();
   std::vector<RecordedDispatch>* sink = kernels_.recording();
   if (!sink) return;
   RecordedDispatch d{kernel, {}, grid, threads, grid_of_threads, overlap};
@@ -68,7 +69,7 @@ void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> arg
                        gpu::Size3 threads, bool overlap) {
   bind(kernel, args, overlap);
   cb_->dispatch_threadgroups(groups, threads);
-  record(kernel, args, groups, threads, false, overlap);
+  after_dispatch(kernel, args, groups, threads, false, overlap);
 }
 
 void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups) {
@@ -78,7 +79,7 @@ void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> arg
 void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid) {
   bind(kernel, args, false);
   cb_->dispatch_threads(grid, {kernels_.threads(kernel)});
-  record(kernel, args, grid, {kernels_.threads(kernel)}, true, false);
+  after_dispatch(kernel, args, grid, {kernels_.threads(kernel)}, true, false);
 }
 
 }  // namespace mq::engine

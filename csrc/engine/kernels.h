@@ -101,18 +101,20 @@ class Encoder {
   uint32_t dispatches() const { return dispatches_; }
   // Dependent dispatch boundaries: dispatches after the first one that were not overlapped.
   uint32_t barriers() const { return barriers_; }
-  // When the encoder (and its command buffer) was created: host encode time runs from here.
-  Clock::time_point started() const { return started_; }
+  // Host time spent encoding: from the encoder's creation to its last dispatch (so a wait for
+  // an earlier step before the commit is not counted).
+  std::chrono::duration<double, std::micro> encoding_time() const { return last_dispatch_ - started_; }
 
  private:
   void bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap);
-  void record(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
-              bool grid_of_threads, bool overlap);
+  // Notes the time and, while Kernels records, appends the dispatch there.
+  void after_dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
+                      bool grid_of_threads, bool overlap);
 
   Kernels& kernels_;
   std::unique_ptr<gpu::CommandBuffer> cb_;
   uint32_t dispatches_ = 0, barriers_ = 0;
-  Clock::time_point started_;
+  Clock::time_point started_, last_dispatch_ = started_;
 };
 
 }  // namespace mq::engine
