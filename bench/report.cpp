@@ -57,6 +57,7 @@ void print_table(const Report& r, std::ostream& out) {
       out << "   skipped: " << s.error << "\n";
       continue;
     }
+    if (s.kernels.empty() && !s.step) out << "   (nothing matches --filter)\n";
     if (!s.kernels.empty()) {
       char line[256];
       std::snprintf(line, sizeof line, "%-34s %-22s %5s %10s %10s %10s %9s %6s %9s\n", "kernel", "sizes", "/step",
