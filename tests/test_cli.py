@@ -3,6 +3,7 @@ errors as one line, Ctrl-C, chat turns reusing the cache, the demo, --version an
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,6 @@ from conftest import require
 from metalqwen import cli
 
 _BENCHES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-BENCH = os.path.join(_BENCHES, "decode_speed.py")
 TTFT_BENCH = os.path.join(_BENCHES, "server_ttft.py")
 
 
@@ -207,13 +207,78 @@ def test_demo_prints_its_prompt_and_removes_its_checkpoint(device, tmp_path):
     assert out.returncode == 0 and (tmp_path / "kept" / "config.json").is_file()
 
 
-def test_bench_with_mlx_lm_runs_on_the_demo_checkpoint(demo, device):
-    require("mlx_lm")
-    out = _run("-m", demo, "--device", device.kind, "--prompt-tokens", "32", "--decode-tokens", "4", "--mlx-lm",
-               script=BENCH)
+def _bench(demo, device, tmp_path, *args):
+    """`metalqwen bench --quick --json FILE` on the demo checkpoint: (process, the JSON)."""
+    path = tmp_path / "bench.json"
+    out = _run("bench", "-m", demo, "--device", device.kind, "--quick", "--json", str(path), *args)
     assert out.returncode == 0, out.stderr
-    assert "decode speed ratio metalqwen / mlx-lm" in out.stdout
-    assert "metalqwen: loading" in out.stderr and "mlx-lm: loading" in out.stderr
+    return out, json.loads(path.read_text())
+
+
+def _assert_figures(figures: dict, prefill: list, contexts: list, tokens: int) -> None:
+    assert [r["tokens"] for r in figures["prefill"]] == prefill
+    assert all(r["tokens_per_second"] > 0 and r["ttft_seconds"] > 0 for r in figures["prefill"])
+    assert [(r["context"], r["tokens"]) for r in figures["decode"]] == [(c, tokens) for c in contexts]
+    assert all(r["tokens_per_second"] > 0 for r in figures["decode"])  # speed itself is not asserted
+    assert figures["load_seconds"] > 0
+
+
+def test_bench_quick_writes_every_figure(demo, device, tmp_path):
+    out, data = _bench(demo, device, tmp_path)
+    assert data["model"] == demo and data["device"] == device.kind and data["kv_bits"] == 8
+    assert data["notes"] == [] and data["mlx_lm"] is None and data["ratios"] is None
+    ours = data["metalqwen"]
+    _assert_figures(ours, [32, 64], [0, 64], 8)
+    assert ours["memory_bytes"] > 0 and ours["speculative"] is None  # plain decoding unless asked
+    assert ours["engine"]["dispatches_last_step"] > ours["engine"]["barriers_last_step"] > 0
+    assert "prefill 64 tok/s" in out.stdout and "decode at context 64 tok/s" in out.stdout
+    assert "say nothing about an Apple GPU" in out.stdout or device.kind != "cpu"
+    assert "metalqwen: prefill 32 tokens" in out.stderr
+
+
+def test_bench_clamps_the_sizes_to_max_context_and_says_so(demo, device, tmp_path):
+    out, data = _bench(demo, device, tmp_path, "--max-context", "40", "--decode-tokens", "4")
+    _assert_figures(data["metalqwen"], [32, 39], [0, 35], 4)
+    assert data["max_context"] == 40 and len(data["notes"]) == 2
+    assert "clamped to [32, 39]" in out.stdout and "clamped to [0, 35]" in out.stdout
+
+
+def test_bench_compares_with_mlx_lm_side_by_side(demo, device, tmp_path):
+    require("mlx_lm")
+    out, data = _bench(demo, device, tmp_path, "--compare", "mlx-lm")
+    _assert_figures(data["mlx_lm"], [32, 64], [0, 64], 8)
+    assert set(data["ratios"]) == {"prefill 32 tok/s", "prefill 64 tok/s", "time to first token at 32, s",
+                                   "time to first token at 64, s", "decode at context 0 tok/s",
+                                   "decode at context 64 tok/s"}
+    assert all(r > 0 for r in data["ratios"].values())
+    header = next(line for line in out.stdout.splitlines() if "metalqwen" in line and "mlx-lm" in line)
+    assert "ratio" in header and "mlx-lm: loading" in out.stderr
+
+
+def test_bench_without_mlx_lm_says_it_skipped_it(demo, device, tmp_path):
+    # A module set to None in sys.modules fails to import, as if it were not installed.
+    script = ("import sys; sys.modules['mlx_lm'] = None; from metalqwen.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+    path = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "-c", script, "bench", "-m", demo, "--device", device.kind, "--quick",
+                          "--compare", "mlx-lm", "--json", str(path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "mlx-lm: skipped: mlx-lm is not installed" in out.stdout
+    assert json.loads(path.read_text())["mlx_lm_skipped"].startswith("mlx-lm is not installed")
+
+
+def test_bench_plot_draws_or_says_matplotlib_is_missing(demo, device, tmp_path):
+    png = tmp_path / "speed.png"
+    out = _run("bench", "-m", demo, "--device", device.kind, "--quick", "--plot", str(png))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        # Refused before anything runs, in one line.
+        _one_line_error(out, "--plot needs matplotlib")
+        assert not png.exists()
+        return
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_ttft_bench_hits_the_prefix_cache_on_the_demo_checkpoint(demo, device):

@@ -1,5 +1,7 @@
 """The CPU runtime: MSL translation, GPU execution semantics, and the limits it enforces like a GPU."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -131,6 +133,26 @@ kernel void via_arg(device float* y [[buffer(0)]], threadgroup float* shared [[t
     cb.commit()
     cb.wait()
     np.testing.assert_array_equal(y.numpy(np.float32), (31 - np.arange(32)) * 2.0)
+
+
+def test_gpu_seconds_time_the_execution_after_wait(cpu):
+    lib = build(cpu, """
+kernel void spin(device float* y [[buffer(0)]], uint t [[thread_position_in_grid]]) {
+    float a = float(t);
+    for (int i = 0; i < 20000; ++i) a = a * 0.999f + 1.0f;
+    y[t] = a;
+}
+""")
+    y = nan_buffer(cpu, 256)
+    cb = cpu.command_buffer()
+    with pytest.raises(gpu.GpuError, match="not committed"):
+        cb.gpu_seconds()
+    for _ in range(4):
+        cb.dispatch(lib.kernel("spin"), {0: y}, threadgroups=(4,), threads=(64,))
+    start = time.perf_counter()
+    cb.commit()
+    cb.wait()
+    assert 0 < cb.gpu_seconds() <= time.perf_counter() - start
 
 
 def test_refuses_more_than_32k_of_threadgroup_memory(cpu):

@@ -149,6 +149,46 @@ def test_counters_show_one_command_buffer_per_step(demo, model):
     assert after["max_steps_in_flight"] == 2
 
 
+def decode_step_structure(layer_types: list[str]) -> tuple[int, int]:
+    """(dispatches, barriers) of a greedy one-row decode step at a context of at most 128
+    positions (one attention split, no combine), as Engine::encode_step encodes it. Every
+    dispatch but the first is a barrier unless it overlaps the previous one (the projections
+    that read the same input). Change these when the structure changes, on purpose."""
+    dispatches, overlapped = 1, 0  # embed
+    for kind in layer_types:
+        dispatches += 1  # input norm (layer > 0: + residual)
+        if kind == "linear_attention":
+            dispatches += 7  # in_proj_qkv | z, b, a (overlapped), conv prep, scan + norm, out_proj
+            overlapped += 3
+        else:
+            dispatches += 6  # q_proj | k_proj, v_proj (overlapped), qk norm + rope + append, decode, o_proj
+            overlapped += 2
+        dispatches += 5  # post norm + residual, gate_proj | up_proj (overlapped), silu_mul, down_proj
+        overlapped += 1
+    dispatches += 4  # final norm + residual, lm_head, argmax partial, argmax final
+    return dispatches, dispatches - 1 - overlapped
+
+
+def test_counters_count_the_dispatches_and_barriers_of_a_decode_step(demo, model):
+    m = model(demo)
+    engine = m._engine
+    engine.reset()
+    engine.prefill([5, 6, 7])
+    before = m.counters()
+    engine.decode_begin(3)
+    while engine.decode_next() is not None:
+        pass
+    engine.decode_end()
+    after = m.counters()
+    steps = after["steps"] - before["steps"]
+    assert steps == 2  # max_tokens 3: the prefill chose the first token
+    dispatches, barriers = decode_step_structure(m.config.layer_types)
+    assert (after["dispatches_last_step"], after["barriers_last_step"]) == (dispatches, barriers)
+    assert after["dispatches"] - before["dispatches"] == steps * dispatches
+    assert after["barriers"] - before["barriers"] == steps * barriers
+    assert 0 < after["host_encode_us_last_step"] <= after["host_encode_us"] - before["host_encode_us"]
+
+
 def test_long_context_decode_splits_the_cache_and_matches_mlx_lm(converted, device):
     """Past 128 positions decode attention splits the context across threadgroups and
     merges the partials (attn_decode_combine); prefill runs several GEMM chunks."""

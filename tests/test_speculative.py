@@ -308,3 +308,17 @@ def test_cli_generate_reports_the_acceptance(mtp_folder):
     off = _run("generate", "-m", mtp_folder, "--device", "cpu", "--raw", "-p", "Hello there", "--max-tokens", "12",
                "--max-context", "64", "--speculative", "off")
     assert off.returncode == 0 and off.stdout == r.stdout and "speculative" not in off.stderr
+
+
+def test_bench_reports_tokens_per_verify_step_and_acceptance(mtp_folder, tmp_path):
+    import json
+
+    from test_cli import _run
+
+    out = tmp_path / "bench.json"
+    r = _run("bench", "-m", mtp_folder, "--device", "cpu", "--quick", "--speculative", "mtp", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())["metalqwen"]["speculative"]
+    assert s["verify_steps"] > 0 and s["tokens_per_verify_step"] > 1.5 and s["acceptance"] > 0.5, s
+    assert len(s["acceptance_by_depth"]) == spec.DEFAULT_MTP_DEPTH
+    assert "tokens_per_verify_step" in r.stdout

@@ -202,6 +202,10 @@ void bind_engine(py::module_& m) {
         d["steps"] = c.steps;
         d["dispatches"] = c.dispatches;
         d["dispatches_last_step"] = c.last_step_dispatches;
+        d["barriers"] = c.barriers;
+        d["barriers_last_step"] = c.last_step_barriers;
+        d["host_encode_us"] = c.host_encode_us;
+        d["host_encode_us_last_step"] = c.last_step_host_encode_us;
         d["cpu_waits"] = c.cpu_waits;
         d["tokens_decoded"] = c.tokens_decoded;
         d["max_steps_in_flight"] = c.max_steps_in_flight;

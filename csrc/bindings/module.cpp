@@ -57,7 +57,8 @@ void bind_gpu(py::module_& m) {
               std::tuple<uint32_t, uint32_t, uint32_t> threads) { cb.dispatch_threads(size3(grid), size3(threads)); })
       .def("barrier", &CommandBuffer::barrier)
       .def("commit", &CommandBuffer::commit)
-      .def("wait", &CommandBuffer::wait, py::call_guard<py::gil_scoped_release>());
+      .def("wait", &CommandBuffer::wait, py::call_guard<py::gil_scoped_release>())
+      .def("gpu_seconds", &CommandBuffer::gpu_seconds);
 
   py::class_<Device, std::shared_ptr<Device>>(m, "Device")
       .def_property_readonly("kind", &Device::kind)

@@ -98,6 +98,10 @@ std::unique_ptr<gpu::CommandBuffer> Engine::commit(Encoder& enc) {
   counters_.steps += 1;
   counters_.dispatches += enc.dispatches();
   counters_.last_step_dispatches = enc.dispatches();
+  counters_.barriers += enc.barriers();
+  counters_.last_step_barriers = enc.barriers();
+  counters_.host_encode_us += enc.encoding_time().count();
+  counters_.last_step_host_encode_us = enc.encoding_time().count();
   auto cb = enc.finish();
   cb->commit();
   return cb;

@@ -23,6 +23,10 @@ struct Counters {
   uint64_t steps = 0;            // command buffers committed
   uint64_t dispatches = 0;       // over all steps
   uint64_t last_step_dispatches = 0;
+  uint64_t barriers = 0;         // dependent dispatch boundaries, over all steps (Encoder::barriers)
+  uint64_t last_step_barriers = 0;
+  double host_encode_us = 0;     // host time encoding steps (Encoder::encoding_time), over all steps
+  double last_step_host_encode_us = 0;
   uint64_t cpu_waits = 0;        // CommandBuffer::wait calls
   uint64_t tokens_decoded = 0;   // decode steps
   uint64_t max_steps_in_flight = 0;  // decode steps committed and not yet waited for (2 = pipelined)
@@ -149,6 +153,8 @@ class Engine {
   // Token ids fed so far (positions 0 .. position()-1).
   std::vector<uint32_t> tokens() const;
   const Counters& counters() const { return counters_; }
+  // The model's pipelines (bench/ records a step's dispatches through them).
+  Kernels& kernels() { return kernels_; }
 
   // MTP head (mtp.cpp), loaded with EngineOptions::mtp. mtp_logits: from a fresh state,
   // logits [ids.size() - 1][vocab], row t predicting ids[t + 2] from the trunk's h[t] and

@@ -38,7 +38,10 @@ const Pipeline& Kernels::get(const std::string& name) const {
 }
 
 void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap) {
-  if (dispatches_ > 0 && !overlap) cb_->barrier();
+  if (dispatches_ > 0 && !overlap) {
+    cb_->barrier();
+    ++barriers_;
+  }
   cb_->set_kernel(kernels_.get(kernel).kernel);
   uint32_t index = 0;
   for (const Arg& a : args) {
@@ -49,10 +52,24 @@ void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, b
   ++dispatches_;
 }
 
+void Encoder::after_dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
+                             gpu::Size3 threads, bool grid_of_threads, bool overlap) {
+  last_dispatch_ = Clock::now();
+  std::vector<RecordedDispatch>* sink = kernels_.recording();
+  if (!sink) return;
+  RecordedDispatch d{kernel, {}, grid, threads, grid_of_threads, overlap};
+  for (const Arg& a : args) {
+    const auto* bytes = static_cast<const uint8_t*>(a.bytes);
+    d.args.push_back({a.buffer, a.offset, bytes ? std::vector<uint8_t>(bytes, bytes + a.size) : std::vector<uint8_t>{}});
+  }
+  sink->push_back(std::move(d));
+}
+
 void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups,
                        gpu::Size3 threads, bool overlap) {
   bind(kernel, args, overlap);
   cb_->dispatch_threadgroups(groups, threads);
+  after_dispatch(kernel, args, groups, threads, false, overlap);
 }
 
 void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups) {
@@ -63,6 +80,7 @@ void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<
                                bool overlap) {
   bind(kernel, args, overlap);
   cb_->dispatch_threads(grid, {kernels_.threads(kernel)});
+  after_dispatch(kernel, args, grid, {kernels_.threads(kernel)}, true, false);
 }
 
 }  // namespace mq::engine

@@ -1,11 +1,13 @@
 // The shader library on one device, and a compact way to encode dispatches of it.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu/device.h"
 
@@ -25,6 +27,21 @@ struct Pipeline {
   uint32_t threads = 0;
 };
 
+// A dispatch as an Encoder encoded it, argument bytes copied: enough to encode it again
+// on its own (bench/ times each kernel of a step so).
+struct RecordedDispatch {
+  struct Argument {
+    std::shared_ptr<gpu::Buffer> buffer;
+    size_t offset = 0;
+    std::vector<uint8_t> bytes;  // setBytes arguments
+  };
+  std::string kernel;
+  std::vector<Argument> args;  // by buffer index
+  gpu::Size3 grid, threads;    // grid: threadgroups, or threads when `grid_of_threads`
+  bool grid_of_threads = false;
+  bool overlap = false;        // encoded without a barrier before it
+};
+
 class Kernels {
  public:
   // `progress(done, total, note)` as pipelines are built; `note` says what the build
@@ -41,10 +58,14 @@ class Kernels {
   const Pipeline& get(const std::string& name) const;
   uint32_t threads(const std::string& name) const { return get(name).threads; }
   size_t size() const { return pipelines_.size(); }
+  // While set, every Encoder over these kernels appends its dispatches here (nullptr: off).
+  void record_into(std::vector<RecordedDispatch>* sink) { recorded_ = sink; }
+  std::vector<RecordedDispatch>* recording() const { return recorded_; }
 
  private:
   std::shared_ptr<gpu::Library> library_;
   std::map<std::string, Pipeline> pipelines_;
+  std::vector<RecordedDispatch>* recorded_ = nullptr;
 };
 
 // One argument of a dispatch: a buffer at a byte offset, or small bytes (setBytes).
@@ -67,7 +88,9 @@ struct Arg {
 // separated from the previous one by a barrier unless `overlap` is asked for.
 class Encoder {
  public:
-  Encoder(gpu::Device& device, Kernels& kernels) : kernels_(kernels), cb_(device.new_command_buffer()) {}
+  using Clock = std::chrono::steady_clock;
+  Encoder(gpu::Device& device, Kernels& kernels)
+      : kernels_(kernels), cb_(device.new_command_buffer()), started_(Clock::now()) {}
   void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
                 bool overlap = false);
   // Threadgroups of the size chosen for `kernel` at load.
@@ -77,13 +100,22 @@ class Encoder {
                         bool overlap = false);
   std::unique_ptr<gpu::CommandBuffer> finish() { return std::move(cb_); }
   uint32_t dispatches() const { return dispatches_; }
+  // Dependent dispatch boundaries: dispatches after the first one that were not overlapped.
+  uint32_t barriers() const { return barriers_; }
+  // Host time spent encoding: from the encoder's creation to its last dispatch (so a wait for
+  // an earlier step before the commit is not counted).
+  std::chrono::duration<double, std::micro> encoding_time() const { return last_dispatch_ - started_; }
 
  private:
   void bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap);
+  // Notes the time and, while Kernels records, appends the dispatch there.
+  void after_dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
+                      bool grid_of_threads, bool overlap);
 
   Kernels& kernels_;
   std::unique_ptr<gpu::CommandBuffer> cb_;
-  uint32_t dispatches_ = 0;
+  uint32_t dispatches_ = 0, barriers_ = 0;
+  Clock::time_point started_, last_dispatch_ = started_;
 };
 
 }  // namespace mq::engine

@@ -78,6 +78,9 @@ class CommandBuffer {
   virtual void commit() = 0;
   // Blocks until the work is done; throws GpuError if it failed.
   virtual void wait() = 0;
+  // After wait(): seconds the device spent running this command buffer (Metal: GPUEndTime -
+  // GPUStartTime; the CPU runtime: the wall time of its execution).
+  virtual double gpu_seconds() const = 0;
 };
 
 class Device {

@@ -94,7 +94,8 @@ def _report(model) -> None:
     full = f" | stopped: context full (max_context {model.max_context})" if s.context_full else ""
     print(f"prompt: {s.prompt_tokens} tokens{reused}, {s.prompt_tokens_per_second:.1f} tok/s | "
           f"decode: {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s | "
-          f"{s.engine.get('dispatches_last_step', 0)} dispatches per step | "
+          f"{s.engine.get('dispatches_last_step', 0)} dispatches, {s.engine.get('barriers_last_step', 0)} barriers "
+          "per step | "
           f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}{full}",
           file=sys.stderr)
     if model.speculative != "off":
@@ -211,6 +212,16 @@ def _add_mtp(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run
+
+    if args.max_context is not None:
+        arguments.integer("--max-context", args.max_context, low=2, allowed="an integer >= 2")
+    if args.decode_tokens is not None:
+        arguments.integer("--decode-tokens", args.decode_tokens, low=1, allowed="an integer >= 1")
+    return run(args)
+
+
 def _add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["metal", "cpu"], default=None,
                    help="metal (Apple GPU) or cpu (the CPU runtime); default: metal where available")
@@ -289,6 +300,26 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--cache-gb", type=float, default=2.0,
                        help="device memory for the prefix cache's saved states, GiB (default 2; 0 = off)")
     serve.set_defaults(run=_serve)
+    bench = commands.add_parser("bench", help="prefill, time to first token and decode tok/s of a checkpoint "
+                                "(--compare mlx-lm: side by side)")
+    bench.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
+    _add_common_options(bench)
+    bench.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
+    bench.add_argument("--max-context", type=int, default=None,
+                       help="cache size; sizes that do not fit are clamped, and said so (default: what they need, "
+                            "16K + the decoded tokens)")
+    bench.add_argument("--decode-tokens", type=int, default=None, help="tokens per decode run (default 128; quick 8)")
+    bench.add_argument("--quick", action="store_true",
+                       help="small sizes (prompts 32/64, contexts 0/64, 8 tokens): checks that everything runs")
+    bench.add_argument("--speculative", choices=["auto", "mtp", "lookup", "off"], default="off",
+                       help="decode speculatively (greedy) and report tokens per verify step and acceptance "
+                            "(default off: plain decoding)")
+    bench.add_argument("--compare", choices=["mlx-lm"], default=None,
+                       help="also run mlx-lm on the same folder and prompts, side by side with the ratio")
+    bench.add_argument("--json", metavar="FILE", default=None, help="write every figure to FILE as JSON")
+    bench.add_argument("--plot", metavar="FILE", default=None,
+                       help="draw decode tok/s against context to FILE (.png; needs matplotlib)")
+    bench.set_defaults(run=_bench)
     convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head kept")
     convert.add_argument("hf_dir", help="the original's folder (config.json, *.safetensors, tokenizer)")
     convert.add_argument("out_dir", help="the MLX folder to write (must not exist)")

@@ -107,6 +107,11 @@ class CommandBuffer:
     def wait(self) -> None:
         self._native.wait()
 
+    def gpu_seconds(self) -> float:
+        """After wait(): seconds the device ran this command buffer (Metal: GPUEndTime - GPUStartTime;
+        the CPU runtime: its wall time)."""
+        return self._native.gpu_seconds()
+
     def _bind(self, kernel: "Kernel", args: Mapping[int, Argument]) -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"expected a Kernel, got {type(kernel).__name__}")

@@ -109,7 +109,9 @@ class Model:
         return self._engine.max_context
 
     def counters(self) -> dict:
-        """Engine counters: steps (command buffers), dispatches, CPU waits, decoded tokens, weight bytes per token."""
+        """Engine counters: steps (command buffers), dispatches and barriers (dependent dispatch boundaries),
+        host encode µs, CPU waits, decoded tokens, weight bytes per token, memory estimate; ``*_last_step``
+        for the latest step."""
         return dict(self._engine.counters())
 
     def reset(self) -> None:

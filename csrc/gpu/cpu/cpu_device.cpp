@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -171,6 +172,7 @@ class CommandQueue {
     std::condition_variable done_cv;
     bool done = false;
     std::exception_ptr error;
+    double seconds = 0;  // wall time of the execution
   };
 
   CommandQueue(cpu::Schedule schedule, cpu::CheckSet checks)
@@ -230,14 +232,17 @@ class CommandQueue {
         queue_.pop_front();
       }
       std::exception_ptr error;
+      const auto start = std::chrono::steady_clock::now();
       try {
         execute(item.work);
       } catch (...) {
         error = std::current_exception();
       }
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       item.work.clear();
       std::lock_guard<std::mutex> lock(item.completion->mutex);
       item.completion->error = error;
+      item.completion->seconds = took.count();
       item.completion->done = true;
       item.completion->done_cv.notify_all();
     }
@@ -312,6 +317,11 @@ class CpuCommandBuffer final : public CommandBuffer {
     std::unique_lock<std::mutex> lock(completion_->mutex);
     completion_->done_cv.wait(lock, [this] { return completion_->done; });
     if (completion_->error) std::rethrow_exception(completion_->error);
+  }
+  double gpu_seconds() const override {
+    if (!completion_) throw GpuError("[cpu] gpu_seconds() on a command buffer that was not committed");
+    std::lock_guard<std::mutex> lock(completion_->mutex);
+    return completion_->seconds;
   }
 
  private:

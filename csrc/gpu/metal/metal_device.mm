@@ -220,6 +220,11 @@ class MetalCommandBuffer final : public CommandBuffer {
     });
   }
 
+  double gpu_seconds() const override {
+    if (!rules_.committed()) throw GpuError("[metal] gpu_seconds: command buffer not committed");
+    return commands_.GPUEndTime - commands_.GPUStartTime;
+  }
+
  private:
   // One compute encoder per command buffer, opened on first use; concurrent
   // dispatch matches device.h: only barrier() orders dispatches.

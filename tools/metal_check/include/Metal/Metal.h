@@ -104,6 +104,9 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 @protocol MTLCommandBuffer <NSObject>
 @property(readonly) MTLCommandBufferStatus status;
 @property(readonly) NSError* error;
+// CFTimeInterval in the SDK: a typedef of double (CoreFoundation, which these stubs leave out).
+@property(readonly) double GPUStartTime;
+@property(readonly) double GPUEndTime;
 - (id<MTLComputeCommandEncoder>)computeCommandEncoderWithDispatchType:(MTLDispatchType)dispatchType;
 - (void)commit;
 - (void)waitUntilCompleted;

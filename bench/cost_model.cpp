@@ -1,0 +1,145 @@
+#include "cost_model.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "../shaders/params.h"
+
+namespace mq::bench {
+namespace {
+
+using engine::RecordedDispatch;
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// The parameter struct: the last setBytes argument of every model kernel.
+template <class P>
+P params_of(const RecordedDispatch& d) {
+  for (auto it = d.args.rbegin(); it != d.args.rend(); ++it)
+    if (!it->bytes.empty()) {
+      if (it->bytes.size() != sizeof(P)) throw std::runtime_error("[bench] " + d.kernel + ": unexpected parameter size");
+      P p;
+      std::memcpy(&p, it->bytes.data(), sizeof(P));
+      return p;
+    }
+  throw std::runtime_error("[bench] " + d.kernel + " has no parameter struct");
+}
+
+// Bytes per weight of a projection format (the kernel-name suffix after "<op>_").
+double weight_bytes_per_element(const std::string& format) {
+  if (format == "bf16" || format == "f16") return 2;
+  if (format == "f32") return 4;
+  if (format == "mxfp4") return 0.5 + 1.0 / 32;
+  if (format == "nvfp4") return 0.5 + 1.0 / 16;
+  if (format == "mxfp8") return 1 + 1.0 / 32;
+  int bits = 0, group = 0;
+  if (std::sscanf(format.c_str(), "b%d_g%d", &bits, &group) == 2)  // scale and bias per group
+    return bits / 8.0 + (contains(format, "_sf32") ? 8.0 : 4.0) / group;
+  return 0;
+}
+
+std::string suffix_after(const std::string& kernel, const char* op) { return kernel.substr(std::strlen(op) + 1); }
+
+std::string by(uint32_t out, uint32_t in) { return std::to_string(out) + "x" + std::to_string(in); }
+
+double vector_bytes(const std::string& kernel) { return contains(kernel, "_wf32") ? 4 : 2; }
+
+// K/V cache bytes per element.
+double cache_bytes(const std::string& kernel) { return contains(kernel, "q8") ? 1 + 2.0 / MQ_ATTN_Q8_BLOCK : 2; }
+
+}  // namespace
+
+DispatchCost dispatch_cost(const RecordedDispatch& d) {
+  const std::string& k = d.kernel;
+  constexpr double F = 4;  // f32 activations
+  if (starts_with(k, "qmv_rows_") || starts_with(k, "qmv_") || starts_with(k, "qmm_")) {
+    const auto p = params_of<QuantMatmulParams>(d);
+    const char* op = starts_with(k, "qmv_rows_") ? "qmv_rows" : starts_with(k, "qmv_") ? "qmv" : "qmm";
+    const double rows = std::strcmp(op, "qmv") == 0 ? 1 : p.rows;
+    const double w = double(p.out_dim) * p.in_dim * weight_bytes_per_element(suffix_after(k, op));
+    return {by(p.out_dim, p.in_dim) + (rows > 1 ? " x" + std::to_string(int(rows)) : ""),
+            w + rows * (p.in_dim + p.out_dim) * F, 2.0 * rows * p.out_dim * p.in_dim};
+  }
+  if (starts_with(k, "moe_qmv_")) {
+    const auto p = params_of<MoeMatmulParams>(d);
+    const double pairs = d.grid.y;  // one matvec per (row, chosen expert)
+    const double w = double(p.out_dim) * p.in_dim * weight_bytes_per_element(suffix_after(k, "moe_qmv"));
+    return {by(p.out_dim, p.in_dim) + " x" + std::to_string(int(pairs)) + " experts",
+            pairs * (w + (p.in_dim + p.out_dim) * F), 2.0 * pairs * p.out_dim * p.in_dim};
+  }
+  if (starts_with(k, "embed_")) {
+    const auto p = params_of<QuantEmbedParams>(d);
+    return {std::to_string(p.dim) + " x" + std::to_string(p.rows),
+            double(p.rows) * p.dim * (weight_bytes_per_element(suffix_after(k, "embed")) + F), 0};
+  }
+  if (starts_with(k, "rms_norm")) {
+    const auto p = params_of<RmsNormParams>(d);
+    const double rows = d.grid.x, residual = starts_with(k, "rms_norm_residual") ? 2 : 0;
+    return {std::to_string(p.dim) + (residual ? " +residual" : ""),
+            rows * p.dim * F * (2 + residual) + p.dim * vector_bytes(k), rows * p.dim * 4.0};
+  }
+  if (k == "silu_mul") {
+    const auto p = params_of<SiluMulParams>(d);
+    return {std::to_string(p.n), 3.0 * p.rows * p.n * F, 5.0 * p.rows * p.n};
+  }
+  if (starts_with(k, "delta_conv_prep")) {
+    const auto p = params_of<DeltaConvParams>(d);
+    const double C = (2.0 * p.n_k + p.n_v) * MQ_DELTA_HEAD_DIM;
+    // raw inputs in, conv outputs out, history read and rewritten, taps, a/b in, gates out
+    const double bytes = 2 * p.rows * C * F + 2 * (p.ksize - 1) * C * F + C * p.ksize * vector_bytes(k) +
+                         p.rows * p.n_v * (2 * F + 8);
+    return {"C " + std::to_string(int(C)), bytes, p.rows * C * 2.0 * p.ksize};
+  }
+  if (starts_with(k, "delta_scan_norm")) {
+    const auto p = params_of<DeltaScanParams>(d);
+    const double D = MQ_DELTA_HEAD_DIM, state = p.n_v * D * D * F;
+    const double C = (2.0 * p.n_k + p.n_v) * D;
+    // the f32 state read and written once; per row qkv, gates, z in and the output out
+    const double bytes = 2 * state + p.rows * (C * F + p.n_v * 8 + 2 * p.n_v * D * F) + D * vector_bytes(k);
+    return {std::to_string(p.n_v) + " heads", bytes, 8.0 * p.rows * p.n_v * D * D};
+  }
+  if (starts_with(k, "attn_qk_norm_rope_append")) {
+    const auto p = params_of<AttnPrepParams>(d);
+    const double HD = MQ_ATTN_HEAD_DIM;
+    const double bytes = p.rows * (2 * p.nq * HD * F + 2 * p.nkv * HD * F + 2 * p.nkv * HD * cache_bytes(k));
+    return {std::to_string(p.nq) + "/" + std::to_string(p.nkv) + " heads", bytes, p.rows * (p.nq + p.nkv) * HD * 8.0};
+  }
+  if (starts_with(k, "attn_decode_combine")) {
+    const auto p = params_of<AttnParams>(d);
+    const double HD = MQ_ATTN_HEAD_DIM;
+    return {std::to_string(p.n_splits) + " splits",
+            p.rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F), p.rows * p.nq * p.n_splits * HD * 2.0};
+  }
+  if (starts_with(k, "attn_decode") || starts_with(k, "attn_prefill")) {
+    const auto p = params_of<AttnParams>(d);
+    const double HD = MQ_ATTN_HEAD_DIM, context = double(p.pos_base) + p.rows;
+    const bool prefill = starts_with(k, "attn_prefill");
+    // K and V of the context once, q (query and gate) in, the output out
+    const double bytes = 2 * context * p.nkv * HD * cache_bytes(k) + p.rows * p.nq * HD * F * 3;
+    const double attended = prefill ? p.pos_base + (p.rows + 1) / 2.0 : context;  // causal mean
+    return {"ctx " + std::to_string(int(context)), bytes, 4.0 * p.rows * p.nq * attended * HD};
+  }
+  if (starts_with(k, "argmax_partial")) {
+    const auto p = params_of<ArgmaxParams>(d);
+    return {std::to_string(p.n), double(p.n) * F * d.grid.y + 8.0 * p.n_partials, double(p.n) * d.grid.y};
+  }
+  if (starts_with(k, "argmax_final")) {
+    const auto p = params_of<ArgmaxParams>(d);
+    return {std::to_string(p.n_partials) + " partials", 8.0 * p.n_partials * d.grid.x + 4, double(p.n_partials)};
+  }
+  if (k == "moe_route") {
+    const auto p = params_of<MoeRouteParams>(d);
+    const double rows = d.grid.x;
+    return {std::to_string(p.experts) + " top " + std::to_string(p.top_k), rows * (p.experts * F + p.top_k * 8),
+            rows * p.experts * 4.0};
+  }
+  if (k == "moe_combine") {
+    const auto p = params_of<MoeCombineParams>(d);
+    return {std::to_string(p.dim) + " top " + std::to_string(p.top_k),
+            p.rows * (p.top_k * (p.dim * F + 4) + 2.0 * p.dim * F + 4), 2.0 * p.rows * (p.top_k + 1) * p.dim};
+  }
+  return {};
+}
+
+}  // namespace mq::bench

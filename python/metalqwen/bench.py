@@ -1,0 +1,334 @@
+"""`metalqwen bench -m FOLDER`: end-to-end speed of a checkpoint — prefill tok/s and time to
+first token at 512 and 4096 prompt tokens, decode tok/s at 0, 4K and 16K tokens of context,
+memory — and, with ``--compare mlx-lm``, mlx-lm's figures on the same folder, prompt and
+settings in the same process, side by side with the ratio.
+
+Both engines get the same prompt (ids drawn from the checkpoint's vocabulary) and decode
+greedily for a fixed number of tokens, eos or not. Time to first token is the prefill of the
+whole prompt plus the choice of the first token; decode tok/s excludes it. Context 0 means a
+one-token prompt. On the CPU runtime the figures only show that everything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import speculative as spec
+from .progress import phase
+
+PREFILL_TOKENS = (512, 4096)
+DECODE_CONTEXTS = (0, 4096, 16384)
+DECODE_TOKENS = 128
+# --quick: sizes that run in seconds on the CPU runtime with the tiny test checkpoints.
+QUICK_PREFILL_TOKENS = (32, 64)
+QUICK_DECODE_CONTEXTS = (0, 64)
+QUICK_DECODE_TOKENS = 8
+
+
+@dataclass
+class Plan:
+    """What to measure: prompt sizes, decode contexts, tokens per decode run, and the notes
+    saying what was changed to fit max_context."""
+
+    prefill_tokens: list[int]
+    decode_contexts: list[int]
+    decode_tokens: int
+    max_context: int
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EngineFigures:
+    """One engine's results; ``prefill`` and ``decode`` are lists of dicts (see ``_prefill`` / ``_decode``)."""
+
+    name: str
+    load_seconds: float = 0.0
+    prefill: list[dict] = field(default_factory=list)  # {tokens, tokens_per_second, ttft_seconds}
+    decode: list[dict] = field(default_factory=list)  # {context, tokens, tokens_per_second}
+    memory_bytes: int | None = None
+    engine: dict = field(default_factory=dict)  # metalqwen's counters per step
+    speculative: dict | None = None
+
+
+def plan(quick: bool, decode_tokens: int | None, max_context: int | None) -> Plan:
+    """The sizes to run, clamped to ``max_context`` when one is given (each change noted)."""
+    prefill = list(QUICK_PREFILL_TOKENS if quick else PREFILL_TOKENS)
+    contexts = list(QUICK_DECODE_CONTEXTS if quick else DECODE_CONTEXTS)
+    tokens = decode_tokens or (QUICK_DECODE_TOKENS if quick else DECODE_TOKENS)
+    # A prompt plus the token it chooses; a context, the one-token prompt at 0 and the decoded tokens.
+    needed = max(max(prefill) + 1, max(contexts) + 1 + tokens)
+    if max_context is None or max_context >= needed:
+        return Plan(prefill, contexts, tokens, max_context or needed)
+    notes = []
+    fit_prefill = sorted({min(n, max_context - 1) for n in prefill})
+    if fit_prefill != prefill:
+        notes.append(f"prefill sizes {prefill} clamped to {fit_prefill} (max_context {max_context})")
+    room = max_context - 1 - tokens
+    if room < 0:
+        raise ValueError(f"--max-context {max_context} leaves no room for {tokens} decoded tokens")
+    fit_contexts = sorted({min(c, room) for c in contexts})
+    if fit_contexts != contexts:
+        notes.append(f"decode contexts {contexts} clamped to {fit_contexts} (max_context {max_context} - "
+                     f"{tokens} decoded tokens)")
+    return Plan(fit_prefill, fit_contexts, tokens, max_context, notes)
+
+
+def prompt_ids(vocab_size: int, n: int) -> list[int]:
+    """The same prompt for every engine: ids from the checkpoint's own vocabulary (the first
+    10000 at most: ordinary text tokens in real checkpoints)."""
+    return [int(t) for t in np.random.default_rng(0).integers(0, min(vocab_size, 10000), max(n, 1))]
+
+
+# ---------------------------------------------------------------------------------------- metalqwen
+
+
+def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab: int,
+                  speculative: str = "off") -> EngineFigures:
+    from .model import load
+
+    figures = EngineFigures("metalqwen")
+    phase("metalqwen: loading")
+    start = time.perf_counter()
+    model = load(folder, device=device, max_context=p.max_context, kv_bits=kv_bits, progress=False,
+                 speculative=speculative)
+    figures.load_seconds = time.perf_counter() - start
+    engine = model._engine
+    _metalqwen_decode(engine, prompt_ids(vocab, 8), 4)  # warm-up: pipelines and first-touch pages
+    for n in p.prefill_tokens:
+        phase(f"metalqwen: prefill {n} tokens")
+        engine.reset()
+        start = time.perf_counter()
+        engine.prefill(prompt_ids(vocab, n))
+        engine.decode_begin(1)
+        engine.decode_next()  # the first token, chosen by the prefill's last chunk
+        engine.decode_end()
+        seconds = time.perf_counter() - start
+        figures.prefill.append(dict(tokens=n, tokens_per_second=n / seconds, ttft_seconds=seconds))
+    before = model.counters()
+    for context in p.decode_contexts:
+        phase(f"metalqwen: decode {p.decode_tokens} tokens at context {context}")
+        seconds = _metalqwen_decode(model, prompt_ids(vocab, context), p.decode_tokens)
+        figures.decode.append(dict(context=context, tokens=p.decode_tokens,
+                                   tokens_per_second=p.decode_tokens / seconds))
+    after = model.counters()
+    figures.memory_bytes = after.get("memory_estimate")
+    figures.engine = {k: after.get(k) for k in ("weight_bytes_per_token", "dispatches_last_step",
+                                                 "barriers_last_step", "host_encode_us_last_step")}
+    figures.speculative = speculative_stats(before, after)
+    return figures
+
+
+def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
+    """Seconds to decode ``tokens`` tokens after ``prompt`` (fed first, not timed), eos or not:
+    plainly, or by the model's speculative mode (greedy)."""
+    engine = model._engine
+    engine.reset()
+    engine.prefill(prompt)
+    if model.speculative != "off":
+        drafter = spec.MtpHead() if model.speculative == "mtp" else spec.PromptLookup()
+        steps = spec.generate(engine, engine.chosen(), tokens + 1, {}, drafter, spec.DepthPolicy(model.draft_depth),
+                              history=list(prompt))
+        next(steps)  # the prefill's choice: not a decode step
+        start = time.perf_counter()
+        for _ in steps:
+            pass
+        return time.perf_counter() - start
+    engine.decode_begin(tokens + 1)
+    engine.decode_next()  # the prefill's choice: not a decode step
+    start = time.perf_counter()
+    while engine.decode_next() is not None:
+        pass
+    engine.decode_end()
+    return time.perf_counter() - start
+
+
+def speculative_stats(before: dict, after: dict) -> dict | None:
+    """Over the decode runs when they speculated: verify steps, drafts, tokens per verify step
+    and acceptance (overall and per depth); None otherwise."""
+    steps = after["verify_steps"] - before["verify_steps"]
+    if not steps:
+        return None
+    drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
+    per_depth = [(a - b, d - c) for a, b, d, c in zip(after["accepted_at"], before["accepted_at"] + [0] * 8,
+                                                       after["drafted_at"], before["drafted_at"] + [0] * 8)]
+    return dict(verify_steps=steps, drafted=drafted, accepted=accepted,
+                tokens_per_verify_step=(steps + accepted) / steps,
+                acceptance=accepted / drafted if drafted else None,
+                acceptance_by_depth=[round(a / d, 3) if d else None for a, d in per_depth])
+
+
+# ---------------------------------------------------------------------------------------- mlx-lm
+
+
+def mlx_lm_missing() -> str:
+    """Why mlx-lm cannot run here ("" when it can)."""
+    try:
+        import mlx_lm  # noqa: F401
+    except ImportError as e:
+        return f"mlx-lm is not installed ({e.name} missing): pip install mlx-lm"
+    return ""
+
+
+def run_mlx_lm(folder: str, p: Plan, vocab: int) -> EngineFigures:
+    """mlx-lm on the same folder: its own load and generate_step (greedy, its default KV cache)."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    figures = EngineFigures("mlx-lm")
+    phase("mlx-lm: loading")
+    start = time.perf_counter()
+    model, tokenizer = load(folder)
+    figures.load_seconds = time.perf_counter() - start
+
+    def timed(prompt: list[int], tokens: int) -> tuple[float, float]:
+        """(seconds to the first token, seconds for the tokens after it)."""
+        start = time.perf_counter()
+        steps = generate_step(mx.array(prompt), model, max_tokens=tokens + 1)
+        next(steps)
+        first = time.perf_counter()
+        for _ in steps:
+            pass
+        return first - start, time.perf_counter() - first
+
+    timed(prompt_ids(vocab, 8), 4)  # warm-up
+    for n in p.prefill_tokens:
+        phase(f"mlx-lm: prefill {n} tokens")
+        ttft, _ = timed(prompt_ids(vocab, n), 0)
+        figures.prefill.append(dict(tokens=n, tokens_per_second=n / ttft, ttft_seconds=ttft))
+    for context in p.decode_contexts:
+        phase(f"mlx-lm: decode {p.decode_tokens} tokens at context {context}")
+        _, seconds = timed(prompt_ids(vocab, context), p.decode_tokens)
+        figures.decode.append(dict(context=context, tokens=p.decode_tokens,
+                                   tokens_per_second=p.decode_tokens / seconds))
+    figures.memory_bytes = int(mx.get_peak_memory()) if hasattr(mx, "get_peak_memory") else None
+    return figures
+
+
+# ---------------------------------------------------------------------------------------- report
+
+
+def report(folder: str, device: str, kv_bits: int, p: Plan, ours: EngineFigures, theirs: EngineFigures | None,
+           skipped: str) -> dict:
+    """Everything measured, as the JSON file holds it."""
+    return dict(model=folder, device=device, kv_bits=kv_bits, decode_tokens=p.decode_tokens,
+                max_context=p.max_context, notes=p.notes, metalqwen=asdict(ours),
+                mlx_lm=asdict(theirs) if theirs else None, mlx_lm_skipped=skipped or None,
+                ratios=ratios(ours, theirs) if theirs else None)
+
+
+def _rows(figures: EngineFigures) -> dict[str, float]:
+    """The comparable figures by row label (tok/s, seconds)."""
+    rows = {}
+    for r in figures.prefill:
+        rows[f"prefill {r['tokens']} tok/s"] = r["tokens_per_second"]
+        rows[f"time to first token at {r['tokens']}, s"] = r["ttft_seconds"]
+    for r in figures.decode:
+        rows[f"decode at context {r['context']} tok/s"] = r["tokens_per_second"]
+    return rows
+
+
+def ratios(ours: EngineFigures, theirs: EngineFigures) -> dict[str, float]:
+    """metalqwen / mlx-lm per row (above 1: metalqwen is faster, for times as well)."""
+    a, b = _rows(ours), _rows(theirs)
+    return {k: (b[k] / a[k] if k.endswith(", s") else a[k] / b[k]) for k in a if k in b and a[k] > 0 and b[k] > 0}
+
+
+def table(data: dict, ours: EngineFigures, theirs: EngineFigures | None) -> str:
+    lines = [f"metalqwen bench: {data['model']} on {data['device']} (kv {data['kv_bits']}-bit, greedy, "
+             f"{data['decode_tokens']} tokens per decode run)"]
+    lines += [f"note: {n}" for n in data["notes"]]
+    if data["device"] == "cpu":
+        lines.append("note: the CPU runtime is a test backend: its figures say nothing about an Apple GPU")
+    ours_rows, theirs_rows = _rows(ours), _rows(theirs) if theirs else {}
+    width = max(len(k) for k in ours_rows) + 2
+    head = f"{'':{width}}{'metalqwen':>12}"
+    if theirs:
+        head += f"{'mlx-lm':>12}{'ratio':>9}"
+    lines.append(head)
+    for label, value in ours_rows.items():
+        line = f"{label:{width}}{value:12.2f}"
+        if theirs and label in theirs_rows:
+            ratio = data["ratios"].get(label)
+            line += f"{theirs_rows[label]:12.2f}" + (f"{ratio:8.2f}x" if ratio else f"{'-':>9}")
+        lines.append(line)
+    # metalqwen: the estimate the load was admitted with; mlx-lm: its peak allocation.
+    gb = [f"{f.memory_bytes / 1e9:12.2f}" if f and f.memory_bytes else f"{'-':>12}" for f in (ours, theirs)]
+    lines.append(f"{'memory GB':{width}}{gb[0]}" + (gb[1] if theirs else ""))
+    e = ours.engine
+    if e.get("dispatches_last_step") is not None:
+        lines.append(f"metalqwen decode step: {e['dispatches_last_step']} dispatches, {e['barriers_last_step']} "
+                     f"barriers, {e['host_encode_us_last_step']:.0f} us host encode, "
+                     f"{e['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token")
+    if ours.speculative:
+        lines.append("speculative: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                for k, v in ours.speculative.items() if v is not None))
+    if data["mlx_lm_skipped"]:
+        lines.append(f"mlx-lm: skipped: {data['mlx_lm_skipped']}")
+    if theirs:
+        lines.append("ratio: metalqwen / mlx-lm for tok/s, mlx-lm / metalqwen for seconds (above 1: metalqwen is "
+                     "faster); memory: metalqwen's estimate at load, mlx-lm's peak allocation")
+    return "\n".join(lines)
+
+
+def plot_missing() -> str:
+    """Why --plot cannot draw here ("" when it can)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "--plot needs matplotlib: pip install 'metalqwen[plot]' (or pip install matplotlib)"
+    return ""
+
+
+def plot(path: str, data: dict, engines: list[EngineFigures]) -> None:
+    """Decode tok/s against context, one line per engine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for e in engines:
+        ax.plot([r["context"] for r in e.decode], [r["tokens_per_second"] for r in e.decode], marker="o", label=e.name)
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title(f"{data['model']} on {data['device']}", fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    """The `metalqwen bench` command (arguments from cli.py)."""
+    from . import gpu
+    from .checkpoint import load_checkpoint
+
+    if args.plot and (missing := plot_missing()):
+        raise ValueError(missing)
+    p = plan(args.quick, args.decode_tokens, args.max_context)
+    vocab = load_checkpoint(args.model).config.vocab_size
+    device = args.device or gpu.Device().kind
+    ours = run_metalqwen(args.model, device, args.kv_bits, p, vocab, args.speculative)
+    theirs, skipped = None, ""
+    if args.compare == "mlx-lm":
+        skipped = mlx_lm_missing()
+        if not skipped:
+            theirs = run_mlx_lm(args.model, p, vocab)
+    data = report(args.model, device, args.kv_bits, p, ours, theirs, skipped)
+    print(table(data, ours, theirs))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=2)
+        print(f"metalqwen: wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        plot(args.plot, data, [e for e in (ours, theirs) if e])
+        print(f"metalqwen: wrote {args.plot}", file=sys.stderr)
+    return 0
