@@ -98,7 +98,7 @@ def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab:
                  speculative=speculative)
     figures.load_seconds = time.perf_counter() - start
     engine = model._engine
-    _metalqwen_decode(engine, prompt_ids(vocab, 8), 4)  # warm-up: pipelines and first-touch pages
+    _metalqwen_decode(model, prompt_ids(vocab, 8), 4)  # warm-up: pipelines and first-touch pages
     for n in p.prefill_tokens:
         phase(f"metalqwen: prefill {n} tokens")
         engine.reset()
