@@ -184,12 +184,14 @@ class Engine {
   void encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
                    const std::shared_ptr<gpu::Buffer>& residual);
   void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
+  // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
+  void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);
   // A verify step's choices: one token per row of logits into ws_->verify_chosen, then
   // spec_accept and the DeltaNet rollback (see verify; speculative.cpp).
   void encode_verification(Encoder& enc, uint32_t drafts, const Sampling& sampling);
-  // A verify step of k drafts at position_ (ids[position_ + 1 ..] hold them, or the MTP
-  // drafts are encoded first when `mtp_drafts`); returns the accepted drafts and the next token.
-  std::vector<uint32_t> run_verify(uint32_t k, const Sampling& sampling, bool mtp_drafts);
+  // A verify step of k drafts at position_: `host_drafts`, or the MTP head's when null;
+  // returns the accepted drafts and the next token.
+  std::vector<uint32_t> run_verify(uint32_t k, const Sampling& sampling, const std::vector<uint32_t>* host_drafts);
   // ids[position_ + 1 .. + k] = the MTP head's greedy chain from ws_->mtp_hidden row mtp_row_.
   void encode_mtp_drafts(Encoder& enc, uint32_t k);
   // out [rows][hidden] = the embeddings of ids[first .. first + rows).

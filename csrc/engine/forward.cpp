@@ -178,6 +178,13 @@ void Engine::encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg
                {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS});
 }
 
+void Engine::encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos) {
+  const uint32_t V = uint32_t(model_.dims.vocab);
+  const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
+  enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, rows});
+  enc.dispatch("argmax_final", {ws_->partials, out, Arg::value(p)}, {rows});
+}
+
 void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {
   const uint32_t V = uint32_t(model_.dims.vocab);
   const Arg raw(ws_->logits, size_t(logit_row) * V * 4);
@@ -194,9 +201,7 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
     logits = Arg(ws_->penalised);
   }
   if (s.temperature <= 0.0f) {
-    const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
-    enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, 1});
-    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(p)}, {1});
+    encode_argmax(enc, logits, 1, ws_->ids, out_pos);
   } else {
     const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos, 0, 0};

@@ -15,9 +15,7 @@ uint32_t Engine::chosen() const { return static_cast<const uint32_t*>(ws_->ids->
 void Engine::encode_verification(Encoder& enc, uint32_t drafts, const Sampling& s) {
   const uint32_t V = uint32_t(model_.dims.vocab), rows = drafts + 1, draft_pos = uint32_t(position_) + 1;
   if (s.temperature <= 0.0f) {
-    const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, 0};
-    enc.dispatch("argmax_partial", {ws_->logits, ws_->partials, Arg::value(p)}, {p.n_partials, rows});
-    enc.dispatch("argmax_final", {ws_->partials, ws_->verify_chosen, Arg::value(p)}, {rows});
+    encode_argmax(enc, ws_->logits, rows, ws_->verify_chosen, 0);
   } else {
     // Row r samples the token at position draft_pos + r with that position's Philox counter, as decode does.
     const SampleParams p{V,         V,         uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
@@ -41,21 +39,16 @@ void Engine::encode_verification(Encoder& enc, uint32_t drafts, const Sampling& 
 }
 
 void Engine::encode_mtp_drafts(Encoder& enc, uint32_t k) {
-  const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab), p = uint32_t(position_);
+  const uint32_t H = uint32_t(model_.dims.hidden), p = uint32_t(position_);
   matvec_ = true;  // one row at a time: stream the head's weights and the lm_head once
   // Draft i (at ids[p + i]) is the argmax of the head's logits for the pair one position before it.
-  auto choose = [&](uint32_t out_pos) {
-    const ArgmaxParams a{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
-    enc.dispatch("argmax_partial", {ws_->logits, ws_->partials, Arg::value(a)}, {a.n_partials, 1});
-    enc.dispatch("argmax_final", {ws_->partials, ws_->ids, Arg::value(a)}, {1});
-  };
   encode_mtp_logits(enc, uint32_t(mtp_row_), uint32_t(mtp_row_) + 1);
-  choose(p + 1);
+  encode_argmax(enc, ws_->logits, 1, ws_->ids, p + 1);
   for (uint32_t i = 2; i <= k; ++i) {
     // The pair (the head's last output, draft i - 1) at position p + i - 2; one row, into mtp_hidden row 0.
     const uint32_t from = i == 2 ? uint32_t(mtp_row_) : 0;
     encode_mtp(enc, 1, int(p + i - 2), Arg(ws_->mtp_hidden, size_t(from) * H * 4), H, 0);
-    choose(p + i);
+    encode_argmax(enc, ws_->logits, 1, ws_->ids, p + i);
   }
 }
 
@@ -63,31 +56,31 @@ std::vector<uint32_t> Engine::verify(const std::vector<uint32_t>& drafts, const 
   const uint32_t vocab = uint32_t(model_.dims.vocab);
   for (uint32_t t : drafts)
     if (t >= vocab) throw EngineError("[engine] draft id " + std::to_string(t) + " is outside the vocabulary");
-  if (drafts.size() > size_t(options_.max_draft))
-    throw EngineError("[engine] " + std::to_string(drafts.size()) + " drafts exceed max_draft " +
-                      std::to_string(options_.max_draft) + " (set at load)");
-  decode_end();
-  check_room(drafts.size() + 2);  // the rows fed, and the token chosen after the last
-  auto* ids = static_cast<uint32_t*>(ws_->ids->contents());
-  std::memcpy(ids + position_ + 1, drafts.data(), drafts.size() * 4);
-  return run_verify(uint32_t(drafts.size()), sampling, false);
+  return run_verify(uint32_t(drafts.size()), sampling, &drafts);
 }
 
 std::vector<uint32_t> Engine::verify_mtp(uint32_t drafts, const Sampling& sampling) {
   if (!mtp_) throw EngineError("[engine] verify_mtp needs the MTP head (load it with the engine option mtp)");
-  if (drafts > uint32_t(options_.max_draft))
-    throw EngineError("[engine] " + std::to_string(drafts) + " drafts exceed max_draft " +
-                      std::to_string(options_.max_draft) + " (set at load)");
-  decode_end();
-  check_room(drafts + 2);
-  return run_verify(mtp_row_ < 0 ? 0 : drafts, sampling, true);
+  return run_verify(drafts, sampling, nullptr);
 }
 
-std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling, bool mtp_drafts) {
+std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling,
+                                         const std::vector<uint32_t>* host_drafts) {
+  if (k > uint32_t(options_.max_draft))
+    throw EngineError("[engine] " + std::to_string(k) + " drafts exceed max_draft " +
+                      std::to_string(options_.max_draft) + " (set at load)");
   if (sampling.penalised()) throw EngineError("[engine] a verify step takes no penalties: decode instead");
   if (sampling.logprobs >= 0) throw EngineError("[engine] a verify step reports no logprobs: decode instead");
+  decode_end();
+  check_room(size_t(k) + 2);  // the rows fed, and the token chosen after the last
   Encoder enc(*device_, kernels_);
-  if (mtp_drafts && k > 0) encode_mtp_drafts(enc, k);
+  if (host_drafts) {
+    std::memcpy(static_cast<uint32_t*>(ws_->ids->contents()) + position_ + 1, host_drafts->data(), size_t(k) * 4);
+  } else if (mtp_row_ < 0) {
+    k = 0;  // no head state to draft from (after a plain decode step or a restore): a one-row step
+  } else if (k > 0) {
+    encode_mtp_drafts(enc, k);
+  }
   snap_rows_ = k;
   encode_step(enc, k + 1, 0, nullptr, false);
   snap_rows_ = 0;
