@@ -322,3 +322,26 @@ def test_bench_reports_tokens_per_verify_step_and_acceptance(mtp_folder, tmp_pat
     assert s["verify_steps"] > 0 and s["tokens_per_verify_step"] > 1.5 and s["acceptance"] > 0.5, s
     assert len(s["acceptance_by_depth"]) == spec.DEFAULT_MTP_DEPTH
     assert "tokens_per_verify_step" in r.stdout
+
+
+def test_mtp_and_lookup_drafts_together_keep_the_tokens(mtp_folder):
+    """The head drafts, and prompt lookup takes over on a quoted span: both kinds of step
+    run, and the tokens are plain decoding's."""
+
+    class Counting(spec.MtpHead):
+        lookups = 0
+
+        def draft(self, history, k):
+            drafts = super().draft(history, k)
+            self.lookups += bool(drafts)
+            return drafts
+
+    m = metalqwen.load(mtp_folder, device="cpu", max_context=CONTEXT, kv_bits=8, progress=False,
+                       speculative="mtp")
+    chain = m.generate([5], max_tokens=40, speculative="off").tokens
+    ids = chain + prompt(m.config.vocab_size, 30, seed=2) + chain[:3]
+    plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
+    drafter = Counting()
+    both = m.generate(ids, max_tokens=TOKENS, speculative=drafter)
+    assert both.tokens == plain.tokens
+    assert 0 < drafter.lookups < both.stats.verify_steps  # some steps lookup's, the others the head's
