@@ -150,16 +150,15 @@ def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
 def speculative_stats(before: dict, after: dict) -> dict | None:
     """Over the decode runs when they speculated: verify steps, drafts, tokens per verify step
     and acceptance (overall and per depth); None otherwise."""
-    steps = after["verify_steps"] - before["verify_steps"]
-    if not steps:
+    from .model import GenerationStats, count_speculation
+
+    s = GenerationStats()
+    count_speculation(s, before, after)
+    if not s.verify_steps:
         return None
-    drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
-    per_depth = [(a - b, d - c) for a, b, d, c in zip(after["accepted_at"], before["accepted_at"] + [0] * 8,
-                                                       after["drafted_at"], before["drafted_at"] + [0] * 8)]
-    return dict(verify_steps=steps, drafted=drafted, accepted=accepted,
-                tokens_per_verify_step=(steps + accepted) / steps,
-                acceptance=accepted / drafted if drafted else None,
-                acceptance_by_depth=[round(a / d, 3) if d else None for a, d in per_depth])
+    return dict(verify_steps=s.verify_steps, drafted=s.drafted, accepted=s.accepted,
+                tokens_per_verify_step=s.tokens_per_verify_step, acceptance=s.acceptance if s.drafted else None,
+                acceptance_by_depth=[round(a, 3) if d else None for a, d in zip(s.acceptance_at, s.drafted_at)])
 
 
 # ---------------------------------------------------------------------------------------- mlx-lm

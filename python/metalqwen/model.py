@@ -288,7 +288,7 @@ class Model:
             stats.decode_seconds = time.perf_counter() - start
             stats.context_full = self.last_finish_reason == "length" and stats.generated_tokens == room < max_tokens
             stats.engine = self.counters()
-            _count_speculation(stats, before, stats.engine)
+            count_speculation(stats, before, stats.engine)
         if not hit:  # text after a stop string is dropped; otherwise flush what is held back
             tail, _ = stopper.feed(decoder.flush())
             tail += stopper.flush()
@@ -329,7 +329,7 @@ class Model:
                 self.prefix_cache.add(snapshot)
         return reuse
 
-def _count_speculation(stats: GenerationStats, before: dict, after: dict) -> None:
+def count_speculation(stats: GenerationStats, before: dict, after: dict) -> None:
     """The speculative counters of one call: the engine's, after minus before."""
     for name in ("verify_steps", "drafted", "accepted"):
         setattr(stats, name, after[name] - before[name])
