@@ -1,5 +1,6 @@
 #include "cost_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -83,21 +84,23 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
     const auto p = params_of<SiluMulParams>(d);
     return {std::to_string(p.n), 3.0 * p.rows * p.n * F, 5.0 * p.rows * p.n};
   }
-  if (starts_with(k, "delta_conv_prep")) {
-    const auto p = params_of<DeltaConvParams>(d);
-    const double C = (2.0 * p.n_k + p.n_v) * MQ_DELTA_HEAD_DIM;
-    // raw inputs in, conv outputs out, history read and rewritten, taps, a/b in, gates out
-    const double bytes = 2 * p.rows * C * F + 2 * (p.ksize - 1) * C * F + C * p.ksize * vector_bytes(k) +
-                         p.rows * p.n_v * (2 * F + 8);
-    return {"C " + std::to_string(int(C)), bytes, p.rows * C * 2.0 * p.ksize};
-  }
-  if (starts_with(k, "delta_scan_norm")) {
+  if (starts_with(k, "delta_conv_scan")) {
     const auto p = params_of<DeltaScanParams>(d);
     const double D = MQ_DELTA_HEAD_DIM, state = p.n_v * D * D * F;
     const double C = (2.0 * p.n_k + p.n_v) * D;
-    // the f32 state read and written once; per row qkv, gates, z in and the output out
-    const double bytes = 2 * state + p.rows * (C * F + p.n_v * 8 + 2 * p.n_v * D * F) + D * vector_bytes(k);
-    return {std::to_string(p.n_v) + " heads", bytes, 8.0 * p.rows * p.n_v * D * D};
+    // the f32 state read and written once; per row raw inputs, a/b in and y out; the
+    // history and taps (the q/k conv repeats per SIMD-group, from cache: counted once)
+    const double bytes = 2 * state + p.rows * (C * F + 2 * p.n_v * F + p.n_v * D * F) + (p.ksize - 1) * C * F +
+                         C * p.ksize * vector_bytes(k);
+    return {std::to_string(p.n_v) + " heads", bytes, p.rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize)};
+  }
+  if (starts_with(k, "delta_norm_history")) {
+    const auto p = params_of<DeltaNormParams>(d);
+    const double D = MQ_DELTA_HEAD_DIM, C = (2.0 * p.n_k + p.n_v) * D;
+    const double stored = std::min<double>(p.rows, p.hist_slots);
+    // y and z in, the normalised y out; raw inputs copied into the history ring
+    return {std::to_string(p.n_v) + " heads", p.rows * 3 * p.n_v * D * F + 2 * stored * C * F + D * vector_bytes(k),
+            p.rows * p.n_v * D * 8.0};
   }
   if (starts_with(k, "attn_qk_norm_rope_append")) {
     const auto p = params_of<AttnPrepParams>(d);

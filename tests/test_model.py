@@ -158,7 +158,8 @@ def decode_step_structure(layer_types: list[str]) -> tuple[int, int]:
     for kind in layer_types:
         dispatches += 1  # input norm (layer > 0: + residual)
         if kind == "linear_attention":
-            dispatches += 7  # in_proj_qkv | z, b, a (overlapped), conv prep, scan + norm, out_proj
+            # in_proj_qkv | z, b, a (overlapped), conv + gates + scan, gated norm + history ring, out_proj
+            dispatches += 7
             overlapped += 3
         else:
             dispatches += 6  # q_proj | k_proj, v_proj (overlapped), qk norm + rope + append, decode, o_proj

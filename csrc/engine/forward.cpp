@@ -50,20 +50,22 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     encode_projection(enc, m.in_proj_z, w.xn, H, w.z, nv * D, rows, true);
     encode_projection(enc, m.in_proj_b, w.xn, H, w.b, nv, rows, true);
     encode_projection(enc, m.in_proj_a, w.xn, H, w.a, nv, rows, true);
-    // A verify step keeps the state after each draft row for its rollback (snap_rows_).
-    const uint32_t hist_plane = uint32_t(history_words(d)), state_plane = uint32_t(state_words(d));
-    const Arg hist_snaps = snap_rows_ ? Arg(l.hist_snaps) : Arg(w.no_snapshots);
+    // Two stages (shaders/deltanet.metal): conv + gates + scan in SIMD-groups that never
+    // wait for each other, then the gated norm and the history-ring store. A verify step
+    // keeps the state after each draft row for its rollback (snap_rows_).
+    const uint32_t pos = uint32_t(position), slots = history_slots(d);
     const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps) : Arg(w.no_snapshots);
-    const DeltaConvParams cp{nk, nv, uint32_t(d.conv_kernel), rows, snap_rows_, C, nv, hist_plane, 1e-6f};
-    const std::string conv = delta_conv_kernel(m);
-    // SIMD-group g convolves rows g, g + s, ...: one is enough for a decode row.
-    enc.dispatch(conv,
-                 {w.qkv_raw, at(m.conv1d), l.hist, w.qkv, w.a, w.b, at(m.a_log), at(m.dt_bias), w.gates, hist_snaps,
-                  Arg::value(cp)},
-                 {2 * nk + nv}, {rows == 1 ? uint32_t(MQ_SIMD_WIDTH) : kernels_.threads(conv)});
-    const DeltaScanParams sp{nk, nv, rows, snap_rows_, nv * D, state_plane, 1, d.eps};
-    enc.dispatch("delta_scan_norm" + vector_suffix(m.norm),
-                 {w.qkv, w.gates, w.z, at(m.norm), l.state, w.delta_out, state_snaps, Arg::value(sp)}, {nv});
+    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), rows, pos, slots, snap_rows_, C, nv,
+                             uint32_t(state_words(d)), 1e-6f};
+    const std::string scan = delta_scan_kernel(m);
+    const uint32_t scan_groups = ceil_div(nv * (D / MQ_DELTA_SCAN_ROWS), kernels_.threads(scan) / MQ_SIMD_WIDTH);
+    enc.dispatch(scan,
+                 {w.qkv_raw, at(m.conv1d), l.hist, w.a, w.b, at(m.a_log), at(m.dt_bias), l.state, w.delta_out,
+                  state_snaps, Arg::value(sp)},
+                 {scan_groups});
+    const DeltaNormParams np{nk, nv, rows, pos, slots, C, nv * D, d.eps};
+    enc.dispatch("delta_norm_history" + vector_suffix(m.norm),
+                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist, Arg::value(np)}, {nv + C / D});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;

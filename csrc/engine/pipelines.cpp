@@ -20,8 +20,8 @@ std::string quant_suffix(const QuantLinear& l) { return "_" + l.format; }
 
 std::string vector_suffix(const DeviceTensor& t) { return t.desc->dtype == "F32" ? "_wf32" : ""; }
 
-std::string delta_conv_kernel(const DeltaNetWeights& m) {
-  return std::string(m.a_log.desc->dtype == "F32" ? "delta_conv_prep_alog_f32" : "delta_conv_prep_alog_bf16") +
+std::string delta_scan_kernel(const DeltaNetWeights& m) {
+  return std::string(m.a_log.desc->dtype == "F32" ? "delta_conv_scan_alog_f32" : "delta_conv_scan_alog_bf16") +
          vector_suffix(m.conv1d);
 }
 
@@ -81,8 +81,8 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
       const DeltaNetWeights& m = *l.delta;
       for (const QuantLinear* p : {&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a, &m.out_proj})
         projection(*p);
-      needs[delta_conv_kernel(m)] = up_to(kSimd * MQ_DELTA_CONV_SIMDGROUPS);
-      needs["delta_scan_norm" + vector_suffix(m.norm)] = up_to(MQ_DELTA_SCAN_THREADS);
+      needs[delta_scan_kernel(m)] = up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS);
+      needs["delta_norm_history" + vector_suffix(m.norm)] = up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS);
     } else {
       const AttentionWeights& m = *l.attn;
       for (const QuantLinear* p : {&m.q_proj, &m.k_proj, &m.v_proj, &m.o_proj}) projection(*p);

@@ -1,8 +1,9 @@
 // Speculative verify steps: the chosen token and k drafts run as k + 1 rows of one step
 // on the matvec path (the weights stream once for all rows), every DeltaNet state is
-// snapshotted after each draft row, and the GPU decides: a choice per row (argmax, or the
-// sampler in draft mode), spec_accept counting the accepted drafts, delta_restore rolling
-// the recurrent state back to the last accepted row. The host waits once per step.
+// snapshotted after each draft row (the conv history is a ring by position: nothing to
+// keep), and the GPU decides: a choice per row (argmax, or the sampler in draft mode),
+// spec_accept counting the accepted drafts, delta_restore rolling the recurrent state back
+// to the last accepted row. The host waits once per step.
 #include <algorithm>
 #include <cstring>
 
@@ -27,13 +28,12 @@ void Engine::encode_verification(Encoder& enc, uint32_t drafts, const Sampling& 
   if (drafts == 0) return;
   // Every layer's rollback is independent of the others': one barrier for all of them.
   const ModelDims& d = model_.dims;
-  const DeltaRestoreParams rp{uint32_t(state_words(d)), uint32_t(history_words(d)), uint32_t(state_words(d)),
-                              uint32_t(history_words(d)), drafts};
+  const DeltaRestoreParams rp{uint32_t(state_words(d)), uint32_t(state_words(d)), drafts};
   bool first = true;
   for (const LayerWeights& l : layers_) {
     if (!l.delta) continue;
-    enc.dispatch_threads("delta_restore", {l.state, l.state_snaps, l.hist, l.hist_snaps, ws_->accepted, Arg::value(rp)},
-                         {(rp.state_floats + rp.hist_floats) / 4}, !first);
+    enc.dispatch_threads("delta_restore", {l.state, l.state_snaps, ws_->accepted, Arg::value(rp)},
+                         {rp.state_floats / 4}, !first);
     first = false;
   }
 }

@@ -112,9 +112,9 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
   return {
       {&Workspace::ids, size_t(o.max_context) + 1},
       {&Workspace::x, R * H}, {&Workspace::xn, R * H}, {&Workspace::mix, R * H},
-      {&Workspace::qkv_raw, R * C}, {&Workspace::qkv, R * C},
+      {&Workspace::qkv_raw, R * C},
       {&Workspace::z, R * nv * D}, {&Workspace::a, R * nv}, {&Workspace::b, R * nv},
-      {&Workspace::gates, R * nv * 2}, {&Workspace::delta_out, R * nv * D},
+      {&Workspace::delta_out, R * nv * D},
       {&Workspace::q, R * nq * 2 * HD}, {&Workspace::k, R * nkv * HD}, {&Workspace::v, R * nkv * HD},
       {&Workspace::attn, R * nq * HD},
       {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD}, {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
@@ -140,9 +140,10 @@ size_t bytes_of_words(size_t words) { return std::max<size_t>(words, 4) * 4; }
 }  // namespace
 
 size_t state_words(const ModelDims& d) { return size_t(d.lin_v_heads) * MQ_DELTA_HEAD_DIM * MQ_DELTA_HEAD_DIM; }
+uint32_t history_slots(const ModelDims& d) { return uint32_t(d.conv_kernel - 1) + kMaxVerifyRows; }
 size_t history_words(const ModelDims& d) {
   const size_t C = size_t(2 * d.lin_k_heads + d.lin_v_heads) * MQ_DELTA_HEAD_DIM;
-  return size_t(d.conv_kernel - 1) * C;
+  return history_slots(d) * C;
 }
 
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
@@ -156,9 +157,7 @@ uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
   for (bool full_attention : d.full_attention)
     if (!full_attention) {
       total += bytes_of_words(state_words(d)) + bytes_of_words(history_words(d));
-      if (o.max_draft > 0)
-        total += bytes_of_words(size_t(o.max_draft) * state_words(d)) +
-                 bytes_of_words(size_t(o.max_draft) * history_words(d));
+      if (o.max_draft > 0) total += bytes_of_words(size_t(o.max_draft) * state_words(d));
     }
   return total;
 }
@@ -192,10 +191,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
       l.hist = words(history_words(d));
       recurrent.push_back(l.state);
       recurrent.push_back(l.hist);
-      if (o.max_draft > 0) {
-        l.state_snaps = words(size_t(o.max_draft) * state_words(d));
-        l.hist_snaps = words(size_t(o.max_draft) * history_words(d));
-      }
+      if (o.max_draft > 0) l.state_snaps = words(size_t(o.max_draft) * state_words(d));
     }
   }
 }

@@ -56,11 +56,11 @@ struct LayerWeights {
   std::optional<MlpWeights> mlp;  // dense models
   std::optional<MoeWeights> moe;  // MoE models
   // Recurrent state (DeltaNet) or KV cache (attention) of this layer.
-  std::shared_ptr<gpu::Buffer> state, hist;  // [nv][D][D]; [K-1][C]
+  std::shared_ptr<gpu::Buffer> state, hist;  // [nv][D][D]; ring [history_slots][C] (params/deltanet.h)
   std::shared_ptr<gpu::Buffer> k_cache, v_cache;
-  // Speculative rollback (DeltaNet, options.max_draft > 0): the state and history after
-  // each of the first max_draft rows of a verify step: [max_draft][nv][D][D]; [max_draft][K-1][C].
-  std::shared_ptr<gpu::Buffer> state_snaps, hist_snaps;
+  // Speculative rollback (DeltaNet, options.max_draft > 0): the state after each of the
+  // first max_draft rows of a verify step, [max_draft][nv][D][D]; the history ring needs none.
+  std::shared_ptr<gpu::Buffer> state_snaps;
 };
 
 struct Workspace {
@@ -72,10 +72,9 @@ struct Workspace {
   uint32_t max_splits;                       // decode attention context splits
   std::shared_ptr<gpu::Buffer> ids;          // uint [max_context + 1]: token at each position
   std::shared_ptr<gpu::Buffer> x, xn, mix;   // [rows][hidden]: residual, normed, mixer/MLP out
-  std::shared_ptr<gpu::Buffer> qkv_raw, qkv; // [rows][C]: in_proj_qkv out, conv out
+  std::shared_ptr<gpu::Buffer> qkv_raw;      // [rows][C]: in_proj_qkv out (the conv input)
   std::shared_ptr<gpu::Buffer> z, a, b;      // [rows][nv*dv], [rows][nv], [rows][nv]
-  std::shared_ptr<gpu::Buffer> gates;        // float2 [rows][nv]: (decay, beta)
-  std::shared_ptr<gpu::Buffer> delta_out;    // [rows][nv*dv]
+  std::shared_ptr<gpu::Buffer> delta_out;    // [rows][nv*dv]: the scan's y, then its gated norm
   std::shared_ptr<gpu::Buffer> q, k, v;      // [rows][nq*2*HD], [rows][nkv*HD] x2
   std::shared_ptr<gpu::Buffer> attn;         // [rows][nq*HD]
   std::shared_ptr<gpu::Buffer> part_o, part_ms;  // decode splits: [8][nq][splits][HD], float2 [8][nq][splits]
@@ -106,8 +105,11 @@ struct Workspace {
   uint32_t argmax_chunk, argmax_partials;
 };
 
-// Floats of one DeltaNet layer's recurrent state [nv][D][D] and conv history [K-1][C].
+// Floats of one DeltaNet layer's recurrent state [nv][D][D] and conv history ring
+// [history_slots][C]: K-1 positions read by a step plus the most a verify step writes,
+// so a rejected draft's rows never overwrite a position the next step reads.
 size_t state_words(const ModelDims& dims);
+uint32_t history_slots(const ModelDims& dims);
 size_t history_words(const ModelDims& dims);
 inline Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 // The weight, scales and biases slots of a projection kernel (buffers 0..2); formats
@@ -126,8 +128,8 @@ uint32_t mlp_intermediate(const ModelDims& dims);
 // "" for a bf16 norm/conv/dt_bias vector, "_wf32" for an f32 one (stored so, or widened from f16):
 // the suffix of the kernels that read it (rms_norm, attention prep, DeltaNet conv and scan).
 std::string vector_suffix(const DeviceTensor& t);
-// The DeltaNet conv/gates kernel for a layer's conv1d / dt_bias and A_log dtypes.
-std::string delta_conv_kernel(const DeltaNetWeights& m);
+// The DeltaNet conv + scan kernel for a layer's conv1d / dt_bias and A_log dtypes.
+std::string delta_scan_kernel(const DeltaNetWeights& m);
 
 // One decoder layer's weights under `prefix` (e.g. "language_model.model.layers.3."), caches unset.
 LayerWeights load_layer(const Weights& weights, const ModelDims& dims, const std::string& prefix, bool full_attention);

@@ -17,17 +17,18 @@ from .params import header_constants
 CONST = header_constants("deltanet")
 D = CONST["MQ_DELTA_HEAD_DIM"]
 SCAN_THREADS = CONST["MQ_DELTA_SCAN_THREADS"]
-CONV_SIMDGROUPS = CONST["MQ_DELTA_CONV_SIMDGROUPS"]
+SCAN_ROWS = CONST["MQ_DELTA_SCAN_ROWS"]
+SCAN_SIMDGROUPS = CONST["MQ_DELTA_SCAN_SIMDGROUPS"]
+NORM_SIMDGROUPS = CONST["MQ_DELTA_NORM_SIMDGROUPS"]
 
 # ---------------------------------------------------------------------------
 # Parameter structs (field order and types exactly as in params/deltanet.h)
 
-CONV_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "ksize", "rows", "snap_rows", "x_stride", "ab_stride",
-                                                "hist_snap_stride")] + [("qk_eps", "<f4")])
-SCAN_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "rows", "snap_rows", "z_stride", "state_snap_stride",
-                                                "gated_norm")] + [("norm_eps", "<f4")])
-RESTORE_PARAMS = np.dtype([(n, "<u4") for n in ("state_floats", "hist_floats", "state_snap_stride",
-                                                   "hist_snap_stride", "planes")])
+SCAN_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "ksize", "rows", "position", "hist_slots", "snap_rows",
+                                                "x_stride", "ab_stride", "state_snap_stride")] + [("qk_eps", "<f4")])
+NORM_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "rows", "position", "hist_slots", "x_stride",
+                                                "z_stride")] + [("norm_eps", "<f4")])
+RESTORE_PARAMS = np.dtype([(n, "<u4") for n in ("state_floats", "state_snap_stride", "planes")])
 
 
 def pack(dtype: np.dtype, **fields) -> np.ndarray:

@@ -1,12 +1,15 @@
-"""shaders/deltanet.metal: the Gated DeltaNet core (conv + norms + gates, scan + gated
-norm, snapshot restore) against float64 numpy written from DESIGN.md section 2.
+"""shaders/deltanet.metal: the Gated DeltaNet core (conv + norms + gates + scan in one
+kernel, gated norm + history-ring store, state restore) against float64 numpy written
+from DESIGN.md section 2.
 
-Outputs start as NaN and are followed by NaN guard rows/planes, and the inputs' row
-padding is NaN too (so a wrong stride reads NaN into the result). Shapes use n_k != n_v
-(2 and 6: v-head h reads k-head h // 3, so a tiled mapping fails) and rows 1, 7, 33;
-the conv runs with K = 4, 2 and 1; one 27B-sized shape per kernel (16 k / 48 v heads,
-10240 channels). The references are generic in d_k, d_v and are themselves checked
-with d_k != d_v; the scan test also shows that a transposed state layout would fail.
+Outputs start as NaN and are followed by NaN guard rows/planes, the inputs' row padding
+is NaN too (so a wrong stride reads NaN into the result), and so is every history-ring
+slot a step must not read. Shapes use n_k != n_v (2 and 6: v-head h reads k-head h // 3,
+so a tiled mapping fails) and rows 1, 7, 33 (33 > the ring's slots); the conv runs with
+K = 4, 2 and 1, at positions past the history and inside it (zero padding); one
+27B-sized shape (16 k / 48 v heads, 10240 channels). The references are generic in
+d_k, d_v and are themselves checked with d_k != d_v; the scan test also shows that a
+transposed state layout would fail.
 
 Tolerances (relative to the largest reference value unless stated):
 - TOL_FAST = 2e-5 for paths through exp/rsqrt: Metal's fast-math exp is within
@@ -26,8 +29,8 @@ import pytest
 
 from .. import reference as ref
 from .deltanet_reference import (
-    CONV_PARAMS, CONV_SIMDGROUPS, D, RESTORE_PARAMS, SCAN_PARAMS, SCAN_THREADS, channels, conv_inputs, conv_ref,
-    gate_inputs, gated_norm_ref, gates_ref, pack, qk_norm_ref, scan_ref, seeded, silu)
+    D, NORM_PARAMS, NORM_SIMDGROUPS, RESTORE_PARAMS, SCAN_PARAMS, SCAN_ROWS, SCAN_SIMDGROUPS, SCAN_THREADS, channels,
+    conv_inputs, conv_ref, gate_inputs, gated_norm_ref, gates_ref, pack, qk_norm_ref, scan_ref, seeded, silu)
 
 TOL_FAST = 2e-5
 TOL_SCAN = 1e-5
@@ -113,142 +116,65 @@ def test_reference_gates_ranges():
 
 
 # ---------------------------------------------------------------------------
-# delta_conv_prep: conv + silu + q/k norms + gates + history snapshots
+# delta_conv_scan: conv + silu + q/k norms + gates + scan (unnormalised y) + state snapshots
 
 
-def run_conv(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, n_k, n_v, snap_rows, simdgroups, alog_bf16,
-             wf32=False):
-    """delta_conv_prep; ``wf32``: the *_wf32 variant, given the same conv/dt_bias values as f32."""
-    rows, c = x.shape
-    ksize = w_bits.shape[1]
-    x_stride, ab_stride = c + 8, n_v + 3
-    plane = (ksize - 1) * c
-    snap_stride = plane + 4
-    xb = dev.buffer(padded(x, x_stride))
-    hist_b = dev.buffer(hist.reshape(-1).copy() if plane else np.zeros(4, np.float32))
-    qkv = nan_buffer(dev, rows + 1, c)
-    gates = nan_buffer(dev, rows + 1, n_v, 2)
-    snaps = nan_buffer(dev, max(snap_rows + 1, 1) * snap_stride + 4)
-    alog_buf = dev.buffer(ref.bf16_bits(a_log).astype(BF16) if alog_bf16 else a_log.astype(np.float32))
-    params = pack(CONV_PARAMS, n_k=n_k, n_v=n_v, ksize=ksize, rows=rows, snap_rows=snap_rows, x_stride=x_stride,
-                  ab_stride=ab_stride, hist_snap_stride=snap_stride, qk_eps=QK_EPS)
-    kernel = lib.kernel(("delta_conv_prep_alog_bf16" if alog_bf16 else "delta_conv_prep_alog_f32") +
-                        ("_wf32" if wf32 else ""))
-    def vector(bits):
-        return dev.buffer(ref.bf16_to_f32(bits) if wf32 else bits.astype(BF16))
-    kernel.dispatch({0: xb, 1: vector(w_bits), 2: hist_b, 3: qkv, 4: dev.buffer(padded(a, ab_stride)),
-                     5: dev.buffer(padded(b, ab_stride)), 6: alog_buf, 7: vector(dt_bias), 8: gates,
-                     9: snaps, 10: params},
-                    threadgroups=(2 * n_k + n_v,), threads=(32 * simdgroups,))
-    got_qkv = qkv.numpy(np.float32, (rows + 1, c))
-    ref.assert_untouched(got_qkv[rows], "qkv past the last row")
-    got_gates = gates.numpy(np.float32, (rows + 1, n_v, 2))
-    ref.assert_untouched(got_gates[rows], "gates past the last row")
-    raw = snaps.numpy(np.float32)
-    got_snaps = np.stack([raw[t * snap_stride:t * snap_stride + plane] for t in range(snap_rows)]) \
-        if snap_rows else np.zeros((0, plane), np.float32)
-    for t in range(snap_rows):
-        ref.assert_untouched(raw[t * snap_stride + plane:(t + 1) * snap_stride], f"snapshot padding after plane {t}")
-    ref.assert_untouched(raw[snap_rows * snap_stride:], "snapshot planes past snap_rows")
-    np.testing.assert_array_equal(xb.numpy(np.float32, (rows, x_stride))[:, :c], x, err_msg="x was modified")
-    new_hist = hist_b.numpy(np.float32)[:plane].reshape(ksize - 1, c)
-    return got_qkv[:rows], got_gates[:rows], new_hist, got_snaps.reshape(snap_rows, ksize - 1, c)
+def ring_with(hist, position, slots, c):
+    """A history ring [slots][C] holding hist's rows (positions position-K+1 .. position-1,
+    oldest first) at slot p % slots; every other slot (and positions before 0) NaN."""
+    ring = np.full((slots, c), np.nan, np.float32)
+    km1 = hist.shape[0]
+    for i in range(km1):
+        p = position - km1 + i
+        if p >= 0:
+            ring[p % slots] = hist[i]
+    return ring
 
 
-def check_conv(got, *, x, w_bits, hist, a, b, a_log, dt_bias, n_k, n_v, alog_bf16, what):
-    got_qkv, got_gates, new_hist, snaps = got
-    rows = x.shape[0]
-    y, want_hist, after = conv_ref(x, ref.bf16_to_f32(w_bits), hist)
-    q, k, v = qk_norm_ref(y, n_k, D, QK_EPS)
-    qk = n_k * D
-    ref.assert_close(got_qkv[:, :qk], q.reshape(rows, -1), TOL_FAST, f"{what}: q")
-    ref.assert_close(got_qkv[:, qk:2 * qk], k.reshape(rows, -1), TOL_FAST, f"{what}: k")
-    ref.assert_close(got_qkv[:, 2 * qk:], v, TOL_FAST, f"{what}: v")
-    # The history keeps raw inputs: exact copies.
-    np.testing.assert_array_equal(new_hist, want_hist.astype(np.float32), err_msg=f"{what}: history")
-    np.testing.assert_array_equal(snaps, after[:snaps.shape[0]].astype(np.float32), err_msg=f"{what}: snapshots")
-    alog = ref.round_bf16(a_log) if alog_bf16 else a_log
-    decay, beta, expo = gates_ref(a, b, alog, ref.bf16_to_f32(dt_bias))
-    ref.assert_within(got_gates[..., 0], decay, 1e-5 * (1 + expo) * decay + 1e-37, f"{what}: decay")
-    ref.assert_within(got_gates[..., 1], beta, 1e-5 * (1 + np.abs(b)) * beta, f"{what}: beta")
+def effective_history(hist, position):
+    """The history the math sees: positions before the sequence are zero."""
+    km1 = hist.shape[0]
+    out = np.array(hist, np.float64, copy=True)
+    out[:max(0, km1 - position)] = 0.0
+    return out
 
 
-CONV_CASES = [(ksize, rows) for ksize in (4, 2) for rows in (1, 7, 33)] + [(1, 7)]
-
-
-@pytest.mark.parametrize("ksize,rows", CONV_CASES)
-def test_conv_prep(dev, lib, ksize, rows):
-    rng = seeded("conv", ksize, rows)
-    n_k, n_v = 2, 6
-    x, w_bits, hist = conv_inputs(rng, rows, n_k, n_v, ksize)
-    a, b, a_log, dt_bias = gate_inputs(rng, rows, n_v)
-    alog_bf16 = rows == 7  # both A_log variants across the cases
-    snap_rows = rows - 1
-    inputs = dict(x=x, w_bits=w_bits, hist=hist, a=a, b=b, a_log=a_log, dt_bias=dt_bias, n_k=n_k, n_v=n_v)
-    got = run_conv(dev, lib, **inputs, snap_rows=snap_rows, simdgroups=CONV_SIMDGROUPS, alog_bf16=alog_bf16)
-    check_conv(got, **inputs, alog_bf16=alog_bf16, what=f"K={ksize} rows={rows}")
-
-
-@pytest.mark.parametrize("simdgroups", [1, 3])
-def test_conv_prep_any_threadgroup_size_gives_identical_results(dev, lib, simdgroups):
-    rng = seeded("conv-sg")
-    n_k, n_v, rows, ksize = 2, 6, 9, 4
-    x, w_bits, hist = conv_inputs(rng, rows, n_k, n_v, ksize)
-    a, b, a_log, dt_bias = gate_inputs(rng, rows, n_v)
-    inputs = dict(x=x, w_bits=w_bits, hist=hist, a=a, b=b, a_log=a_log, dt_bias=dt_bias, n_k=n_k, n_v=n_v)
-    base = run_conv(dev, lib, **inputs, snap_rows=4, simdgroups=CONV_SIMDGROUPS, alog_bf16=False)
-    check_conv(base, **inputs, alog_bf16=False, what="4 simdgroups")
-    other = run_conv(dev, lib, **inputs, snap_rows=4, simdgroups=simdgroups, alog_bf16=False)
-    for g, o, name in zip(base, other, ("qkv", "gates", "history", "snapshots")):
-        np.testing.assert_array_equal(o, g, err_msg=f"{name} differs with {simdgroups} simdgroups")
-
-
-def test_conv_prep_27b(dev, lib):
-    rng = seeded("conv-27b")
-    n_k, n_v, rows, ksize = 16, 48, 3, 4
-    assert channels(n_k, n_v) == 10240
-    x, w_bits, hist = conv_inputs(rng, rows, n_k, n_v, ksize)
-    a, b, a_log, dt_bias = gate_inputs(rng, rows, n_v)
-    inputs = dict(x=x, w_bits=w_bits, hist=hist, a=a, b=b, a_log=a_log, dt_bias=dt_bias, n_k=n_k, n_v=n_v)
-    got = run_conv(dev, lib, **inputs, snap_rows=2, simdgroups=CONV_SIMDGROUPS, alog_bf16=False)
-    check_conv(got, **inputs, alog_bf16=False, what="27B")
-
-
-# ---------------------------------------------------------------------------
-# delta_scan_norm: the recurrence + gated output norm
-
-
-def scan_inputs(rng, rows, n_k, n_v):
-    """qkv rows as delta_conv_prep leaves them, gates with realistic decay/beta, z, the
-    norm weight (bf16 bits) and a non-symmetric state like one after many tokens."""
-    raw = rng.standard_normal((rows, channels(n_k, n_v)))
-    q, k, v = qk_norm_ref(silu(raw * 2.0), n_k, D, QK_EPS)
-    qkv = np.concatenate([q.reshape(rows, -1), k.reshape(rows, -1), v], axis=1).astype(np.float32)
-    a, b, a_log, dt_bias = gate_inputs(rng, rows, n_v)
-    decay, beta, _ = gates_ref(a, b, a_log, ref.bf16_to_f32(dt_bias))
-    gates = np.stack([decay, beta], axis=-1).astype(np.float32)
-    z = (rng.standard_normal((rows, n_v * D)) * 2.0).astype(np.float32)
-    w_bits = ref.bf16_bits(rng.uniform(0.5, 1.5, D).astype(np.float32))
+def scan_state(rng, n_v):
     state = (rng.standard_normal((n_v, D, D)) * 0.1).astype(np.float32)
     state[:, :, :7] += 0.5  # columns (dk) differ from rows (dv): a transposed state shows
-    return qkv, gates, z, w_bits, state
+    return state
 
 
-def run_scan(dev, lib, *, qkv, gates, z, w_bits, state, n_k, n_v, snap_rows, gated_norm, state_buf=None,
-             threads=SCAN_THREADS, wf32=False):
-    rows = qkv.shape[0]
+def run_conv_scan(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, state, n_k, n_v, snap_rows, position=20,
+                  slots=None, simdgroups=SCAN_SIMDGROUPS, alog_bf16=False, wf32=False):
+    """delta_conv_scan; ``wf32``: the *_wf32 variant, given the same conv/dt_bias values as f32.
+    Returns (y [rows][n_v][D], state, snapshots [snap_rows][n_v][D][D])."""
+    rows, c = x.shape
+    ksize = w_bits.shape[1]
+    slots = slots or ksize - 1 + 8
+    x_stride, ab_stride = c + 8, n_v + 3
     plane = n_v * D * D
     snap_stride = plane + 8
-    z_stride = n_v * D + 4
-    st = state_buf if state_buf is not None else dev.buffer(state.reshape(-1).copy())
+    ring = ring_with(hist, position, slots, c)
+    ring_b = dev.buffer(ring.reshape(-1).copy())
+    st = dev.buffer(state.reshape(-1).copy())
     out = nan_buffer(dev, rows + 1, n_v * D)
     snaps = nan_buffer(dev, (snap_rows + 1) * snap_stride)
-    params = pack(SCAN_PARAMS, n_k=n_k, n_v=n_v, rows=rows, snap_rows=snap_rows, z_stride=z_stride,
-                  state_snap_stride=snap_stride, gated_norm=int(gated_norm), norm_eps=NORM_EPS)
-    lib.kernel("delta_scan_norm" + ("_wf32" if wf32 else "")).dispatch(
-        {0: dev.buffer(qkv), 1: dev.buffer(gates), 2: dev.buffer(padded(z, z_stride)),
-         3: dev.buffer(ref.bf16_to_f32(w_bits) if wf32 else w_bits.astype(BF16)), 4: st, 5: out, 6: snaps, 7: params},
-        threadgroups=(n_v,), threads=(threads,))
+    alog_buf = dev.buffer(ref.bf16_bits(a_log).astype(BF16) if alog_bf16 else a_log.astype(np.float32))
+    params = pack(SCAN_PARAMS, n_k=n_k, n_v=n_v, ksize=ksize, rows=rows, position=position, hist_slots=slots,
+                  snap_rows=snap_rows, x_stride=x_stride, ab_stride=ab_stride, state_snap_stride=snap_stride,
+                  qk_eps=QK_EPS)
+    kernel = lib.kernel(("delta_conv_scan_alog_bf16" if alog_bf16 else "delta_conv_scan_alog_f32") +
+                        ("_wf32" if wf32 else ""))
+
+    def vector(bits):
+        return dev.buffer(ref.bf16_to_f32(bits) if wf32 else bits.astype(BF16))
+
+    groups = -(-n_v * (D // SCAN_ROWS) // simdgroups)
+    kernel.dispatch({0: dev.buffer(padded(x, x_stride)), 1: vector(w_bits), 2: ring_b, 3: dev.buffer(padded(a, ab_stride)),
+                     4: dev.buffer(padded(b, ab_stride)), 5: alog_buf, 6: vector(dt_bias), 7: st, 8: out, 9: snaps,
+                     10: params},
+                    threadgroups=(groups,), threads=(32 * simdgroups,))
     got = out.numpy(np.float32, (rows + 1, n_v * D))
     ref.assert_untouched(got[rows], "out past the last row")
     raw = snaps.numpy(np.float32)
@@ -257,165 +183,207 @@ def run_scan(dev, lib, *, qkv, gates, z, w_bits, state, n_k, n_v, snap_rows, gat
     ref.assert_untouched(raw[snap_rows * snap_stride:], "snapshot planes past snap_rows")
     got_snaps = np.stack([raw[t * snap_stride:t * snap_stride + plane].reshape(n_v, D, D) for t in range(snap_rows)]) \
         if snap_rows else np.zeros((0, n_v, D, D), np.float32)
+    got_ring = ring_b.numpy(np.float32, (slots, c))
+    np.testing.assert_array_equal(got_ring.view(np.uint32), ring.view(np.uint32), err_msg="the scan wrote the ring")
     return got[:rows].reshape(rows, n_v, D), st.numpy(np.float32, (n_v, D, D)), got_snaps
 
 
-def scan_reference(qkv, gates, state, n_k, n_v):
-    rows = qkv.shape[0]
-    qk = n_k * D
-    q = qkv[:, :qk].reshape(rows, n_k, D)
-    k = qkv[:, qk:2 * qk].reshape(rows, n_k, D)
-    v = qkv[:, 2 * qk:].reshape(rows, n_v, D)
-    return scan_ref(q, k, v, gates[..., 0].astype(np.float64), gates[..., 1].astype(np.float64), state)
+def conv_scan_reference(*, x, w_bits, hist, a, b, a_log, dt_bias, state, n_k, n_v, position=20, alog_bf16=False):
+    """(y, final state, state after each row) from DESIGN.md's math in float64."""
+    rows = x.shape[0]
+    y, _, _ = conv_ref(x, ref.bf16_to_f32(w_bits), effective_history(hist, position))
+    q, k, v = qk_norm_ref(y, n_k, D, QK_EPS)
+    alog = ref.round_bf16(a_log) if alog_bf16 else a_log
+    decay, beta, _ = gates_ref(a, b, alog, ref.bf16_to_f32(dt_bias))
+    return scan_ref(q, k, v.reshape(rows, n_v, D), decay, beta, state)
 
 
-@pytest.mark.parametrize("rows", [1, 7, 33])
-def test_scan_raw_state_and_snapshots(dev, lib, rows):
-    rng = seeded("scan", rows)
-    n_k, n_v = 2, 6
-    qkv, gates, z, w_bits, state = scan_inputs(rng, rows, n_k, n_v)
-    y, s, snaps = run_scan(dev, lib, qkv=qkv, gates=gates, z=z, w_bits=w_bits, state=state, n_k=n_k, n_v=n_v,
-                           snap_rows=rows - 1, gated_norm=False)
-    want_y, want_s, want_after = scan_reference(qkv, gates, state, n_k, n_v)
-    ref.assert_close(y, want_y, TOL_SCAN, f"rows={rows}: y")
-    ref.assert_close(s, want_s, TOL_SCAN, f"rows={rows}: state")
-    ref.assert_close(snaps, want_after[:rows - 1], TOL_SCAN, f"rows={rows}: snapshots")
-    # The same check would catch a kernel that keeps the state transposed ([dk][dv]).
-    alt_y, _, _ = scan_reference(qkv, gates, state.transpose(0, 2, 1), n_k, n_v)
-    assert ref.rel_err(y, alt_y) > 100 * TOL_SCAN, "a transposed initial state should change y"
-
-
-@pytest.mark.parametrize("rows", [1, 7, 33])
-def test_scan_gated_norm(dev, lib, rows):
-    rng = seeded("scan-norm", rows)
-    n_k, n_v = 2, 6
-    qkv, gates, z, w_bits, state = scan_inputs(rng, rows, n_k, n_v)
-    out, s, _ = run_scan(dev, lib, qkv=qkv, gates=gates, z=z, w_bits=w_bits, state=state, n_k=n_k, n_v=n_v,
-                         snap_rows=0, gated_norm=True)
-    want_y, want_s, _ = scan_reference(qkv, gates, state, n_k, n_v)
-    want = gated_norm_ref(want_y, z.reshape(rows, n_v, D), ref.bf16_to_f32(w_bits), NORM_EPS)
-    # y's scan error (TOL_SCAN) carries through the normalisation; exp/rsqrt add TOL_FAST.
-    ref.assert_close(out, want, TOL_SCAN + TOL_FAST, f"rows={rows}: gated norm")
-    ref.assert_close(s, want_s, TOL_SCAN, f"rows={rows}: state")
-    # A shifted (1 + w) weight, or a missing silu(z), is far outside the tolerance.
-    shifted = gated_norm_ref(want_y, z.reshape(rows, n_v, D), 1.0 + ref.bf16_to_f32(w_bits), NORM_EPS)
-    assert ref.rel_err(out, shifted) > 0.1
-
-
-def test_wf32_variants_read_f32_vectors(dev, lib):
-    """delta_conv_prep_alog_f32_wf32 / delta_scan_norm_wf32 (f32 conv, dt_bias and norm weights,
-    as f32 or f16 checkpoints give them) reproduce the bf16 variants bit for bit on the same values."""
-    rng = seeded("wf32")
-    n_k, n_v, rows = 2, 6, 7
-    x, w_bits, hist = conv_inputs(rng, rows, n_k, n_v, 4)
+def conv_scan_inputs(rng, rows, n_k, n_v, ksize):
+    x, w_bits, hist = conv_inputs(rng, rows, n_k, n_v, ksize)
     a, b, a_log, dt_bias = gate_inputs(rng, rows, n_v)
-    inputs = dict(x=x, w_bits=w_bits, hist=hist, a=a, b=b, a_log=a_log, dt_bias=dt_bias, n_k=n_k, n_v=n_v,
-                  snap_rows=3, simdgroups=CONV_SIMDGROUPS, alog_bf16=False)
-    for got, want in zip(run_conv(dev, lib, **inputs, wf32=True), run_conv(dev, lib, **inputs)):
-        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    qkv, gates, z, w_bits, state = scan_inputs(rng, rows, n_k, n_v)
-    inputs = dict(qkv=qkv, gates=gates, z=z, w_bits=w_bits, state=state, n_k=n_k, n_v=n_v, snap_rows=2,
-                  gated_norm=True)
-    for got, want in zip(run_scan(dev, lib, **inputs, wf32=True), run_scan(dev, lib, **inputs)):
-        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    return dict(x=x, w_bits=w_bits, hist=hist, a=a, b=b, a_log=a_log, dt_bias=dt_bias, state=scan_state(rng, n_v),
+                n_k=n_k, n_v=n_v)
 
 
-def test_scan_27b(dev, lib):
-    rng = seeded("scan-27b")
-    n_k, n_v, rows = 16, 48, 2
-    qkv, gates, z, w_bits, state = scan_inputs(rng, rows, n_k, n_v)
-    out, s, snaps = run_scan(dev, lib, qkv=qkv, gates=gates, z=z, w_bits=w_bits, state=state, n_k=n_k, n_v=n_v,
-                             snap_rows=1, gated_norm=True)
-    want_y, want_s, want_after = scan_reference(qkv, gates, state, n_k, n_v)
-    want = gated_norm_ref(want_y, z.reshape(rows, n_v, D), ref.bf16_to_f32(w_bits), NORM_EPS)
-    ref.assert_close(out, want, TOL_SCAN + TOL_FAST, "27B gated norm")
-    ref.assert_close(s, want_s, TOL_SCAN, "27B state")
-    ref.assert_close(snaps, want_after[:1], TOL_SCAN, "27B snapshot")
+SCAN_CASES = [(ksize, rows, position) for ksize in (4, 2) for rows in (1, 7, 33) for position in (20,)] + \
+             [(1, 7, 20), (4, 7, 0), (4, 1, 2)]
 
 
-@pytest.mark.parametrize("gated_norm", [True, False])
-@pytest.mark.parametrize("threads", [32, 96, 256, 384])
-def test_scan_smaller_threadgroups_give_the_same_bits(dev, lib, threads, gated_norm):
-    """Below its declared MQ_DELTA_SCAN_THREADS (a pipeline's limit may be lower) each
-    SIMD-group scans several 8-row blocks; 96 and 384 threads leave the 16 blocks uneven.
-    Every output, the state and the snapshots equal the full-size run bit for bit."""
-    rng = seeded("scan-threads", threads, gated_norm)
-    n_k, n_v, rows = 2, 6, 7
-    qkv, gates, z, w_bits, state = scan_inputs(rng, rows, n_k, n_v)
-    args = dict(qkv=qkv, gates=gates, z=z, w_bits=w_bits, state=state, n_k=n_k, n_v=n_v, snap_rows=3,
-                gated_norm=gated_norm)
-    full = run_scan(dev, lib, **args)
-    small = run_scan(dev, lib, **args, threads=threads)
-    for what, a, b in zip(("out", "state", "snapshots"), small, full):
-        np.testing.assert_array_equal(a, b, err_msg=f"{threads} threads: {what}")
-    want_y, want_s, _ = scan_reference(qkv, gates, state, n_k, n_v)
-    if gated_norm:
-        want_y = gated_norm_ref(want_y, z.reshape(rows, n_v, D), ref.bf16_to_f32(w_bits), NORM_EPS)
-    ref.assert_close(small[0], want_y, TOL_SCAN + TOL_FAST, f"{threads} threads: out")
-    ref.assert_close(small[1], want_s, TOL_SCAN, f"{threads} threads: state")
+@pytest.mark.parametrize("ksize,rows,position", SCAN_CASES)
+def test_conv_scan_y_state_and_snapshots(dev, lib, ksize, rows, position):
+    rng = seeded("conv-scan", ksize, rows, position)
+    inputs = conv_scan_inputs(rng, rows, 2, 6, ksize)
+    alog_bf16 = rows == 7  # both A_log variants across the cases
+    y, s, snaps = run_conv_scan(dev, lib, **inputs, snap_rows=rows - 1, position=position, alog_bf16=alog_bf16)
+    want_y, want_s, want_after = conv_scan_reference(**inputs, position=position, alog_bf16=alog_bf16)
+    what = f"K={ksize} rows={rows} position={position}"
+    ref.assert_close(y, want_y, TOL_SCAN + TOL_FAST, f"{what}: y")
+    ref.assert_close(s, want_s, TOL_SCAN + TOL_FAST, f"{what}: state")
+    ref.assert_close(snaps, want_after[:rows - 1], TOL_SCAN + TOL_FAST, f"{what}: snapshots")
+    # The same check would catch a kernel that keeps the state transposed ([dk][dv]) ...
+    alt = dict(inputs, state=inputs["state"].transpose(0, 2, 1))
+    assert ref.rel_err(y, conv_scan_reference(**alt, position=position, alog_bf16=alog_bf16)[0]) > 100 * TOL_SCAN
+    # ... or that ignores the history (or reads it where the sequence has none).
+    if ksize > 1 and position > 0:
+        cold = dict(inputs, hist=np.zeros_like(inputs["hist"]))
+        assert ref.rel_err(y[0], conv_scan_reference(**cold, position=position, alog_bf16=alog_bf16)[0][0]) > 1e-3
 
 
-def test_scan_declares_its_threadgroup_size(dev, lib):
-    assert lib.kernel("delta_scan_norm").max_threads_per_threadgroup <= SCAN_THREADS
+@pytest.mark.parametrize("simdgroups", [1, 3, 16])
+def test_conv_scan_any_threadgroup_size_gives_identical_results(dev, lib, simdgroups):
+    """Every SIMD-group works alone, so the threadgroup size (3: the last threadgroup
+    has SIMD-groups past the last block) changes no bit."""
+    inputs = conv_scan_inputs(seeded("conv-scan-sg"), 9, 2, 6, 4)
+    base = run_conv_scan(dev, lib, **inputs, snap_rows=4)
+    other = run_conv_scan(dev, lib, **inputs, snap_rows=4, simdgroups=simdgroups)
+    for g, o, name in zip(base, other, ("y", "state", "snapshots")):
+        np.testing.assert_array_equal(o, g, err_msg=f"{name} differs with {simdgroups} simdgroups")
+
+
+def test_conv_scan_27b(dev, lib):
+    inputs = conv_scan_inputs(seeded("conv-scan-27b"), 3, 16, 48, 4)
+    assert channels(16, 48) == 10240
+    y, s, snaps = run_conv_scan(dev, lib, **inputs, snap_rows=2)
+    want_y, want_s, want_after = conv_scan_reference(**inputs)
+    ref.assert_close(y, want_y, TOL_SCAN + TOL_FAST, "27B y")
+    ref.assert_close(s, want_s, TOL_SCAN + TOL_FAST, "27B state")
+    ref.assert_close(snaps, want_after[:2], TOL_SCAN + TOL_FAST, "27B snapshots")
+
+
+def test_conv_scan_declares_its_threadgroup_size(dev, lib):
+    assert lib.kernel("delta_conv_scan_alog_f32").max_threads_per_threadgroup <= SCAN_THREADS
 
 
 # ---------------------------------------------------------------------------
-# The layer as the engine encodes it: conv_prep -> scan in one command buffer,
+# delta_norm_history: gated output norm in place + raw inputs into the history ring
+
+
+def run_norm_history(dev, lib, *, y, z, w_bits, x, ring, position, simdgroups=NORM_SIMDGROUPS, wf32=False):
+    rows, n_v, _ = y.shape
+    slots, c = ring.shape
+    n_k = (c - n_v * D) // (2 * D)
+    x_stride, z_stride = c + 4, n_v * D + 4
+    out = dev.buffer(np.concatenate([y.reshape(rows, -1), np.full((1, n_v * D), np.nan, np.float32)]))
+    ring_b = dev.buffer(ring.reshape(-1).copy())
+    params = pack(NORM_PARAMS, n_k=n_k, n_v=n_v, rows=rows, position=position, hist_slots=slots, x_stride=x_stride,
+                  z_stride=z_stride, norm_eps=NORM_EPS)
+    lib.kernel("delta_norm_history" + ("_wf32" if wf32 else "")).dispatch(
+        {0: dev.buffer(padded(x, x_stride)), 1: dev.buffer(padded(z, z_stride)),
+         2: dev.buffer(ref.bf16_to_f32(w_bits) if wf32 else w_bits.astype(BF16)), 3: out, 4: ring_b, 5: params},
+        threadgroups=(n_v + c // D,), threads=(32 * simdgroups,))
+    got = out.numpy(np.float32, (rows + 1, n_v * D))
+    ref.assert_untouched(got[rows], "out past the last row")
+    return got[:rows].reshape(rows, n_v, D), ring_b.numpy(np.float32, (slots, c))
+
+
+def norm_inputs(rng, rows, n_k, n_v, slots):
+    c = channels(n_k, n_v)
+    y = (rng.standard_normal((rows, n_v, D)) * 0.3).astype(np.float32)
+    z = (rng.standard_normal((rows, n_v * D)) * 2.0).astype(np.float32)
+    w_bits = ref.bf16_bits(rng.uniform(0.5, 1.5, D).astype(np.float32))
+    x = rng.standard_normal((rows, c)).astype(np.float32)
+    ring = rng.standard_normal((slots, c)).astype(np.float32)
+    return dict(y=y, z=z, w_bits=w_bits, x=x, ring=ring)
+
+
+@pytest.mark.parametrize("rows,position", [(1, 0), (1, 37), (7, 9), (33, 5)])
+def test_norm_history(dev, lib, rows, position):
+    n_k, n_v, slots = 2, 6, 11
+    inputs = norm_inputs(seeded("norm-history", rows, position), rows, n_k, n_v, slots)
+    out, ring = run_norm_history(dev, lib, **inputs, position=position)
+    w = ref.bf16_to_f32(inputs["w_bits"])
+    want = gated_norm_ref(inputs["y"], inputs["z"].reshape(rows, n_v, D), w, NORM_EPS)
+    ref.assert_close(out, want, TOL_FAST, f"rows={rows}: gated norm")
+    # A shifted (1 + w) weight, or a missing silu(z), is far outside the tolerance.
+    assert ref.rel_err(out, gated_norm_ref(inputs["y"], inputs["z"].reshape(rows, n_v, D), 1.0 + w, NORM_EPS)) > 0.1
+    # The last min(rows, slots) rows land at their positions' slots, exactly; no other slot moves.
+    want_ring = inputs["ring"].copy()
+    for t in range(max(0, rows - slots), rows):
+        want_ring[(position + t) % slots] = inputs["x"][t]
+    np.testing.assert_array_equal(ring, want_ring, err_msg=f"rows={rows}: history ring")
+
+
+@pytest.mark.parametrize("simdgroups", [1, 3])
+def test_norm_history_any_threadgroup_size_gives_identical_results(dev, lib, simdgroups):
+    inputs = norm_inputs(seeded("norm-sg"), 7, 2, 6, 11)
+    base = run_norm_history(dev, lib, **inputs, position=4)
+    other = run_norm_history(dev, lib, **inputs, position=4, simdgroups=simdgroups)
+    for g, o, name in zip(base, other, ("out", "ring")):
+        np.testing.assert_array_equal(o, g, err_msg=f"{name} differs with {simdgroups} simdgroups")
+
+
+def test_wf32_variants_read_f32_vectors(dev, lib):
+    """delta_conv_scan_alog_f32_wf32 / delta_norm_history_wf32 (f32 conv, dt_bias and norm
+    weights, as f32 or f16 checkpoints give them) reproduce the bf16 variants bit for bit."""
+    rng = seeded("wf32")
+    inputs = conv_scan_inputs(rng, 7, 2, 6, 4)
+    for got, want in zip(run_conv_scan(dev, lib, **inputs, snap_rows=3, wf32=True),
+                         run_conv_scan(dev, lib, **inputs, snap_rows=3)):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    inputs = norm_inputs(rng, 7, 2, 6, 11)
+    for got, want in zip(run_norm_history(dev, lib, **inputs, position=3, wf32=True),
+                         run_norm_history(dev, lib, **inputs, position=3)):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# ---------------------------------------------------------------------------
+# The layer as the engine encodes it: conv_scan -> norm_history in one command buffer,
 # speculative rollback, and rows-at-once == row-by-row (bit for bit)
 
 
 class Layer:
-    """One DeltaNet layer's buffers and its two dispatches (plus restore)."""
+    """One DeltaNet layer's buffers and its two dispatches (plus restore), at a position."""
 
-    def __init__(self, dev, lib, rng, n_k, n_v, ksize, max_rows):
+    def __init__(self, dev, lib, rng, n_k, n_v, ksize, max_rows, position=0):
         self.dev, self.lib, self.n_k, self.n_v, self.ksize = dev, lib, n_k, n_v, ksize
         self.c = channels(n_k, n_v)
+        self.slots = ksize - 1 + 8
+        self.position = position
         _, w_bits, hist = conv_inputs(rng, 1, n_k, n_v, ksize)
         _, _, a_log, dt_bias = gate_inputs(rng, 1, n_v)
         self.conv_w = dev.buffer(w_bits.astype(BF16))
         self.a_log = dev.buffer(a_log)
         self.dt_bias = dev.buffer(dt_bias.astype(BF16))
         self.norm_w = dev.buffer(ref.bf16_bits(rng.uniform(0.5, 1.5, D).astype(np.float32)).astype(BF16))
-        self.hist = dev.buffer(hist.reshape(-1).copy())
+        self.hist = dev.buffer(ring_with(hist, position, self.slots, self.c))
         self.state = dev.buffer((rng.standard_normal((n_v, D, D)) * 0.1).astype(np.float32))
-        self.hist_plane = (ksize - 1) * self.c
         self.state_plane = n_v * D * D
-        self.hist_snaps = nan_buffer(dev, max_rows * self.hist_plane)
         self.state_snaps = nan_buffer(dev, max_rows * self.state_plane)
 
     def step(self, x, a, b, z, snap_rows=0):
         dev, rows = self.dev, x.shape[0]
-        qkv = nan_buffer(dev, rows, self.c)
-        gates = nan_buffer(dev, rows, self.n_v, 2)
         out = nan_buffer(dev, rows, self.n_v * D)
-        conv_p = pack(CONV_PARAMS, n_k=self.n_k, n_v=self.n_v, ksize=self.ksize, rows=rows, snap_rows=snap_rows,
-                      x_stride=self.c, ab_stride=self.n_v, hist_snap_stride=self.hist_plane, qk_eps=QK_EPS)
-        scan_p = pack(SCAN_PARAMS, n_k=self.n_k, n_v=self.n_v, rows=rows, snap_rows=snap_rows, z_stride=self.n_v * D,
-                      state_snap_stride=self.state_plane, gated_norm=1, norm_eps=NORM_EPS)
+        scan_p = pack(SCAN_PARAMS, n_k=self.n_k, n_v=self.n_v, ksize=self.ksize, rows=rows, position=self.position,
+                      hist_slots=self.slots, snap_rows=snap_rows, x_stride=self.c, ab_stride=self.n_v,
+                      state_snap_stride=self.state_plane, qk_eps=QK_EPS)
+        norm_p = pack(NORM_PARAMS, n_k=self.n_k, n_v=self.n_v, rows=rows, position=self.position,
+                      hist_slots=self.slots, x_stride=self.c, z_stride=self.n_v * D, norm_eps=NORM_EPS)
+        xb = dev.buffer(x)
         cb = dev.command_buffer()
-        cb.dispatch(self.lib.kernel("delta_conv_prep_alog_f32"),
-                    {0: dev.buffer(x), 1: self.conv_w, 2: self.hist, 3: qkv, 4: dev.buffer(a), 5: dev.buffer(b),
-                     6: self.a_log, 7: self.dt_bias, 8: gates, 9: self.hist_snaps, 10: conv_p},
-                    (2 * self.n_k + self.n_v,), (32 * (CONV_SIMDGROUPS if rows > 1 else 1),))
+        cb.dispatch(self.lib.kernel("delta_conv_scan_alog_f32"),
+                    {0: xb, 1: self.conv_w, 2: self.hist, 3: dev.buffer(a), 4: dev.buffer(b), 5: self.a_log,
+                     6: self.dt_bias, 7: self.state, 8: out, 9: self.state_snaps, 10: scan_p},
+                    (-(-self.n_v * (D // SCAN_ROWS) // SCAN_SIMDGROUPS),), (32 * SCAN_SIMDGROUPS,))
         cb.barrier()
-        cb.dispatch(self.lib.kernel("delta_scan_norm"),
-                    {0: qkv, 1: gates, 2: dev.buffer(z), 3: self.norm_w, 4: self.state, 5: out, 6: self.state_snaps,
-                     7: scan_p},
-                    (self.n_v,), (SCAN_THREADS,))
+        cb.dispatch(self.lib.kernel("delta_norm_history"),
+                    {0: xb, 1: dev.buffer(z), 2: self.norm_w, 3: out, 4: self.hist, 5: norm_p},
+                    (self.n_v + self.c // D,), (32 * NORM_SIMDGROUPS,))
         cb.commit()
         cb.wait()
-        return qkv.numpy(np.float32, (rows, self.c)), out.numpy(np.float32, (rows, self.n_v * D))
+        self.position += rows
+        return out.numpy(np.float32, (rows, self.n_v * D))
 
     def restore(self, plane, planes):
-        p = pack(RESTORE_PARAMS, state_floats=self.state_plane, hist_floats=self.hist_plane,
-                 state_snap_stride=self.state_plane, hist_snap_stride=self.hist_plane, planes=planes)
-        total4 = (self.state_plane + self.hist_plane) // 4
+        p = pack(RESTORE_PARAMS, state_floats=self.state_plane, state_snap_stride=self.state_plane, planes=planes)
         self.lib.kernel("delta_restore").dispatch_threads(
-            {0: self.state, 1: self.state_snaps, 2: self.hist, 3: self.hist_snaps,
-             4: self.dev.buffer(np.array([plane], np.uint32)), 5: p}, grid=(total4,), threads=(64,))
+            {0: self.state, 1: self.state_snaps, 2: self.dev.buffer(np.array([plane], np.uint32)), 3: p},
+            grid=(self.state_plane // 4,), threads=(64,))
 
     def snapshot(self):
-        return self.state.numpy(np.float32).copy(), self.hist.numpy(np.float32)[:self.hist_plane].copy()
+        """The state, and the history the next step reads (positions position-K+1 .. position-1)."""
+        ring = self.hist.numpy(np.float32, (self.slots, self.c))
+        read = [ring[p % self.slots] for p in range(self.position - self.ksize + 1, self.position) if p >= 0]
+        return self.state.numpy(np.float32).copy(), np.array(read)
 
 
 def layer_inputs(rng, rows, n_k, n_v):
@@ -425,53 +393,66 @@ def layer_inputs(rng, rows, n_k, n_v):
     return x, a, b, z
 
 
-def test_layer_rows_at_once_equal_row_by_row_bitwise(dev, lib):
+@pytest.mark.parametrize("position", [0, 30])
+def test_layer_rows_at_once_equal_row_by_row_bitwise(dev, lib, position):
     """Verify rows must reproduce decode rows exactly (speculative decoding relies on it)."""
     n_k, n_v, ksize, rows = 2, 6, 4, 7
     x, a, b, z = layer_inputs(seeded("layer-inputs"), rows, n_k, n_v)
-    batched = Layer(dev, lib, seeded("layer"), n_k, n_v, ksize, rows)
-    single = Layer(dev, lib, seeded("layer"), n_k, n_v, ksize, rows)
-    qkv_b, out_b = batched.step(x, a, b, z, snap_rows=rows - 1)
+    batched = Layer(dev, lib, seeded("layer"), n_k, n_v, ksize, rows, position)
+    single = Layer(dev, lib, seeded("layer"), n_k, n_v, ksize, rows, position)
+    out_b = batched.step(x, a, b, z, snap_rows=rows - 1)
     for t in range(rows):
-        qkv_1, out_1 = single.step(x[t:t + 1], a[t:t + 1], b[t:t + 1], z[t:t + 1])
-        np.testing.assert_array_equal(qkv_1[0], qkv_b[t], err_msg=f"conv output row {t}")
-        np.testing.assert_array_equal(out_1[0], out_b[t], err_msg=f"scan output row {t}")
+        out_1 = single.step(x[t:t + 1], a[t:t + 1], b[t:t + 1], z[t:t + 1])
+        np.testing.assert_array_equal(out_1[0], out_b[t], err_msg=f"output row {t}")
     for got, want, name in zip(batched.snapshot(), single.snapshot(), ("state", "history")):
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+def test_layer_prefill_longer_than_the_ring_then_decode(dev, lib):
+    """A prefill of more rows than the ring has slots keeps the last ones: decoding after
+    it equals decoding after the same rows fed in two steps."""
+    n_k, n_v, ksize = 2, 6, 4
+    x, a, b, z = layer_inputs(seeded("prefill-inputs"), 30, n_k, n_v)
+    whole = Layer(dev, lib, seeded("prefill"), n_k, n_v, ksize, 1, 3)
+    split = Layer(dev, lib, seeded("prefill"), n_k, n_v, ksize, 1, 3)
+    out_w = whole.step(x, a, b, z)
+    out_s = np.concatenate([split.step(x[:13], a[:13], b[:13], z[:13]), split.step(x[13:], a[13:], b[13:], z[13:])])
+    np.testing.assert_array_equal(out_w, out_s)
+    x2, a2, b2, z2 = layer_inputs(seeded("prefill-next"), 1, n_k, n_v)
+    np.testing.assert_array_equal(whole.step(x2, a2, b2, z2), split.step(x2, a2, b2, z2))
+
+
 @pytest.mark.parametrize("accepted", [1, 3, 5, 6])
 def test_layer_restore_equals_running_only_the_accepted_rows(dev, lib, accepted):
+    """Rollback restores the state; the history ring needs nothing (the rejected rows'
+    slots are rewritten before any step reads them)."""
     n_k, n_v, ksize, rows = 2, 6, 4, 6
     x, a, b, z = layer_inputs(seeded("restore-inputs"), rows, n_k, n_v)
-    spec = Layer(dev, lib, seeded("restore"), n_k, n_v, ksize, rows)
-    plain = Layer(dev, lib, seeded("restore"), n_k, n_v, ksize, rows)
+    spec = Layer(dev, lib, seeded("restore"), n_k, n_v, ksize, rows, 17)
+    plain = Layer(dev, lib, seeded("restore"), n_k, n_v, ksize, rows, 17)
     spec.step(x, a, b, z, snap_rows=rows - 1)
     spec.restore(accepted - 1, planes=rows - 1)  # keep rows 0 .. accepted-1 (all rows: no copy)
+    spec.position -= rows - accepted
     plain.step(x[:accepted], a[:accepted], b[:accepted], z[:accepted])
     for got, want, name in zip(spec.snapshot(), plain.snapshot(), ("state", "history")):
         np.testing.assert_array_equal(got, want, err_msg=f"{name} after restoring plane {accepted - 1}")
     # And decoding continues identically from the restored state.
-    x2, a2, b2, z2 = layer_inputs(seeded("restore-next"), 1, n_k, n_v)
-    np.testing.assert_array_equal(spec.step(x2, a2, b2, z2)[1], plain.step(x2, a2, b2, z2)[1])
+    for seed in range(3):
+        x2, a2, b2, z2 = layer_inputs(seeded("restore-next", seed), 1, n_k, n_v)
+        np.testing.assert_array_equal(spec.step(x2, a2, b2, z2), plain.step(x2, a2, b2, z2))
 
 
 def test_restore_copies_exactly_the_plane_and_nothing_else(dev, lib):
     rng = seeded("restore-only")
-    state_floats, hist_floats, planes = 3 * 128, 2 * 64, 3
-    s_stride, h_stride = state_floats + 12, hist_floats + 4
+    state_floats, planes = 3 * 128, 3
+    s_stride = state_floats + 12
     state_snaps = rng.standard_normal(planes * s_stride).astype(np.float32)
-    hist_snaps = rng.standard_normal(planes * h_stride).astype(np.float32)
     state = nan_buffer(dev, state_floats + 8)
-    hist = nan_buffer(dev, hist_floats + 8)
-    p = pack(RESTORE_PARAMS, state_floats=state_floats, hist_floats=hist_floats, state_snap_stride=s_stride,
-             hist_snap_stride=h_stride, planes=planes)
-    lib.kernel("delta_restore").dispatch_threads(
-        {0: state, 1: dev.buffer(state_snaps), 2: hist, 3: dev.buffer(hist_snaps),
-         4: dev.buffer(np.array([2], np.uint32)), 5: p},
-        grid=((state_floats + hist_floats) // 4,), threads=(32,))
-    got_s, got_h = state.numpy(np.float32), hist.numpy(np.float32)
-    np.testing.assert_array_equal(got_s[:state_floats], state_snaps[2 * s_stride:2 * s_stride + state_floats])
-    np.testing.assert_array_equal(got_h[:hist_floats], hist_snaps[2 * h_stride:2 * h_stride + hist_floats])
-    ref.assert_untouched(got_s[state_floats:], "state past state_floats")
-    ref.assert_untouched(got_h[hist_floats:], "history past hist_floats")
+    p = pack(RESTORE_PARAMS, state_floats=state_floats, state_snap_stride=s_stride, planes=planes)
+    for plane, grid in ((2, state_floats // 4 + 5), (planes, state_floats // 4)):
+        lib.kernel("delta_restore").dispatch_threads(
+            {0: state, 1: dev.buffer(state_snaps), 2: dev.buffer(np.array([plane], np.uint32)), 3: p},
+            grid=(grid,), threads=(32,))
+    got = state.numpy(np.float32)
+    np.testing.assert_array_equal(got[:state_floats], state_snaps[2 * s_stride:2 * s_stride + state_floats])
+    ref.assert_untouched(got[state_floats:], "state past state_floats")
