@@ -54,6 +54,22 @@ double cache_bytes(const std::string& kernel) { return contains(kernel, "q8") ? 
 DispatchCost dispatch_cost(const RecordedDispatch& d) {
   const std::string& k = d.kernel;
   constexpr double F = 4;  // f32 activations
+  if (starts_with(k, "qmv_norm")) {  // before qmv_: the norm-fused group / gate-up kernels
+    const auto p = params_of<QmvNormParams>(d);
+    const bool silu = starts_with(k, "qmv_norm_silu");
+    const char* op = silu ? (starts_with(k, "qmv_norm_silu_rows") ? "qmv_norm_silu_rows" : "qmv_norm_silu")
+                          : (starts_with(k, "qmv_norm_rows") ? "qmv_norm_rows" : "qmv_norm");
+    double out = 0;
+    for (uint32_t m = 0; m < p.members; ++m) out += p.out_dim[m];
+    const double weights_out = silu ? 2 * out : out;  // gate and up rows
+    const double w = weights_out * p.in_dim * weight_bytes_per_element(suffix_after(k, op));
+    const double mix = (p.flags & MQ_QMV_ADD_MIX) ? 1 : 0;
+    // x (+ mix) in, h and xn out (one threadgroup), y out; the norm weight once
+    const double act = p.rows * (p.in_dim * F * (1 + mix) + p.in_dim * F * (1 + mix) + out * F);
+    return {by(uint32_t(weights_out), p.in_dim) + (p.rows > 1 ? " x" + std::to_string(p.rows) : "") +
+                (silu ? " +silu" : "") + " +norm",
+            w + act + p.in_dim * F, 2.0 * p.rows * weights_out * p.in_dim};
+  }
   if (starts_with(k, "qmv_rows_") || starts_with(k, "qmv_") || starts_with(k, "qmm_")) {
     const auto p = params_of<QuantMatmulParams>(d);
     const char* op = starts_with(k, "qmv_rows_") ? "qmv_rows" : starts_with(k, "qmv_") ? "qmv" : "qmm";

@@ -26,13 +26,63 @@ inline float load_x(device const float* x, thread float4* xv) {
 }
 
 // ---------------------------------------------------------------------------------------
+// The matvec block walk, shared by every matvec family (qmv, qmv_rows, moe_qmv, and the
+// norm-fused kernels of qmv_norm.metal).
+// Each SIMD-group owns R output rows; lane l takes blocks l, l+32, ... of every one of them
+// (the whole SIMD-group streams 32 contiguous blocks of a row at a time), loads each weight
+// block once and applies it to the M activation rows in order.
+// Per (activation row, weight row): acc = Fmt::dot(block, x, acc) over the lane's blocks in
+// order, then simd_sum. Every family keeps exactly this order per row, so a verify row is
+// bit-identical to the decode result for the same x (with the same compiler settings).
+
+// One weight matrix of a projection: the format's words, scales and biases (quant_formats.h).
+template <typename Fmt>
+struct QuantWeights {
+  device const uint* w;
+  device const typename Fmt::scale_t* scales;
+  device const typename Fmt::scale_t* biases;
+};
+
+// Activation rows as stored: row r at x + r * stride.
+struct PlainRows {
+  device const float* x;
+  uint stride;
+  // Block blk of row r into xv (8 float4s); returns its sum (see load_x).
+  float load(uint r, uint blk, thread float4* xv) { return load_x(x + (ulong)r * stride + blk * QBLOCK, xv); }
+};
+
+// acc[r * R + i] += (weight row rows[i]) . (activation row r) over this lane's blocks, for
+// r < nrows <= M. Rows i < SPLIT come from matrix a, the others from b (one matrix: SPLIT = R).
+// X provides load(r, blk, xv) as PlainRows does.
+template <typename Fmt, int M, int R, int SPLIT, typename X>
+inline void qmv_walk(QuantWeights<Fmt> a, QuantWeights<Fmt> b, thread const ulong* rows, uint nblk, uint nrows,
+                     uint lane, thread X& xs, thread float* acc) {
+  for (uint blk = lane; blk < nblk; blk += 32) {
+    typename Fmt::Block wb[R];
+    for (int i = 0; i < R; i++)
+      wb[i] = i < SPLIT ? Fmt::load(a.w, a.scales, a.biases, rows[i], blk, nblk)
+                        : Fmt::load(b.w, b.scales, b.biases, rows[i], blk, nblk);
+    for (int r = 0; r < M; r++) {
+      if ((uint)r >= nrows) break;  // uniform
+      float4 xv[QBLOCK / 4];
+      const float sum = xs.load(r, blk, xv);
+      for (int i = 0; i < R; i++) acc[r * R + i] = Fmt::dot(wb[i], xv, sum, acc[r * R + i]);
+    }
+  }
+}
+
+// The first of the R rows SIMD-group sg of threadgroup tg owns, and the rows the walk reads:
+// rows past out_dim re-read the last row (never stored) so the walk stays branch-free.
+inline uint qmv_first_row(uint tg, uint sg, uint rows_per_simdgroup) {
+  return (tg * MQ_QMV_SIMDGROUPS + sg) * rows_per_simdgroup;
+}
+template <int R>
+inline void qmv_clamped_rows(ulong row_base, uint row0, uint out_dim, thread ulong* rows) {
+  for (int i = 0; i < R; i++) rows[i] = row_base + min(row0 + i, out_dim - 1);
+}
+
+// ---------------------------------------------------------------------------------------
 // Decode matvec: y = W x for one activation row.
-// Each SIMD-group owns MQ_QMV_ROWS_PER_SIMDGROUP output rows; lane l takes blocks
-// l, l+32, ... of every one of them (the whole SIMD-group streams 32 contiguous blocks of a
-// row at a time), loading its x block once for all rows.
-// Per row: acc = Fmt::dot(block, x, acc) over the lane's blocks in order, then simd_sum.
-// qmv_rows repeats exactly this order per row, so a verify row is bit-identical to the
-// decode result for the same x (with the same compiler settings).
 // The body of qmv over rows row_base .. row_base + out_dim of w (a stack of matrices, e.g.
 // MoE experts [experts][out_dim][..], is addressed by its first row); y gets out_dim values.
 template <typename Fmt>
@@ -40,23 +90,15 @@ inline void qmv_body(device const uint* w, device const typename Fmt::scale_t* s
                      device const typename Fmt::scale_t* biases, device const float* x, device float* y,
                      uint in_dim, uint out_dim, ulong row_base, uint tg, uint sg, uint lane) {
   constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
-  const uint row0 = (tg * MQ_QMV_SIMDGROUPS + sg) * R;
+  const uint row0 = qmv_first_row(tg, sg, R);
   if (row0 >= out_dim) return;  // uniform over the SIMD-group
-  const uint nblk = in_dim / QBLOCK;
-
-  // Rows past out_dim re-read the last row (never stored) so the loop stays branch-free.
   ulong rows[R];
-  for (int i = 0; i < R; i++) rows[i] = row_base + min(row0 + i, out_dim - 1);
-
+  qmv_clamped_rows<R>(row_base, row0, out_dim, rows);
   float acc[R];
   for (int i = 0; i < R; i++) acc[i] = 0.0f;
-  for (uint blk = lane; blk < nblk; blk += 32) {
-    float4 xv[QBLOCK / 4];
-    const float xs = load_x(x + blk * QBLOCK, xv);
-    typename Fmt::Block wb[R];
-    for (int i = 0; i < R; i++) wb[i] = Fmt::load(w, scales, biases, rows[i], blk, nblk);
-    for (int i = 0; i < R; i++) acc[i] = Fmt::dot(wb[i], xv, xs, acc[i]);
-  }
+  const QuantWeights<Fmt> m{w, scales, biases};
+  PlainRows xs{x, 0};
+  qmv_walk<Fmt, 1, R, R>(m, m, rows, in_dim / QBLOCK, 1, lane, xs, acc);
   for (int i = 0; i < R; i++) {
     const float sum = simd_sum(acc[i]);
     if (lane == 0 && row0 + i < out_dim) y[row0 + i] = sum;
@@ -79,8 +121,7 @@ template <typename Fmt>
 
 // ---------------------------------------------------------------------------------------
 // Verify matvec: y[r] = W x[r] for r < p.rows (1..MQ_QMV_MAX_ROWS) with ONE weight
-// stream: each weight block is loaded once and applied to every x row. Same geometry,
-// block walk and per-row reduction order as qmv (see there).
+// stream: each weight block is loaded once and applied to every x row (qmv_walk).
 template <typename Fmt>
 [[kernel]] void qmv_rows(
     device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
@@ -94,31 +135,20 @@ template <typename Fmt>
     uint lane [[thread_index_in_simdgroup]]) {
   constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
   constexpr int M = MQ_QMV_MAX_ROWS;
-  const uint row0 = (tg * MQ_QMV_SIMDGROUPS + sg) * R;
+  const uint row0 = qmv_first_row(tg, sg, R);
   if (row0 >= p.out_dim) return;  // uniform over the SIMD-group
-  const uint nblk = p.in_dim / QBLOCK;
   const uint nrows = min(p.rows, (uint)M);
-
   ulong rows[R];
-  for (int i = 0; i < R; i++) rows[i] = (ulong)min(row0 + i, p.out_dim - 1);
-
-  float acc[M][R];
-  for (int r = 0; r < M; r++)
-    for (int i = 0; i < R; i++) acc[r][i] = 0.0f;
-  for (uint blk = lane; blk < nblk; blk += 32) {
-    typename Fmt::Block wb[R];
-    for (int i = 0; i < R; i++) wb[i] = Fmt::load(w, scales, biases, rows[i], blk, nblk);
-    for (int r = 0; r < M; r++) {
-      if ((uint)r >= nrows) break;  // uniform
-      float4 xv[QBLOCK / 4];
-      const float xs = load_x(x + (ulong)r * p.x_stride + blk * QBLOCK, xv);
-      for (int i = 0; i < R; i++) acc[r][i] = Fmt::dot(wb[i], xv, xs, acc[r][i]);
-    }
-  }
+  qmv_clamped_rows<R>(0, row0, p.out_dim, rows);
+  float acc[M * R];
+  for (int i = 0; i < M * R; i++) acc[i] = 0.0f;
+  const QuantWeights<Fmt> m{w, scales, biases};
+  PlainRows xs{x, p.x_stride};
+  qmv_walk<Fmt, M, R, R>(m, m, rows, p.in_dim / QBLOCK, nrows, lane, xs, acc);
   for (int r = 0; r < M; r++) {
     if ((uint)r >= nrows) break;  // uniform
     for (int i = 0; i < R; i++) {
-      const float sum = simd_sum(acc[r][i]);
+      const float sum = simd_sum(acc[r * R + i]);
       if (lane == 0 && row0 + i < p.out_dim) y[(ulong)r * p.y_stride + row0 + i] = sum;
     }
   }

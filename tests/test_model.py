@@ -149,25 +149,35 @@ def test_counters_show_one_command_buffer_per_step(demo, model):
     assert after["max_steps_in_flight"] == 2
 
 
+def layer_dispatches(kind: str) -> int:
+    """Dispatches of one layer on the matvec path (1..8 rows) at a context of at most 128
+    positions (one attention split, no combine), each one a barrier: the input norm (+ the
+    residual add) runs inside the one dispatch of all input projections, the post norm inside
+    gate/up, whose epilogue applies silu(gate) * up."""
+    if kind == "linear_attention":
+        return 4  # norm + in_proj_qkv/z/b/a, conv + gates + scan, gated norm + history ring, out_proj
+    return 4  # norm + q/k/v_proj, qk norm + rope + append, decode, o_proj
+
+
+MLP_DISPATCHES = 2  # post norm + residual + gate/up + silu, down_proj
+
+
 def decode_step_structure(layer_types: list[str]) -> tuple[int, int]:
     """(dispatches, barriers) of a greedy one-row decode step at a context of at most 128
-    positions (one attention split, no combine), as Engine::encode_step encodes it. Every
-    dispatch but the first is a barrier unless it overlaps the previous one (the projections
-    that read the same input). Change these when the structure changes, on purpose."""
-    dispatches, overlapped = 1, 0  # embed
-    for kind in layer_types:
-        dispatches += 1  # input norm (layer > 0: + residual)
-        if kind == "linear_attention":
-            # in_proj_qkv | z, b, a (overlapped), conv + gates + scan, gated norm + history ring, out_proj
-            dispatches += 7
-            overlapped += 3
-        else:
-            dispatches += 6  # q_proj | k_proj, v_proj (overlapped), qk norm + rope + append, decode, o_proj
-            overlapped += 2
-        dispatches += 5  # post norm + residual, gate_proj | up_proj (overlapped), silu_mul, down_proj
-        overlapped += 1
-    dispatches += 4  # final norm + residual, lm_head, argmax partial, argmax final
-    return dispatches, dispatches - 1 - overlapped
+    positions, as Engine::encode_step encodes it: embed, the layers, the final norm fused into
+    the lm_head, argmax partial and final; nothing overlaps. Change these when the structure
+    changes, on purpose."""
+    dispatches = 1 + sum(layer_dispatches(k) + MLP_DISPATCHES for k in layer_types) + 1 + 2
+    return dispatches, dispatches - 1
+
+
+def verify_step_structure(layer_types: list[str]) -> tuple[int, int]:
+    """(dispatches, barriers) of a greedy verify step with host drafts (2..8 rows): the layers
+    as decode's, the lm_head over every row, argmax over the rows, spec_accept, and each
+    DeltaNet layer's rollback (all after one barrier)."""
+    linear = sum(k == "linear_attention" for k in layer_types)
+    dispatches = 1 + sum(layer_dispatches(k) + MLP_DISPATCHES for k in layer_types) + 1 + 2 + 1 + linear
+    return dispatches, dispatches - 1 - max(linear - 1, 0)
 
 
 def test_counters_count_the_dispatches_and_barriers_of_a_decode_step(demo, model):
@@ -188,6 +198,17 @@ def test_counters_count_the_dispatches_and_barriers_of_a_decode_step(demo, model
     assert after["dispatches"] - before["dispatches"] == steps * dispatches
     assert after["barriers"] - before["barriers"] == steps * barriers
     assert 0 < after["host_encode_us_last_step"] <= after["host_encode_us"] - before["host_encode_us"]
+
+
+@pytest.mark.parametrize("drafts", [1, 7])
+def test_counters_count_the_dispatches_and_barriers_of_a_verify_step(demo, device, drafts):
+    m = metalqwen.load(demo, device=device, max_context=160, kv_bits=16, progress=False, speculative="lookup",
+                       draft_depth=7)
+    engine = m._engine
+    engine.prefill([5, 6, 7])
+    engine.verify([8] * drafts)
+    dispatches, barriers = verify_step_structure(m.config.layer_types)
+    assert (m.counters()["dispatches_last_step"], m.counters()["barriers_last_step"]) == (dispatches, barriers)
 
 
 def test_long_context_decode_splits_the_cache_and_matches_mlx_lm(converted, device):

@@ -174,15 +174,28 @@ class Engine {
   // of the chunk: so a prompt resumed from a snapshot gets a cold run's logits exactly.
   // Decode and verify steps of up to kMaxVerifyRows rows take the matvec path.
   void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose, bool prefill);
-  // One decoder layer over `rows` rows at `position` (xn in, residual x, output into mix).
-  void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows, int position);
-  // The MLP on xn into mix: dense, or the sparse MoE block (routing stays on the GPU).
-  void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate);
-  void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, uint32_t rows);
+  // One decoder layer over `rows` rows at `position`: the residual stream x (+ mix, the previous
+  // layer's output, when `add_mix`) in, its output in mix and x the stream before that output.
+  void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows, int position, bool add_mix);
+  // The MLP into mix: dense on xn, or with `post_norm` on rms(x + mix) * post_norm (the norm
+  // fused where it can be); or the sparse MoE block (routing stays on the GPU).
+  void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate,
+                  const DeviceTensor* post_norm = nullptr);
+  void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, const DeviceTensor& post_norm, uint32_t rows);
   void encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
                          uint32_t y_stride, uint32_t rows, bool overlap = false);
   void encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
                    const std::shared_ptr<gpu::Buffer>& residual);
+  // A projection reading the normed rows: its weights and where its output rows go.
+  struct NormedOutput {
+    const QuantLinear* l;
+    Arg y;
+    uint32_t y_stride;
+  };
+  // y = W (rms(x (+ mix)) * norm) for each member (forward.cpp); leaves x (+ mix) in x, the
+  // normed rows in xn.
+  void encode_normed_projections(Encoder& enc, const DeviceTensor& norm, bool add_mix,
+                                 std::initializer_list<NormedOutput> members, uint32_t rows);
   void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
   // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
   void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);

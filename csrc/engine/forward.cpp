@@ -2,6 +2,7 @@
 // math (DESIGN.md section 2): embed, then per layer norm -> mixer (attention or
 // Gated DeltaNet) -> residual + norm -> MLP, then final norm, lm_head, next token.
 #include <algorithm>
+#include <utility>
 
 #include "workspace.h"
 
@@ -9,6 +10,19 @@ namespace mq::engine {
 namespace {
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// The norm-fused kernels' parameters, members aside: h = x (+ mix), written to x_next (then the
+// residual stream: Engine::encode_normed_projections swaps the two) and xn as encode_norm leaves them.
+QmvNormParams qmv_norm_params(const ModelDims& dims, const DeviceTensor& norm, bool add_mix, uint32_t rows) {
+  QmvNormParams p{};
+  p.in_dim = uint32_t(dims.hidden);
+  p.rows = rows;
+  p.x_stride = p.in_dim;
+  p.flags = MQ_QMV_WRITE_XN | (add_mix ? MQ_QMV_ADD_MIX | MQ_QMV_WRITE_H : 0) |
+            (norm.desc->dtype == "F32" ? MQ_QMV_NORM_F32 : 0);
+  p.eps = dims.eps;
+  return p;
+}
 
 }  // namespace
 
@@ -39,17 +53,70 @@ void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows
     enc.dispatch("rms_norm" + vector_suffix(weight), {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
-void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, int position) {
+// y_m = W_m (rms(x (+ mix)) * norm) for every member, x (+ mix) staying the residual stream
+// and xn the normed rows. Matvec steps fold the norm into the projections: one dispatch over
+// the members' rows when they share a format (else one each, overlapped); prefill steps
+// dispatch the norm, then the projections.
+void Engine::encode_normed_projections(Encoder& enc, const DeviceTensor& norm, bool add_mix,
+                                       std::initializer_list<NormedOutput> members, uint32_t rows) {
+  const uint32_t H = uint32_t(model_.dims.hidden);
+  Workspace& w = *ws_;
+  if (!matvec_) {
+    encode_norm(enc, norm, rows, add_mix, w.mix);
+    bool first = true;
+    for (const NormedOutput& m : members) {
+      encode_projection(enc, *m.l, w.xn, H, m.y, m.y_stride, rows, !first);
+      first = false;
+    }
+    return;
+  }
+  const std::string kernel = rows == 1 ? "qmv_norm" : "qmv_norm_rows";
+  const NormedOutput* begin = members.begin();
+  const NormedOutput* end = members.end();
+  while (begin != end) {
+    // The longest run of members sharing begin's format, up to MQ_QMV_GROUP_MAX: one dispatch.
+    const NormedOutput* stop = begin + 1;
+    while (stop != end && stop - begin < MQ_QMV_GROUP_MAX && stop->l->format == begin->l->format) ++stop;
+    QmvNormParams p = qmv_norm_params(model_.dims, norm, add_mix, rows);
+    if (begin != members.begin())  // the first dispatch writes h and xn
+      p.flags &= ~uint32_t(MQ_QMV_WRITE_H | MQ_QMV_WRITE_XN);
+    p.members = uint32_t(stop - begin);
+    std::vector<Arg> wt, sc, bi, y;
+    uint32_t groups = 0;
+    for (uint32_t m = 0; m < MQ_QMV_GROUP_MAX; ++m) {
+      const NormedOutput& o = begin[std::min(m, p.members - 1)];  // slots past the members repeat the last
+      wt.push_back(at(o.l->weight));
+      sc.push_back(scales_of(*o.l));
+      bi.push_back(biases_of(*o.l));
+      y.push_back(o.y);
+      if (m < p.members) {
+        groups += ceil_div(o.l->out, MQ_QMV_ROWS_PER_THREADGROUP);
+        p.out_dim[m] = o.l->out;
+        p.y_stride[m] = o.y_stride;
+        p.tg_end[m] = groups;
+      }
+    }
+    enc.dispatch(kernel + quant_suffix(*begin->l),
+                 {wt[0], wt[1], wt[2], wt[3], sc[0], sc[1], sc[2], sc[3], bi[0], bi[1], bi[2], bi[3], w.x, w.mix,
+                  at(norm), w.x_next, w.xn, y[0], y[1], y[2], y[3], Arg::value(p)},
+                 {groups}, {MQ_QMV_THREADS}, begin != members.begin());
+    begin = stop;
+  }
+  // From here on the residual stream is h (encoding order is execution order).
+  if (add_mix) std::swap(w.x, w.x_next);
+}
+
+void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, int position, bool add_mix) {
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
   if (l.delta) {
     const DeltaNetWeights& m = *l.delta;
     const uint32_t nk = uint32_t(d.lin_k_heads), nv = uint32_t(d.lin_v_heads), C = 2 * nk * D + nv * D;
-    encode_projection(enc, m.in_proj_qkv, w.xn, H, w.qkv_raw, C, rows);
-    encode_projection(enc, m.in_proj_z, w.xn, H, w.z, nv * D, rows, true);
-    encode_projection(enc, m.in_proj_b, w.xn, H, w.b, nv, rows, true);
-    encode_projection(enc, m.in_proj_a, w.xn, H, w.a, nv, rows, true);
+    encode_normed_projections(enc, l.input_norm, add_mix,
+                              {{&m.in_proj_qkv, w.qkv_raw, C}, {&m.in_proj_z, w.z, nv * D}, {&m.in_proj_b, w.b, nv},
+                               {&m.in_proj_a, w.a, nv}},
+                              rows);
     // Two stages (shaders/deltanet.metal): conv + gates + scan in SIMD-groups that never
     // wait for each other, then the gated norm and the history-ring store. A verify step
     // keeps the state after each draft row for its rollback (snap_rows_).
@@ -72,9 +139,9 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     const uint32_t nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
     const uint32_t q_stride = nq * 2 * HD, kv_stride = nkv * HD, pos = uint32_t(position);
     const char* cache = options_.kv_bits == 8 ? "q8" : "f16";
-    encode_projection(enc, m.q_proj, w.xn, H, w.q, q_stride, rows);
-    encode_projection(enc, m.k_proj, w.xn, H, w.k, kv_stride, rows, true);
-    encode_projection(enc, m.v_proj, w.xn, H, w.v, kv_stride, rows, true);
+    encode_normed_projections(enc, l.input_norm, add_mix,
+                              {{&m.q_proj, w.q, q_stride}, {&m.k_proj, w.k, kv_stride}, {&m.v_proj, w.v, kv_stride}},
+                              rows);
     const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, uint32_t(options_.max_context), d.eps};
     const std::string prep = std::string("attn_qk_norm_rope_append_") + cache + vector_suffix(m.q_norm);
     const uint32_t prep_threads = kernels_.threads(prep);  // one SIMD-group per (row, head)
@@ -107,35 +174,54 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     }
     encode_projection(enc, m.o_proj, w.attn, nq * HD, w.mix, H, rows);
   }
-  encode_norm(enc, l.post_norm, rows, true, w.mix);
   if (l.moe)
-    encode_moe_mlp(enc, *l.moe, rows);
+    encode_moe_mlp(enc, *l.moe, l.post_norm, rows);
   else
-    encode_mlp(enc, *l.mlp, rows, uint32_t(d.intermediate));
+    encode_mlp(enc, *l.mlp, rows, uint32_t(d.intermediate), &l.post_norm);
 }
 
-// mix = down(silu(gate(xn)) * up(xn)).
-void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32_t I) {
+// mix = down(silu(gate(u)) * up(u)), u = xn, or with `post_norm` u = rms(x + mix) * post_norm
+// (x + mix becoming the residual stream). Matvec steps with one gate/up format run gate, up,
+// the norm and the activation as one kernel (qmv_norm_silu) and down reads its product.
+void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32_t I, const DeviceTensor* post_norm) {
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(model_.dims.hidden);
-  encode_projection(enc, m.gate_proj, w.xn, H, w.gate, I, rows);
-  encode_projection(enc, m.up_proj, w.xn, H, w.up, I, rows, true);
-  const SiluMulParams sm{I, rows, I, I, I};
-  enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows});
+  if (post_norm && matvec_ && m.gate_proj.format == m.up_proj.format) {
+    QmvNormParams p = qmv_norm_params(model_.dims, *post_norm, true, rows);
+    p.members = 1;
+    p.out_dim[0] = I;
+    p.y_stride[0] = p.tg_end[0] = I;
+    enc.dispatch((rows == 1 ? "qmv_norm_silu" : "qmv_norm_silu_rows") + quant_suffix(m.gate_proj),
+                 {at(m.gate_proj.weight), scales_of(m.gate_proj), biases_of(m.gate_proj), at(m.up_proj.weight),
+                  scales_of(m.up_proj), biases_of(m.up_proj), w.x, w.mix, at(*post_norm), w.x_next, w.xn, w.act,
+                  Arg::value(p)},
+                 {ceil_div(I, MQ_QMV_SILU_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS});
+    std::swap(w.x, w.x_next);
+  } else {
+    if (post_norm) {
+      encode_normed_projections(enc, *post_norm, true, {{&m.gate_proj, w.gate, I}, {&m.up_proj, w.up, I}}, rows);
+    } else {
+      encode_projection(enc, m.gate_proj, w.xn, H, w.gate, I, rows);
+      encode_projection(enc, m.up_proj, w.xn, H, w.up, I, rows, true);
+    }
+    const SiluMulParams sm{I, rows, I, I, I};
+    enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows});
+  }
   encode_projection(enc, m.down_proj, w.act, I, w.mix, H, rows);
 }
 
 // mix = sum over the chosen experts e of weight_e * expert_e(xn) + sigmoid(shared_expert_gate(xn)) *
 // shared_expert(xn) (shaders/moe.metal). Decode and verify rows gather each (row, expert) pair's
 // matvec; prefill groups the pairs by expert on the GPU and runs one GEMM per expert.
-void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, uint32_t rows) {
+void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const DeviceTensor& post_norm, uint32_t rows) {
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), E = uint32_t(d.experts), K = uint32_t(d.experts_per_token);
   const uint32_t I = uint32_t(d.moe_intermediate), pairs = rows * K;
   const bool grouped = !matvec_;
-  encode_projection(enc, m.gate, w.xn, H, w.router_logits, E, rows);
-  encode_projection(enc, m.shared_expert_gate, w.xn, H, w.shared_gate, 1, rows, true);
+  // The post norm with the router and the shared expert's gate; everything after reads xn.
+  encode_normed_projections(enc, post_norm, true,
+                            {{&m.gate, w.router_logits, E}, {&m.shared_expert_gate, w.shared_gate, 1}}, rows);
   const MoeRouteParams rp{E, K, E, d.norm_top_k ? 1u : 0u};
   enc.dispatch("moe_route", {w.router_logits, w.route_ids, w.route_weights, Arg::value(rp)}, {rows},
                {MQ_MOE_ROUTE_THREADS});
@@ -221,14 +307,16 @@ void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const
   const ModelDims& d = model_.dims;
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab);
   encode_embed(enc, uint32_t(position_), rows, ws_->x);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
-    encode_norm(enc, layers_[i].input_norm, rows, i > 0, ws_->mix);
-    encode_layer(enc, layers_[i], rows, position_);
+  // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
+  for (size_t i = 0; i < layers_.size(); ++i) encode_layer(enc, layers_[i], rows, position_, i > 0);
+  // The final norm, fused into the lm_head when every row's logits are wanted.
+  if (logit_row0 == 0) {
+    encode_normed_projections(enc, final_norm_, true, {{&lm_head_, ws_->logits, V}}, rows);
+  } else {
+    encode_norm(enc, final_norm_, rows, true, ws_->mix);
+    if (logit_row0 < rows)
+      encode_projection(enc, lm_head_, Arg(ws_->xn, size_t(logit_row0) * H * 4), H, ws_->logits, V, rows - logit_row0);
   }
-  encode_norm(enc, final_norm_, rows, true, ws_->mix);
-  if (logit_row0 < rows)
-    encode_projection(enc, lm_head_, Arg(ws_->xn, size_t(logit_row0) * H * 4), H, ws_->logits, V, rows - logit_row0);
   if (choose) encode_choice(enc, rows - 1 - logit_row0, *choose, uint32_t(position_) + rows);
 }
 

@@ -47,8 +47,7 @@ void Engine::encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hi
                {kernels_.threads(nh)}, true);
   // u = fc(mtp_in) is the MTP layer's residual stream x; then the layer as the trunk's.
   encode_projection(enc, m.fc, w.mtp_in, 2 * H, w.x, H, rows);
-  encode_norm(enc, m.layer.input_norm, rows, false, w.mix);
-  encode_layer(enc, m.layer, rows, position);
+  encode_layer(enc, m.layer, rows, position, false);
   // mtp_hidden = mtp.norm(x + mix): the head's output state, kept for a chained call.
   const RmsNormParams pn{H, H, H, H, eps};
   enc.dispatch("rms_norm_residual" + vector_suffix(m.norm), {w.x, w.mix, at(m.norm), w.mtp_hidden, Arg::value(pn)},
@@ -81,7 +80,6 @@ std::vector<float> Engine::mtp_logits(const std::vector<uint32_t>& ids) {
   reset();
   check_room(ids.size());
   std::memcpy(ws_->ids->contents(), ids.data(), ids.size() * 4);
-  const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
   std::vector<float> logits;
   logits.reserve((ids.size() - 1) * V);
   for (size_t done = 0; done < ids.size();) {
@@ -89,6 +87,8 @@ std::vector<float> Engine::mtp_logits(const std::vector<uint32_t>& ids) {
     const uint32_t heads = uint32_t(std::min<size_t>(rows, ids.size() - 1 - done));  // the last id has no next
     Encoder enc(*device_, kernels_);
     encode_step(enc, rows, rows, nullptr, true);  // the trunk: no logits, no choice
+    // Named now: x is the buffer holding the residual stream at this point of the encoding.
+    const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
     if (heads > 0) encode_mtp(enc, heads, position_, hidden, H, 0);
     auto cb = commit(enc);
     wait(*cb);

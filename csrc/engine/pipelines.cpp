@@ -27,9 +27,10 @@ std::string delta_scan_kernel(const DeltaNetWeights& m) {
 
 std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
   std::map<std::string, ThreadgroupNeed> needs;
+  // Per format (names repeat across projections): plain and norm-fused matvecs, the GEMM.
   auto projection = [&](const QuantLinear& l) {
-    needs["qmv" + quant_suffix(l)] = exactly(MQ_QMV_THREADS);
-    needs["qmv_rows" + quant_suffix(l)] = exactly(MQ_QMV_THREADS);
+    for (const char* op : {"qmv", "qmv_rows", "qmv_norm", "qmv_norm_rows"})
+      needs[op + quant_suffix(l)] = exactly(MQ_QMV_THREADS);
     needs["qmm" + quant_suffix(l)] = exactly(MQ_QMM_THREADS);
   };
   needs["embed" + quant_suffix(embed_)] = exactly(MQ_EMBED_THREADS);
@@ -63,6 +64,9 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
     const LayerWeights& l = *layer;
     const MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
     for (const QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
+    if (!l.moe)  // gate and up with the post norm and the activation (one format)
+      needs["qmv_norm_silu" + quant_suffix(mlp.gate_proj)] = needs["qmv_norm_silu_rows" + quant_suffix(mlp.gate_proj)] =
+          exactly(MQ_QMV_THREADS);
     needs["rms_norm" + vector_suffix(l.input_norm)] = needs["rms_norm_residual" + vector_suffix(l.input_norm)] =
         needs["rms_norm_residual" + vector_suffix(l.post_norm)] = up_to(MQ_NORM_THREADS);
     if (l.moe) {

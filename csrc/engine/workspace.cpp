@@ -111,7 +111,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
   const size_t partials = (V + kArgmaxChunk - 1) / kArgmaxChunk;
   return {
       {&Workspace::ids, size_t(o.max_context) + 1},
-      {&Workspace::x, R * H}, {&Workspace::xn, R * H}, {&Workspace::mix, R * H},
+      {&Workspace::x, R * H}, {&Workspace::x_next, R * H}, {&Workspace::xn, R * H}, {&Workspace::mix, R * H},
       {&Workspace::qkv_raw, R * C},
       {&Workspace::z, R * nv * D}, {&Workspace::a, R * nv}, {&Workspace::b, R * nv},
       {&Workspace::delta_out, R * nv * D},

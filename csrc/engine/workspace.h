@@ -72,6 +72,9 @@ struct Workspace {
   uint32_t max_splits;                       // decode attention context splits
   std::shared_ptr<gpu::Buffer> ids;          // uint [max_context + 1]: token at each position
   std::shared_ptr<gpu::Buffer> x, xn, mix;   // [rows][hidden]: residual, normed, mixer/MLP out
+  // [rows][hidden]: where a norm-fused matvec writes x + mix (its threadgroups all read x), swapped
+  // with x once encoded: x always names the residual stream at that point of the step.
+  std::shared_ptr<gpu::Buffer> x_next;
   std::shared_ptr<gpu::Buffer> qkv_raw;      // [rows][C]: in_proj_qkv out (the conv input)
   std::shared_ptr<gpu::Buffer> z, a, b;      // [rows][nv*dv], [rows][nv], [rows][nv]
   std::shared_ptr<gpu::Buffer> delta_out;    // [rows][nv*dv]: the scan's y, then its gated norm

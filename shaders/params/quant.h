@@ -1,7 +1,8 @@
 // Parameters of shaders/quant.metal: projections and embedding gather for every weight
 // format of shaders/quant_formats.h.
 //
-// Formats and host names `<op>_<format>` (op: qmv, qmv_rows, qmm, embed):
+// Formats and host names `<op>_<format>` (op: qmv, qmv_rows, qmm, embed; and in
+// shaders/qmv_norm.metal qmv_norm, qmv_norm_rows, qmv_norm_silu, qmv_norm_silu_rows):
 //   b<bits>_g<group>  MLX affine, bits 2, 3, 4, 5, 6, 8, group 32, 64, 128: weight uint32
 //                     [out][in*bits/32] (each row one little-endian bit stream, code 0 in the
 //                     lowest bits; 3/5/6-bit codes straddle words), scales and biases bf16
@@ -31,6 +32,21 @@
 // qmv_rows takes 1..MQ_QMV_MAX_ROWS activation rows (the engine must not pass more).
 #define MQ_QMV_MAX_ROWS 8
 
+// qmv_norm[_rows] (qmv_norm.metal): the norm-fused matvec over a group of up to
+// MQ_QMV_GROUP_MAX projections reading the same input, each member's rows in its own range of
+// threadgroups (ceil(out_dim[m] / MQ_QMV_ROWS_PER_THREADGROUP) each), MQ_QMV_THREADS threads.
+#define MQ_QMV_GROUP_MAX 4
+// qmv_norm_silu[_rows]: a SIMD-group walks MQ_QMV_ROWS_PER_SIMDGROUP / 2 rows of gate and the
+// same rows of up; dispatch ceil(out_dim / MQ_QMV_SILU_ROWS_PER_THREADGROUP) threadgroups.
+#define MQ_QMV_SILU_ROWS_PER_THREADGROUP (MQ_QMV_ROWS_PER_THREADGROUP / 2)
+// QmvNormParams::flags: ADD_MIX: h = x + mix (the residual add), else h = x; WRITE_H:
+// threadgroup 0 writes h to x_out (a buffer other than x); WRITE_XN: threadgroup 0 writes
+// xn = rms(h) * norm_w; NORM_F32: the norm weight is f32, else bf16.
+#define MQ_QMV_ADD_MIX 1
+#define MQ_QMV_WRITE_H 2
+#define MQ_QMV_WRITE_XN 4
+#define MQ_QMV_NORM_F32 8
+
 // qmm (prefill GEMM): a threadgroup of MQ_QMM_THREADS threads computes a tile of
 // MQ_QMM_TILE_ROWS activation rows x MQ_QMM_TILE_OUT output columns, walking in_dim
 // MQ_QMM_TILE_K at a time. Dispatch threadgroups
@@ -53,6 +69,23 @@ struct QuantMatmulParams {
   uint rows;      // M: activation rows
   uint x_stride;  // floats from one x row to the next (>= in_dim, multiple of 4)
   uint y_stride;  // floats from one y row to the next (>= out_dim)
+};
+
+// Norm-fused matvecs (qmv_norm.metal) over activation rows r < rows (1 for the one-row
+// kernels, 1..MQ_QMV_MAX_ROWS for *_rows): h[r] = x[r] (+ mix[r]), u[r] = h[r] *
+// rsqrt(mean(h[r]^2) + eps) * norm_w, then y_m[r] = W_m u[r] for each member m (qmv_norm), or
+// out[r] = silu(W_gate u[r]) * (W_up u[r]) (qmv_norm_silu: members 1, out is member 0).
+// x, mix, x_out and xn are [rows][x_stride]; y_m is [rows][y_stride[m]].
+struct QmvNormParams {
+  uint in_dim;    // hidden size: multiple of MQ_QUANT_BLOCK and of the group size
+  uint rows;      // activation rows
+  uint x_stride;  // floats from one row of x / mix / x_out / xn to the next (multiple of 4)
+  uint flags;     // MQ_QMV_ADD_MIX | MQ_QMV_WRITE_H | MQ_QMV_WRITE_XN | MQ_QMV_NORM_F32
+  float eps;
+  uint members;   // 1..MQ_QMV_GROUP_MAX
+  uint out_dim[MQ_QMV_GROUP_MAX];   // rows of each member's W (any >= 1)
+  uint y_stride[MQ_QMV_GROUP_MAX];  // floats from one y_m row to the next (>= out_dim[m])
+  uint tg_end[MQ_QMV_GROUP_MAX];    // member m owns threadgroups [tg_end[m-1], tg_end[m]), tg_end[-1] = 0
 };
 
 // hidden[r][:] = dequantized table row ids[first + r], r < rows.
