@@ -19,8 +19,7 @@ BUILD = ROOT / "build" / "metalqwen-bench-test"
 
 # Every kernel a greedy one-row decode step of a dense model encodes (forward.cpp).
 DECODE_KERNELS = {"embed_b4_g64", "rms_norm", "rms_norm_residual", "qmv_b4_g64", "delta_conv_prep_alog_f32",
-                  "delta_scan_norm", "attn_qk_norm_rope_append_q8", "attn_decode_q8_r1", "silu_mul",
-                  "argmax_partial", "argmax_final"}
+                  "delta_scan_norm", "attn_decode_q8_r1", "silu_mul", "argmax_partial", "argmax_final"}
 
 
 @pytest.fixture(scope="module")

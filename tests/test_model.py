@@ -149,11 +149,12 @@ def test_counters_show_one_command_buffer_per_step(demo, model):
     assert after["max_steps_in_flight"] == 2
 
 
-def decode_step_structure(layer_types: list[str]) -> tuple[int, int]:
-    """(dispatches, barriers) of a greedy one-row decode step at a context of at most 128
-    positions (one attention split, no combine), as Engine::encode_step encodes it. Every
-    dispatch but the first is a barrier unless it overlaps the previous one (the projections
-    that read the same input). Change these when the structure changes, on purpose."""
+def decode_step_structure(layer_types: list[str], split: bool = False) -> tuple[int, int]:
+    """(dispatches, barriers) of a greedy one-row decode step, as Engine::encode_step encodes
+    it, at a context of at most 128 positions (one attention split, no combine) or, when
+    `split`, past it (+ attn_decode_combine per attention layer). Every dispatch but the first
+    is a barrier unless it overlaps the previous one (the projections that read the same
+    input). Change these when the structure changes, on purpose."""
     dispatches, overlapped = 1, 0  # embed
     for kind in layer_types:
         dispatches += 1  # input norm (layer > 0: + residual)
@@ -161,7 +162,8 @@ def decode_step_structure(layer_types: list[str]) -> tuple[int, int]:
             dispatches += 7  # in_proj_qkv | z, b, a (overlapped), conv prep, scan + norm, out_proj
             overlapped += 3
         else:
-            dispatches += 6  # q_proj | k_proj, v_proj (overlapped), qk norm + rope + append, decode, o_proj
+            # q_proj | k_proj, v_proj (overlapped), decode (q/k norm + rope + append inside), o_proj
+            dispatches += 5 + split  # + the combine of the splits' partials
             overlapped += 2
         dispatches += 5  # post norm + residual, gate_proj | up_proj (overlapped), silu_mul, down_proj
         overlapped += 1
@@ -187,6 +189,22 @@ def test_counters_count_the_dispatches_and_barriers_of_a_decode_step(demo, model
     assert after["dispatches"] - before["dispatches"] == steps * dispatches
     assert after["barriers"] - before["barriers"] == steps * barriers
     assert 0 < after["host_encode_us_last_step"] <= after["host_encode_us"] - before["host_encode_us"]
+
+
+def test_counters_count_the_combine_of_a_split_decode_step(demo, model):
+    """Past 128 positions a decode step's attention is two barrier stages: decode (+ prep,
+    + append) and the combine of the split partials."""
+    m = model(demo)
+    engine = m._engine
+    engine.reset()
+    engine.prefill(list(range(5, 145)))  # the demo model holds 160 positions
+    engine.decode_begin(2)
+    while engine.decode_next() is not None:
+        pass
+    engine.decode_end()
+    after = m.counters()
+    dispatches, barriers = decode_step_structure(m.config.layer_types, split=True)
+    assert (after["dispatches_last_step"], after["barriers_last_step"]) == (dispatches, barriers)
 
 
 def test_long_context_decode_splits_the_cache_and_matches_mlx_lm(converted, device):

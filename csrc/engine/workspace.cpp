@@ -1,5 +1,6 @@
 #include "workspace.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -92,7 +93,15 @@ namespace {
 
 // A multiple of 8: prefill attention reads q in 8-row tiles.
 uint32_t rows_per_step(const EngineOptions& o) { return uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8); }
-constexpr uint32_t kMaxSplits = 32;      // flash-decode splits: enough threadgroups to fill a GPU at any context length
+// Flash-decode splits: at least kMinSplitLen positions each (up to that, one split and no
+// combine), about kSplitThreadgroupsPerCore threadgroups per GPU core over all splits, and at
+// most kMaxSplits (the combine reads nq * splits partials per row: it stays a small pass).
+constexpr uint32_t kMinSplitLen = 128;
+constexpr uint32_t kSplitThreadgroupsPerCore = 4;
+constexpr uint32_t kMaxSplits = 64;
+uint32_t max_decode_splits(const EngineOptions& o) {
+  return std::min(kMaxSplits, (uint32_t(o.max_context) + kMinSplitLen - 1) / kMinSplitLen);
+}
 constexpr uint32_t kArgmaxChunk = 4096;  // logits per stage-1 argmax threadgroup: ~61 of them for a 248320 vocabulary
 
 using Slot = std::shared_ptr<gpu::Buffer> Workspace::*;
@@ -117,7 +126,8 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::gates, R * nv * 2}, {&Workspace::delta_out, R * nv * D},
       {&Workspace::q, R * nq * 2 * HD}, {&Workspace::k, R * nkv * HD}, {&Workspace::v, R * nkv * HD},
       {&Workspace::attn, R * nq * HD},
-      {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD}, {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
+      {&Workspace::part_o, kMaxVerifyRows * nq * max_decode_splits(o) * HD},
+      {&Workspace::part_ms, kMaxVerifyRows * nq * max_decode_splits(o) * 2},
       {&Workspace::gate, R * I}, {&Workspace::up, R * I}, {&Workspace::act, R * I},
       {&Workspace::router_logits, R * E}, {&Workspace::shared_gate, R},
       {&Workspace::route_ids, P}, {&Workspace::route_weights, P},
@@ -145,6 +155,12 @@ size_t history_words(const ModelDims& d) {
   return size_t(d.conv_kernel - 1) * C;
 }
 
+uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits) {
+  const uint32_t by_length = (context + kMinSplitLen - 1) / kMinSplitLen;
+  const uint32_t by_cores = (gpu_cores * kSplitThreadgroupsPerCore + groups - 1) / groups;
+  return std::max(1u, std::min({by_length, by_cores, max_splits}));
+}
+
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
   const size_t kv_dim = size_t(d.kv_heads) * MQ_ATTN_HEAD_DIM, ctx = size_t(o.max_context);
   return o.kv_bits == 8 ? ctx * kv_dim + ctx * kv_dim / MQ_ATTN_Q8_BLOCK * 2 : ctx * kv_dim * 2;
@@ -166,7 +182,7 @@ uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
 Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOptions& o,
                      std::vector<LayerWeights>& layers) {
   max_rows = rows_per_step(o);
-  max_splits = kMaxSplits;
+  max_splits = max_decode_splits(o);
   argmax_chunk = kArgmaxChunk;
   argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
   auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };
