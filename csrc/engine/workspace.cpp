@@ -96,12 +96,11 @@ uint32_t rows_per_step(const EngineOptions& o) { return uint32_t((std::max(o.pre
 // Flash-decode splits: at least kMinSplitLen positions each (up to that, one split and no
 // combine), about kSplitThreadgroupsPerCore threadgroups per GPU core over all splits, and at
 // most kMaxSplits (the combine reads nq * splits partials per row: it stays a small pass).
+// The partials are sized for kMaxSplits whatever max_context is, so the workspace does not
+// grow in steps with it (largest_fitting_context solves a linear need).
 constexpr uint32_t kMinSplitLen = 128;
 constexpr uint32_t kSplitThreadgroupsPerCore = 4;
 constexpr uint32_t kMaxSplits = 64;
-uint32_t max_decode_splits(const EngineOptions& o) {
-  return std::min(kMaxSplits, (uint32_t(o.max_context) + kMinSplitLen - 1) / kMinSplitLen);
-}
 constexpr uint32_t kArgmaxChunk = 4096;  // logits per stage-1 argmax threadgroup: ~61 of them for a 248320 vocabulary
 
 using Slot = std::shared_ptr<gpu::Buffer> Workspace::*;
@@ -126,8 +125,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::gates, R * nv * 2}, {&Workspace::delta_out, R * nv * D},
       {&Workspace::q, R * nq * 2 * HD}, {&Workspace::k, R * nkv * HD}, {&Workspace::v, R * nkv * HD},
       {&Workspace::attn, R * nq * HD},
-      {&Workspace::part_o, kMaxVerifyRows * nq * max_decode_splits(o) * HD},
-      {&Workspace::part_ms, kMaxVerifyRows * nq * max_decode_splits(o) * 2},
+      {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD}, {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
       {&Workspace::gate, R * I}, {&Workspace::up, R * I}, {&Workspace::act, R * I},
       {&Workspace::router_logits, R * E}, {&Workspace::shared_gate, R},
       {&Workspace::route_ids, P}, {&Workspace::route_weights, P},
@@ -182,7 +180,7 @@ uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
 Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOptions& o,
                      std::vector<LayerWeights>& layers) {
   max_rows = rows_per_step(o);
-  max_splits = max_decode_splits(o);
+  max_splits = kMaxSplits;
   argmax_chunk = kArgmaxChunk;
   argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
   auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };
