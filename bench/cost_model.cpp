@@ -125,18 +125,24 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
     return {std::to_string(p.nq) + "/" + std::to_string(p.nkv) + " heads", bytes, p.rows * (p.nq + p.nkv) * HD * 8.0};
   }
   if (starts_with(k, "attn_decode_combine")) {
-    const auto p = params_of<AttnParams>(d);
+    const auto p = params_of<AttnDecodeParams>(d);
     const double HD = MQ_ATTN_HEAD_DIM;
     return {std::to_string(p.n_splits) + " splits",
             p.rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F), p.rows * p.nq * p.n_splits * HD * 2.0};
   }
-  if (starts_with(k, "attn_decode") || starts_with(k, "attn_prefill")) {
+  if (starts_with(k, "attn_decode")) {
+    const auto p = params_of<AttnDecodeParams>(d);
+    const double HD = MQ_ATTN_HEAD_DIM, context = double(p.pos_base) + p.rows;
+    // K and V of the context once (the step's rows raw in, appended out), q (query and gate) in, the output out
+    const double bytes = 2 * context * p.nkv * HD * cache_bytes(k) + p.rows * (p.nq * HD * F * 3 + 2 * p.nkv * HD * F);
+    return {"ctx " + std::to_string(int(context)), bytes, 4.0 * p.rows * p.nq * context * HD};
+  }
+  if (starts_with(k, "attn_prefill")) {
     const auto p = params_of<AttnParams>(d);
     const double HD = MQ_ATTN_HEAD_DIM, context = double(p.pos_base) + p.rows;
-    const bool prefill = starts_with(k, "attn_prefill");
     // K and V of the context once, q (query and gate) in, the output out
     const double bytes = 2 * context * p.nkv * HD * cache_bytes(k) + p.rows * p.nq * HD * F * 3;
-    const double attended = prefill ? p.pos_base + (p.rows + 1) / 2.0 : context;  // causal mean
+    const double attended = p.pos_base + (p.rows + 1) / 2.0;  // causal mean
     return {"ctx " + std::to_string(int(context)), bytes, 4.0 * p.rows * p.nq * attended * HD};
   }
   if (starts_with(k, "argmax_partial")) {

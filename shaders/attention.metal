@@ -1,6 +1,7 @@
 // Gated full attention: per-head q/k RMSNorm + partial RoPE fused with the KV-cache
-// append, flash-decode partials + log-sum-exp combine (decode and verify rows), and
-// flash prefill on 8x8 SIMD-group matrices. Buffer layouts: params/attention.h.
+// append (prefill chunks), flash-decode partials with that prep done in registers (decode
+// and verify rows) + log-sum-exp combine, and flash prefill on 8x8 SIMD-group matrices.
+// Buffer layouts: params/attention.h.
 // Everything after the cache read is f32; q8 cache values (int8 code * f16 scale) and
 // f16 cache values are exact in f32, so the only roundings are f32 arithmetic.
 #include <metal_stdlib>
@@ -12,9 +13,12 @@ namespace mq_attn {
 constant constexpr uint HD = MQ_ATTN_HEAD_DIM;
 constant constexpr uint ROT = MQ_ATTN_ROT_DIM;
 constant constexpr uint QB = MQ_ATTN_Q8_BLOCK;
-static_assert(HD % 128 == 0, "decode lanes hold float4 chunks 128 apart");
-static_assert(ROT % 64 == 0 && ROT <= HD, "a lane holds both elements of its RoPE pairs");
-static_assert(QB == 32, "a q8 block is one element per lane of a SIMD-group");
+// A head in a SIMD-group: lane holds dims 4 lane + 128 c .. + 3 in x[c], c < NC.
+constant constexpr uint NC = HD / 128;
+static_assert(HD % 128 == 0, "lanes hold float4 chunks 128 apart");
+static_assert(ROT >= 8 && ROT <= 128 && (ROT & (ROT - 1)) == 0,
+              "RoPE pair (i, i + ROT/2) sits in chunk 0 on lanes l and l ^ (ROT/8)");
+static_assert(QB == 32, "a q8 block is the float4s of 8 neighbouring lanes");
 
 constexpr uint isqrt(uint n) {  // a loop, not recursion: MSL has no recursive functions
   uint r = 0;
@@ -47,45 +51,89 @@ inline float4 kv_load4(device const char* cache, ulong scale_off, uint t, uint k
   return float4(*(device const half4*)((device const half*)cache + idx));
 }
 
-// Appends one head (HD values, lane holds elements lane + 32 j in x[j]) at cache row
-// `pos`, head `kvh`. q8: block j of the head is x[j] across the SIMD-group; its scale is
-// d = f16(amax / 127) and codes are quantised against that stored d, so dequantisation
-// reproduces x to within d / 2.
+// One head of a projection row (HD floats at src) into the lane layout.
+inline void head_load(thread float4* x, device const float* src, uint lane) {
+  for (uint c = 0; c < NC; c++) x[c] = *(device const float4*)(src + 4 * lane + 128 * c);
+}
+
+// Per-head RMSNorm (weights w [HD], multiplied as stored) and RoPE at position pos on a
+// head in the lane layout. Prefill's prep and decode both call this, so a key appended by
+// either is the same f32 value. Pair i = 4 (lane % (ROT/8)) + component rotates by
+// pos * rope_turns[i] / 2^64 turns (integer phase: exact at any position); the signed top
+// word is the phase in [-1/2, 1/2) turn.
+template <typename W>
+inline void head_norm_rope(thread float4* x, device const W* w, device const ulong* rope_turns, uint pos, float eps,
+                           uint lane) {
+  float ss = 0.0f;
+  for (uint c = 0; c < NC; c++) ss += dot(x[c], x[c]);
+  const float inv = rsqrt(simd_sum(ss) / (float)HD + eps);
+  for (uint c = 0; c < NC; c++) {
+    device const W* wc = w + 4 * lane + 128 * c;
+    x[c] = x[c] * inv * float4((float)wc[0], (float)wc[1], (float)wc[2], (float)wc[3]);
+  }
+  const float4 partner = simd_shuffle_xor(x[0], ROT / 8);  // dims i + ROT/2 <-> i
+  if (lane < ROT / 4) {
+    const uint i0 = 4 * (lane % (ROT / 8));
+    float4 cs;
+    float4 sn;
+    for (uint j = 0; j < 4; j++) {
+      const ulong phase = (ulong)pos * rope_turns[i0 + j];
+      const float angle = (float)as_type<int>((uint)(phase >> 32)) * TURN_RADIANS;
+      cs[j] = precise::cos(angle);
+      sn[j] = precise::sin(angle);
+    }
+    // (a, b) -> (a c - b s, b c + a s) for a = dim i, b = dim i + ROT/2.
+    x[0] = lane < ROT / 8 ? x[0] * cs - partner * sn : x[0] * cs + partner * sn;
+  }
+}
+
+// Rounds a head (lane layout) to what the cache stores for it at row `pos`, head `kvh`, and
+// writes it there when `store`: afterwards x holds exactly what kv_load4 would read back.
+// q8: block b (8 lanes' float4s) stores d = f16(amax / 127) and codes quantised against
+// that stored d, so dequantisation reproduces x to within d / 2. f16: x rounded to half.
 template <bool Q8>
-inline void kv_append_head(device char* cache, uint max_ctx, uint kv_dim, uint pos, uint kvh,
-                           thread const float* x, uint lane) {
-  const ulong row = (ulong)pos * kv_dim + kvh * HD;
-  if (Q8) {
-    half mine = 0.0h;
-    // Precise divisions: d and the codes are the exact roundings under any GPU math mode.
-    for (uint j = 0; j < HD / 32; j++) {
-      const float amax = simd_max(fabs(x[j]));
+inline void kv_round_store(thread float4* x, device char* cache, uint max_ctx, uint kv_dim, uint pos, uint kvh,
+                           bool store, uint lane) {
+  for (uint c = 0; c < NC; c++) {
+    const ulong idx = (ulong)pos * kv_dim + kvh * HD + 128 * c + 4 * lane;
+    if (Q8) {
+      const float4 a = fabs(x[c]);
+      float amax = max(max(a.x, a.y), max(a.z, a.w));
+      amax = max(amax, simd_shuffle_xor(amax, 1));
+      amax = max(amax, simd_shuffle_xor(amax, 2));
+      amax = max(amax, simd_shuffle_xor(amax, 4));
+      // Precise divisions: d and the codes are the exact roundings under any GPU math mode.
       const half d = (half)precise::divide(amax, 127.0f);
       const float df = (float)d;
-      const float code = df > 0.0f ? clamp(rint(precise::divide(x[j], df)), -127.0f, 127.0f) : 0.0f;
-      cache[row + 32 * j + lane] = (char)code;
-      mine = lane == j ? d : mine;
+      float4 code = float4(0.0f);
+      if (df > 0.0f) {
+        for (uint j = 0; j < 4; j++) code[j] = clamp(rint(precise::divide(x[c][j], df)), -127.0f, 127.0f);
+      }
+      if (store) {
+        *(device char4*)(cache + idx) = char4(code);
+        device half* scales = (device half*)(cache + (ulong)max_ctx * kv_dim);
+        if (lane % (QB / 4) == 0) scales[idx / QB] = d;
+      }
+      x[c] = code * df;
+    } else {
+      const half4 h = half4(x[c]);
+      if (store) *(device half4*)((device half*)cache + idx) = h;
+      x[c] = float4(h);
     }
-    device half* scales = (device half*)(cache + (ulong)max_ctx * kv_dim);
-    if (lane < HD / QB) scales[row / QB + lane] = mine;
-  } else {
-    device half* c = (device half*)cache;
-    for (uint j = 0; j < HD / 32; j++) c[row + 32 * j + lane] = (half)x[j];
   }
 }
 
 }  // namespace mq_attn
 
 // ---------------------------------------------------------------------------------------
-// q/k RMSNorm + RoPE + KV append, one dispatch for a step's rows.
+// q/k RMSNorm + RoPE + KV append, one dispatch for a prefill chunk's rows.
 //   q:          [rows][q_stride] f32, query halves normed + rotated in place (gates untouched)
 //   k:          [rows][k_stride] f32, normed + rotated in place
 //   v:          [rows][v_stride] f32
-//   q_norm, k_norm: [HEAD_DIM] bf16, multiplied as stored
+//   q_norm, k_norm: [HEAD_DIM] bf16 (or f32: _wf32), multiplied as stored
 //   rope_turns: [ROT_DIM / 2] uint64 phase steps (params/attention.h)
 //   kc, vc:     this layer's K and V caches (q8 or f16 layout), rows pos_base.. written
-// Grid: one SIMD-group per (row, slot), slot = q head | k head | v head; lane holds
-// elements lane + 32 j, so RoPE pair (i, i + ROT/2) and each q8 block live in registers.
+// Grid: one SIMD-group per (row, slot), slot = q head | k head | v head, in the lane layout.
 template <bool Q8, typename W>
 [[kernel]] void attn_qk_norm_rope_append(device float* q [[buffer(0)]],
                                          device float* k [[buffer(1)]],
@@ -101,7 +149,6 @@ template <bool Q8, typename W>
                                          uint n_sg [[simdgroups_per_threadgroup]],
                                          uint lane [[thread_index_in_simdgroup]]) {
   using namespace mq_attn;
-  constexpr uint PER_LANE = HD / 32;
   const uint slots = p.nq + 2 * p.nkv;
   const uint g = tg * n_sg + sg;
   if (g >= p.rows * slots) return;  // whole SIMD-groups only
@@ -110,41 +157,21 @@ template <bool Q8, typename W>
   const uint pos = p.pos_base + row;
   const uint kv_dim = p.nkv * HD;
 
-  float x[PER_LANE];
+  float4 x[NC];
   if (slot >= p.nq + p.nkv) {  // value head: appended as is
     const uint kvh = slot - p.nq - p.nkv;
-    device const float* src = v + (ulong)row * p.v_stride + kvh * HD;
-    for (uint j = 0; j < PER_LANE; j++) x[j] = src[lane + 32 * j];
-    kv_append_head<Q8>(vc, p.max_ctx, kv_dim, pos, kvh, x, lane);
+    head_load(x, v + (ulong)row * p.v_stride + kvh * HD, lane);
+    kv_round_store<Q8>(x, vc, p.max_ctx, kv_dim, pos, kvh, true, lane);
     return;
   }
 
   const bool is_q = slot < p.nq;
   device float* h = is_q ? q + (ulong)row * p.q_stride + slot * 2 * HD
                          : k + (ulong)row * p.k_stride + (slot - p.nq) * HD;
-  device const W* w = is_q ? q_norm : k_norm;
-  float ss = 0.0f;
-  for (uint j = 0; j < PER_LANE; j++) {
-    x[j] = h[lane + 32 * j];
-    ss += x[j] * x[j];
-  }
-  const float inv = rsqrt(simd_sum(ss) / (float)HD + p.eps);
-  for (uint j = 0; j < PER_LANE; j++) x[j] = x[j] * inv * (float)w[lane + 32 * j];
-
-  // Pair i = lane + 32 j rotates by pos * rope_turns[i] / 2^64 turns (integer phase: exact
-  // at any position); the signed top word is the phase in [-1/2, 1/2) turn.
-  for (uint j = 0; j < ROT / 64; j++) {
-    const ulong phase = (ulong)pos * rope_turns[lane + 32 * j];
-    const float angle = (float)as_type<int>((uint)(phase >> 32)) * TURN_RADIANS;
-    const float c = precise::cos(angle);
-    const float s = precise::sin(angle);
-    const float a = x[j];
-    const float b = x[j + ROT / 64];
-    x[j] = a * c - b * s;
-    x[j + ROT / 64] = b * c + a * s;
-  }
-  for (uint j = 0; j < PER_LANE; j++) h[lane + 32 * j] = x[j];
-  if (!is_q) kv_append_head<Q8>(kc, p.max_ctx, kv_dim, pos, slot - p.nq, x, lane);
+  head_load(x, h, lane);
+  head_norm_rope(x, is_q ? q_norm : k_norm, rope_turns, pos, p.eps, lane);
+  for (uint c = 0; c < NC; c++) *(device float4*)(h + 4 * lane + 128 * c) = x[c];
+  if (!is_q) kv_round_store<Q8>(x, kc, p.max_ctx, kv_dim, pos, slot - p.nq, true, lane);
 }
 
 template [[host_name("attn_qk_norm_rope_append_q8")]] [[kernel]] void attn_qk_norm_rope_append<true, bfloat>(
@@ -177,32 +204,42 @@ template [[host_name("attn_qk_norm_rope_append_f16_wf32")]] [[kernel]] void attn
     uint lane [[thread_index_in_simdgroup]]);
 
 // ---------------------------------------------------------------------------------------
-// Flash-decode partials for R rows of one kv head over one split of the context.
-//   q:       [rows][q_stride] f32 (normed, rotated query | gate per head)
-//   kc, vc:  this layer's caches; positions < pos_base + rows must be appended
+// Flash-decode partials for R rows of one kv head over one split of the context, with the
+// step's q/k norm, RoPE and K/V append folded in (params/attention.h says who appends).
+//   q:       [rows][q_stride] f32, raw projection: per head [query | gate]
+//   k, v:    [rows][k_stride], [rows][v_stride] f32, raw projections of the step's rows
+//   q_norm, k_norm: [HEAD_DIM] bf16 (or f32: _wf32); rope_turns: [ROT_DIM / 2] uint64
+//   kc, vc:  this layer's caches; positions < pos_base read, pos_base .. + rows written
 //   part_o:  [rows][nq][n_splits][HEAD_DIM] f32, part_ms: [rows][nq][n_splits] float2
 //   out:     [rows][out_stride] f32, written instead of the partials when n_splits == 1
 // Threadgroup (split, kv head x head block, row group); SIMD-group = one query head of the
 // kv head's head block (all of them read the same K/V rows): n_sg SIMD-groups serve heads
 // [b n_sg, (b + 1) n_sg) of the kv head's n_rep, in ceil(n_rep / n_sg) blocks b.
-// Lane holds dims 4 lane + 128 c (float4 chunks).
-// Per position and row: one simd_sum for the score, then the online softmax update
-// m' = max(m, s), l' = l 2^(m - m') + 2^(s - m'), o' = o 2^(m - m') + 2^(s - m') v, in
-// position order. A row with no visible position in its split writes m = NO_SCORE, l = 0.
-template <bool Q8, uint R>
+// Positions go in blocks of KEYS: all their K/V loads first, then one simd_sum per
+// (position, row), then per row one online softmax update over the block's visible
+// positions: m' = max(m, s_i), l' = l 2^(m - m') + sum_i 2^(s_i - m'),
+// o' = o 2^(m - m') + sum_i 2^(s_i - m') v_i, in position order. Blocks start at the split's
+// first position whatever R is, so a row's partials do not depend on its row group. A row
+// with no visible position in its split writes m = NO_SCORE, l = 0.
+template <bool Q8, uint R, typename W>
 [[kernel]] void attn_decode(device const float* q [[buffer(0)]],
-                            device const char* kc [[buffer(1)]],
-                            device const char* vc [[buffer(2)]],
-                            device float* part_o [[buffer(3)]],
-                            device float2* part_ms [[buffer(4)]],
-                            device float* out [[buffer(5)]],
-                            constant AttnParams& p [[buffer(6)]],
+                            device const float* k [[buffer(1)]],
+                            device const float* v [[buffer(2)]],
+                            device const W* q_norm [[buffer(3)]],
+                            device const W* k_norm [[buffer(4)]],
+                            device const ulong* rope_turns [[buffer(5)]],
+                            device char* kc [[buffer(6)]],
+                            device char* vc [[buffer(7)]],
+                            device float* part_o [[buffer(8)]],
+                            device float2* part_ms [[buffer(9)]],
+                            device float* out [[buffer(10)]],
+                            constant AttnDecodeParams& p [[buffer(11)]],
                             uint3 tg [[threadgroup_position_in_grid]],
                             uint sg [[simdgroup_index_in_threadgroup]],
                             uint n_sg [[simdgroups_per_threadgroup]],
                             uint lane [[thread_index_in_simdgroup]]) {
   using namespace mq_attn;
-  constexpr uint NC = HD / 128;
+  constexpr uint KEYS = MQ_ATTN_DECODE_KEYS;
   const uint n_rep = p.nq / p.nkv;
   const uint head_blocks = (n_rep + n_sg - 1) / n_sg;
   const uint kvh = tg.y / head_blocks;
@@ -218,40 +255,71 @@ template <bool Q8, uint R>
   const uint t0 = split * p.split_len;
   const uint t1 = min(t0 + p.split_len, p.pos_base + r0 + nr);
   const uint e = kvh * HD + 4 * lane;
+  // Appends the step's positions of this row group that fall in this split.
+  const bool appender = tg.y % head_blocks == 0 && sg == 0;
 
   float4 qv[R][NC];
   float4 o[R][NC];
   float m[R];
   float l[R];
   for (uint r = 0; r < R; r++) {
-    device const float* qr = q + (ulong)(r0 + r) * p.q_stride + head * 2 * HD + 4 * lane;
-    for (uint c = 0; c < NC; c++) {
-      qv[r][c] = r < nr ? *(device const float4*)(qr + 128 * c) * SCORE_SCALE : float4(0.0f);
-      o[r][c] = float4(0.0f);
-    }
+    for (uint c = 0; c < NC; c++) qv[r][c] = o[r][c] = float4(0.0f);
     m[r] = NO_SCORE;
     l[r] = 0.0f;
+    if (r < nr) {  // uniform across the SIMD-group (head_norm_rope reduces over it)
+      head_load(qv[r], q + (ulong)(r0 + r) * p.q_stride + head * 2 * HD, lane);
+      head_norm_rope(qv[r], q_norm, rope_turns, p.pos_base + r0 + r, p.eps, lane);
+      for (uint c = 0; c < NC; c++) qv[r][c] *= SCORE_SCALE;
+    }
   }
 
-  for (uint t = t0; t < t1; t++) {
-    float4 kk[NC];
-    float4 vv[NC];
-    for (uint c = 0; c < NC; c++) {
-      kk[c] = kv_load4<Q8>(kc, scale_off, t, kv_dim, e + 128 * c);
-      vv[c] = kv_load4<Q8>(vc, scale_off, t, kv_dim, e + 128 * c);
+  for (uint tb = t0; tb < t1; tb += KEYS) {
+    float4 kk[KEYS][NC];
+    float4 vv[KEYS][NC];
+    for (uint i = 0; i < KEYS; i++) {
+      const uint t = tb + i;
+      if (t >= t1) {  // past the block's last visible position: weight 0, value 0
+        for (uint c = 0; c < NC; c++) kk[i][c] = vv[i][c] = float4(0.0f);
+      } else if (t < p.pos_base) {
+        for (uint c = 0; c < NC; c++) {
+          kk[i][c] = kv_load4<Q8>(kc, scale_off, t, kv_dim, e + 128 * c);
+          vv[i][c] = kv_load4<Q8>(vc, scale_off, t, kv_dim, e + 128 * c);
+        }
+      } else {  // this step's row j = t - pos_base: prepared here, rounded as the cache holds it
+        const uint j = t - p.pos_base;
+        const bool store = appender && j >= r0;
+        head_load(kk[i], k + (ulong)j * p.k_stride + kvh * HD, lane);
+        head_norm_rope(kk[i], k_norm, rope_turns, t, p.eps, lane);
+        kv_round_store<Q8>(kk[i], kc, p.max_ctx, kv_dim, t, kvh, store, lane);
+        head_load(vv[i], v + (ulong)j * p.v_stride + kvh * HD, lane);
+        kv_round_store<Q8>(vv[i], vc, p.max_ctx, kv_dim, t, kvh, store, lane);
+      }
     }
     for (uint r = 0; r < R; r++) {
-      if (r < nr && t <= p.pos_base + r0 + r) {  // uniform across the SIMD-group
+      // Row r sees positions <= pos_base + r0 + r: the first `seen` of the block.
+      const uint last = min(t1 - 1, p.pos_base + r0 + r);
+      const uint seen = r < nr && last >= tb ? min(KEYS, last - tb + 1) : 0;
+      if (seen == 0) continue;  // uniform across the SIMD-group
+      float s[KEYS];
+      for (uint i = 0; i < KEYS; i++) {
         float d = 0.0f;
-        for (uint c = 0; c < NC; c++) d += dot(qv[r][c], kk[c]);
-        const float s = simd_sum(d);
-        const float mn = max(m[r], s);
-        const float f = exp2(m[r] - mn);
-        const float w = exp2(s - mn);
-        l[r] = l[r] * f + w;
-        for (uint c = 0; c < NC; c++) o[r][c] = o[r][c] * f + w * vv[c];
-        m[r] = mn;
+        for (uint c = 0; c < NC; c++) d += dot(qv[r][c], kk[i][c]);
+        s[i] = simd_sum(d);
       }
+      float mn = m[r];
+      for (uint i = 0; i < seen; i++) mn = max(mn, s[i]);
+      const float f = exp2(m[r] - mn);
+      float w[KEYS];
+      for (uint i = 0; i < KEYS; i++) w[i] = i < seen ? exp2(s[i] - mn) : 0.0f;
+      float lsum = l[r] * f;
+      for (uint i = 0; i < KEYS; i++) lsum += w[i];
+      l[r] = lsum;
+      for (uint c = 0; c < NC; c++) {
+        float4 acc = o[r][c] * f;
+        for (uint i = 0; i < KEYS; i++) acc += w[i] * vv[i][c];
+        o[r][c] = acc;
+      }
+      m[r] = mn;
     }
   }
 
@@ -274,31 +342,75 @@ template <bool Q8, uint R>
 }
 
 template [[host_name("attn_decode_q8_r1")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
-[[kernel]] void attn_decode<true, 1>(
-    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
-    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
-    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+[[kernel]] void attn_decode<true, 1, bfloat>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_q8_r1_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<true, 1, float>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_q8_r4")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
-[[kernel]] void attn_decode<true, 4>(
-    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
-    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
-    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+[[kernel]] void attn_decode<true, 4, bfloat>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_q8_r4_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<true, 4, float>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_f16_r1")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
-[[kernel]] void attn_decode<false, 1>(
-    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
-    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
-    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+[[kernel]] void attn_decode<false, 1, bfloat>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_f16_r1_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<false, 1, float>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_f16_r4")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
-[[kernel]] void attn_decode<false, 4>(
-    device const float* q [[buffer(0)]], device const char* kc [[buffer(1)]], device const char* vc [[buffer(2)]],
-    device float* part_o [[buffer(3)]], device float2* part_ms [[buffer(4)]], device float* out [[buffer(5)]],
-    constant AttnParams& p [[buffer(6)]], uint3 tg [[threadgroup_position_in_grid]],
+[[kernel]] void attn_decode<false, 4, bfloat>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("attn_decode_f16_r4_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
+[[kernel]] void attn_decode<false, 4, float>(
+    device const float* q [[buffer(0)]], device const float* k [[buffer(1)]], device const float* v [[buffer(2)]],
+    device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
+    device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
+    device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
+    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 
@@ -312,7 +424,7 @@ template [[host_name("attn_decode_f16_r4")]] [[max_total_threads_per_threadgroup
                                     device const float* part_o [[buffer(1)]],
                                     device const float2* part_ms [[buffer(2)]],
                                     device float* out [[buffer(3)]],
-                                    constant AttnParams& p [[buffer(4)]],
+                                    constant AttnDecodeParams& p [[buffer(4)]],
                                     uint2 tg [[threadgroup_position_in_grid]],
                                     uint tid [[thread_index_in_threadgroup]],
                                     uint tpg [[threads_per_threadgroup]]) {

@@ -19,7 +19,7 @@ BUILD = ROOT / "build" / "metalqwen-bench-test"
 
 # Every kernel a greedy one-row decode step of a dense model encodes (forward.cpp).
 DECODE_KERNELS = {"embed_b4_g64", "qmv_norm_b4_g64", "qmv_b4_g64", "qmv_norm_silu_b4_g64", "delta_conv_scan_alog_f32",
-                  "delta_norm_history", "attn_qk_norm_rope_append_q8", "attn_decode_q8_r1", "argmax_partial",
+                  "delta_norm_history", "attn_decode_q8_r1", "argmax_partial",
                   "argmax_final"}
 
 

@@ -155,6 +155,11 @@ kernel void spin(device float* y [[buffer(0)]], uint t [[thread_position_in_grid
     assert 0 < cb.gpu_seconds() <= time.perf_counter() - start
 
 
+def test_reports_a_fixed_gpu_core_count(cpu):
+    """Work split by core count (decode attention splits) comes out the same on every host."""
+    assert cpu.gpu_cores == 10
+
+
 def test_refuses_more_than_32k_of_threadgroup_memory(cpu):
     lib = build(cpu, """
 kernel void big(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {

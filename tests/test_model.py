@@ -149,25 +149,24 @@ def test_counters_show_one_command_buffer_per_step(demo, model):
     assert after["max_steps_in_flight"] == 2
 
 
-def layer_dispatches(kind: str) -> int:
-    """Dispatches of one layer on the matvec path (1..8 rows) at a context of at most 128
-    positions (one attention split, no combine), each one a barrier: the input norm (+ the
-    residual add) runs inside the one dispatch of all input projections, the post norm inside
-    gate/up, whose epilogue applies silu(gate) * up."""
+def layer_dispatches(kind: str, split: bool = False) -> int:
+    """Dispatches of one layer on the matvec path (1..8 rows), each one a barrier: the input
+    norm (+ the residual add) runs inside the one dispatch of all input projections, the post
+    norm inside gate/up, whose epilogue applies silu(gate) * up. At a context of at most 128
+    positions attention is one split; past it (`split`) the combine follows the decode."""
     if kind == "linear_attention":
         return 4  # norm + in_proj_qkv/z/b/a, conv + gates + scan, gated norm + history ring, out_proj
-    return 4  # norm + q/k/v_proj, qk norm + rope + append, decode, o_proj
+    return 3 + split  # norm + q/k/v_proj, decode (q/k norm + rope + append inside), o_proj
 
 
 MLP_DISPATCHES = 2  # post norm + residual + gate/up + silu, down_proj
 
 
-def decode_step_structure(layer_types: list[str]) -> tuple[int, int]:
-    """(dispatches, barriers) of a greedy one-row decode step at a context of at most 128
-    positions, as Engine::encode_step encodes it: embed, the layers, the final norm fused into
-    the lm_head, argmax partial and final; nothing overlaps. Change these when the structure
-    changes, on purpose."""
-    dispatches = 1 + sum(layer_dispatches(k) + MLP_DISPATCHES for k in layer_types) + 1 + 2
+def decode_step_structure(layer_types: list[str], split: bool = False) -> tuple[int, int]:
+    """(dispatches, barriers) of a greedy one-row decode step, as Engine::encode_step encodes
+    it: embed, the layers, the final norm fused into the lm_head, argmax partial and final;
+    nothing overlaps. Change these when the structure changes, on purpose."""
+    dispatches = 1 + sum(layer_dispatches(k, split) + MLP_DISPATCHES for k in layer_types) + 1 + 2
     return dispatches, dispatches - 1
 
 
@@ -209,6 +208,22 @@ def test_counters_count_the_dispatches_and_barriers_of_a_verify_step(demo, devic
     engine.verify([8] * drafts)
     dispatches, barriers = verify_step_structure(m.config.layer_types)
     assert (m.counters()["dispatches_last_step"], m.counters()["barriers_last_step"]) == (dispatches, barriers)
+
+
+def test_counters_count_the_combine_of_a_split_decode_step(demo, model):
+    """Past 128 positions a decode step's attention is two barrier stages: decode (+ prep,
+    + append) and the combine of the split partials."""
+    m = model(demo)
+    engine = m._engine
+    engine.reset()
+    engine.prefill(list(range(5, 145)))  # the demo model holds 160 positions
+    engine.decode_begin(2)
+    while engine.decode_next() is not None:
+        pass
+    engine.decode_end()
+    after = m.counters()
+    dispatches, barriers = decode_step_structure(m.config.layer_types, split=True)
+    assert (after["dispatches_last_step"], after["barriers_last_step"]) == (dispatches, barriers)
 
 
 def test_long_context_decode_splits_the_cache_and_matches_mlx_lm(converted, device):

@@ -65,6 +65,7 @@ void bind_gpu(py::module_& m) {
       .def_property_readonly("name", &Device::name)
       .def_property_readonly("max_buffer_length", &Device::max_buffer_length)
       .def_property_readonly("recommended_working_set", &Device::recommended_working_set)
+      .def_property_readonly("gpu_cores", &Device::gpu_cores)
       .def("new_buffer", &Device::new_buffer, py::arg("nbytes"))
       .def("compile", &Device::compile, py::arg("source"), py::arg("name"), py::call_guard<py::gil_scoped_release>())
       .def("compile_notice", &Device::compile_notice, py::arg("source"), py::arg("name"))

@@ -142,27 +142,36 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     encode_normed_projections(enc, l.input_norm, add_mix,
                               {{&m.q_proj, w.q, q_stride}, {&m.k_proj, w.k, kv_stride}, {&m.v_proj, w.v, kv_stride}},
                               rows);
-    const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, uint32_t(options_.max_context), d.eps};
-    const std::string prep = std::string("attn_qk_norm_rope_append_") + cache + vector_suffix(m.q_norm);
-    const uint32_t prep_threads = kernels_.threads(prep);  // one SIMD-group per (row, head)
-    enc.dispatch(prep, {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
-                 {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
-    AttnParams ap{rows, nq, nkv, q_stride, nq * HD, pos, uint32_t(options_.max_context), 0, 1};
+    const uint32_t max_ctx = uint32_t(options_.max_context), attn_stride = nq * HD;
     if (matvec_) {
-      // Flash-decode: the context is split across threadgroups, then merged.
-      const uint32_t context = pos + rows;
-      const uint32_t splits = std::min(w.max_splits, ceil_div(context, 128));
-      ap.split_len = ceil_div(context, splits);
-      ap.n_splits = ceil_div(context, ap.split_len);
+      // Flash-decode with the q/k norm, RoPE and K/V append inside (no prep dispatch, no
+      // barrier between append and read); the context is split across threadgroups to give
+      // every GPU core a few, then merged by the combine.
       const uint32_t per_group = rows == 1 ? 1 : 4;
-      const std::string decode = std::string("attn_decode_") + cache + (rows == 1 ? "_r1" : "_r4");
+      const std::string decode =
+          std::string("attn_decode_") + cache + (rows == 1 ? "_r1" : "_r4") + vector_suffix(m.q_norm);
       // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
       const uint32_t heads = kernels_.threads(decode) / MQ_SIMD_WIDTH;
-      enc.dispatch(decode, {w.q, l.k_cache, l.v_cache, w.part_o, w.part_ms, w.attn, Arg::value(ap)},
-                   {ap.n_splits, nkv * ceil_div(rep, heads), ceil_div(rows, per_group)}, {heads * MQ_SIMD_WIDTH});
+      const uint32_t head_groups = nkv * ceil_div(rep, heads), row_groups = ceil_div(rows, per_group);
+      const uint32_t context = pos + rows;
+      const uint32_t splits = decode_splits(context, head_groups * row_groups, device_->gpu_cores(), w.max_splits);
+      AttnDecodeParams ap{rows, nq, nkv, q_stride, kv_stride, kv_stride, attn_stride, pos, max_ctx,
+                          ceil_div(context, splits), 0, d.eps};
+      ap.n_splits = ceil_div(context, ap.split_len);
+      enc.dispatch(decode,
+                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, w.part_o, w.part_ms,
+                    w.attn, Arg::value(ap)},
+                   {ap.n_splits, head_groups, row_groups}, {heads * MQ_SIMD_WIDTH});
       if (ap.n_splits > 1)
         enc.dispatch("attn_decode_combine", {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
     } else {
+      const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, max_ctx, d.eps};
+      const std::string prep = std::string("attn_qk_norm_rope_append_") + cache + vector_suffix(m.q_norm);
+      const uint32_t prep_threads = kernels_.threads(prep);  // one SIMD-group per (row, head)
+      enc.dispatch(prep,
+                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
+                   {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
+      const AttnParams ap{rows, nq, nkv, q_stride, attn_stride, pos, max_ctx};
       // Each SIMD-group owns 8 rows of one query head; a threadgroup all rep heads of a
       // kv head for 8 * rb rows, or, when they do not fit, `max_sg` of them for 8 rows.
       const std::string prefill = std::string("attn_prefill_") + cache;

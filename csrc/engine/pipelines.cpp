@@ -92,7 +92,8 @@ std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
       for (const QuantLinear* p : {&m.q_proj, &m.k_proj, &m.v_proj, &m.o_proj}) projection(*p);
       needs["attn_qk_norm_rope_append_" + cache + vector_suffix(m.q_norm)] = up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS);
       // One SIMD-group per query head of a kv head, as many as the kernels take.
-      needs["attn_decode_" + cache + "_r1"] = needs["attn_decode_" + cache + "_r4"] =
+      needs["attn_decode_" + cache + "_r1" + vector_suffix(m.q_norm)] =
+          needs["attn_decode_" + cache + "_r4" + vector_suffix(m.q_norm)] =
           up_to(kSimd * std::min<uint32_t>(rep, MQ_ATTN_DECODE_MAX_SIMDGROUPS));
       needs["attn_decode_combine"] = up_to(MQ_ATTN_COMBINE_THREADS);
       // Whole multiples of the query heads of a kv head where they fit.

@@ -1,5 +1,6 @@
 #include "workspace.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -92,7 +93,14 @@ namespace {
 
 // A multiple of 8: prefill attention reads q in 8-row tiles.
 uint32_t rows_per_step(const EngineOptions& o) { return uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8); }
-constexpr uint32_t kMaxSplits = 32;      // flash-decode splits: enough threadgroups to fill a GPU at any context length
+// Flash-decode splits: at least kMinSplitLen positions each (up to that, one split and no
+// combine), about kSplitThreadgroupsPerCore threadgroups per GPU core over all splits, and at
+// most kMaxSplits (the combine reads nq * splits partials per row: it stays a small pass).
+// The partials are sized for kMaxSplits whatever max_context is, so the workspace does not
+// grow in steps with it (largest_fitting_context solves a linear need).
+constexpr uint32_t kMinSplitLen = 128;
+constexpr uint32_t kSplitThreadgroupsPerCore = 4;
+constexpr uint32_t kMaxSplits = 64;
 constexpr uint32_t kArgmaxChunk = 4096;  // logits per stage-1 argmax threadgroup: ~61 of them for a 248320 vocabulary
 
 using Slot = std::shared_ptr<gpu::Buffer> Workspace::*;
@@ -144,6 +152,12 @@ uint32_t history_slots(const ModelDims& d) { return uint32_t(d.conv_kernel - 1) 
 size_t history_words(const ModelDims& d) {
   const size_t C = size_t(2 * d.lin_k_heads + d.lin_v_heads) * MQ_DELTA_HEAD_DIM;
   return history_slots(d) * C;
+}
+
+uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits) {
+  const uint32_t by_length = (context + kMinSplitLen - 1) / kMinSplitLen;
+  const uint32_t by_cores = (gpu_cores * kSplitThreadgroupsPerCore + groups - 1) / groups;
+  return std::max(1u, std::min({by_length, by_cores, max_splits}));
 }
 
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {

@@ -69,7 +69,7 @@ struct Workspace {
   void clear_state();
 
   uint32_t max_rows;                         // rows per step: max(prefill_chunk, verify rows)
-  uint32_t max_splits;                       // decode attention context splits
+  uint32_t max_splits;                       // most decode attention context splits (sizes part_o, part_ms)
   std::shared_ptr<gpu::Buffer> ids;          // uint [max_context + 1]: token at each position
   std::shared_ptr<gpu::Buffer> x, xn, mix;   // [rows][hidden]: residual, normed, mixer/MLP out
   // [rows][hidden]: where a norm-fused matvec writes x + mix (its threadgroups all read x), swapped
@@ -120,6 +120,10 @@ inline Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 inline Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
 inline Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
 
+// Flash-decode splits for `context` positions when one split takes `groups` threadgroups
+// (kv heads x head blocks x row groups): splits of >= 128 positions, enough of them to give
+// each of the GPU's cores a few threadgroups, at most max_splits (Workspace::max_splits).
+uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits);
 // Bytes of one attention layer's K (or V) cache at max_context.
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.

@@ -93,6 +93,9 @@ class Device {
   virtual size_t max_buffer_length() const = 0;
   // Bytes the GPU may use without slowing down (Metal: recommendedMaxWorkingSetSize).
   virtual uint64_t recommended_working_set() const = 0;
+  // GPU cores, for work split across them (Metal has no API for it: a table of Apple chips
+  // by name; the CPU runtime reports a fixed count so its dispatches match no host).
+  virtual uint32_t gpu_cores() const = 0;
   virtual std::shared_ptr<Buffer> new_buffer(size_t size) = 0;  // contents uninitialised
   // Wraps host memory without copying when the platform allows it for this
   // pointer and size (Metal: page-aligned), else copies. `keep_alive` is released

@@ -229,6 +229,11 @@ class Device:
         """Bytes the GPU may use in all (Metal: recommendedMaxWorkingSetSize)."""
         return self._native.recommended_working_set
 
+    @property
+    def gpu_cores(self) -> int:
+        """GPU cores (Metal: Apple's chip table by name; the CPU runtime: a fixed 10)."""
+        return self._native.gpu_cores
+
     def compile(self, source: str, name: str = "<source>") -> Library:
         """Compiles MSL text; raises CompileError carrying the compiler's diagnostics."""
         if not isinstance(source, str):

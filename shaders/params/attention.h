@@ -29,8 +29,8 @@
 // Row r of a step is at position pos_base + r; the cache holds positions < pos_base + rows
 // once the step's K/V are appended, and row r attends to positions <= pos_base + r.
 
-// attn_qk_norm_rope_append_{q8,f16}: per-head RMSNorm of query and key (weights bf16
-// [HEAD_DIM], multiplied as stored), RoPE on the first ROT_DIM dims, in place in q and k;
+// attn_qk_norm_rope_append_{q8,f16} (+ _wf32; prefill chunks): per-head RMSNorm of query
+// and key (weights bf16 [HEAD_DIM], multiplied as stored), RoPE on the first ROT_DIM dims, in place in q and k;
 // then K (normed, rotated) and V are appended to the cache at positions pos_base + r.
 // One SIMD-group per (row, slot), slots = nq query heads, nkv key heads, nkv value heads:
 // dispatch ceil(rows * (nq + 2 nkv) / MQ_ATTN_PREP_SIMDGROUPS) threadgroups of
@@ -52,26 +52,55 @@ struct AttnPrepParams {
 // kernels work in log2 units (scores times log2(e) / sqrt(HEAD_DIM), exp2), so partial
 // maxima are log2-scaled too. out = softmax(q k^T / sqrt(HEAD_DIM)) v * sigmoid(gate).
 //
-// attn_decode_{q8,f16}_r{1,4} (flash-decode for decode and verify steps, 1..8 rows in
-// practice, any number works): the context [0, pos_base + rows) is cut into n_splits
-// splits of split_len positions. Each SIMD-group owns one query head; a threadgroup of
-// S SIMD-groups (S = min(nq / nkv, MQ_ATTN_DECODE_MAX_SIMDGROUPS) is best; any S >= 1
-// within the pipeline's limit works) serves S of a kv head's nq / nkv query heads, so
-// dispatch threadgroups (n_splits, nkv * ceil((nq / nkv) / S), ceil(rows / R)) of S * 32
-// threads, R = 1 or 4 from the kernel name (r1 for one row; r4 reads each K/V row once
-// for up to 4 rows). With n_splits == 1 the kernel writes the gated output itself (no
-// combine); otherwise it writes
+// attn_decode_{q8,f16}_r{1,4} (+ _wf32) (flash-decode for decode and verify steps, 1..8
+// rows in practice, any number works) does the step's whole attention prep itself, so a
+// decode layer's attention is one dispatch (plus the combine when split), with no barrier
+// between the append and the read:
+//   - q, k, v are the projections as written (raw); each SIMD-group norms and rotates its
+//     own query rows in registers (q stays raw in memory; its gate halves are read as is);
+//   - positions < pos_base come from the cache; the step's own positions pos_base + j are
+//     computed from row j of k and v (norm, RoPE, then rounded through the cache format:
+//     the very values a later read of the cache gives), and the threadgroup whose split
+//     holds the position and whose row group holds row j, head block 0, SIMD-group 0,
+//     appends them to the cache. No other threadgroup of the dispatch reads those rows.
+// The context [0, pos_base + rows) is cut into n_splits splits of split_len positions.
+// Each SIMD-group owns one query head; a threadgroup of S SIMD-groups
+// (S = min(nq / nkv, MQ_ATTN_DECODE_MAX_SIMDGROUPS) is best; any S >= 1 within the
+// pipeline's limit works) serves S of a kv head's nq / nkv query heads, so dispatch
+// threadgroups (n_splits, nkv * ceil((nq / nkv) / S), ceil(rows / R)) of S * 32 threads,
+// R = 1 or 4 from the kernel name (r1 for one row; r4 reads each K/V row once for up to 4
+// rows). A SIMD-group keeps MQ_ATTN_DECODE_KEYS positions in flight (their K and V loads
+// issued before the dependent math) and updates the online softmax once per such block.
+// With n_splits == 1 the kernel writes the gated output itself (no combine); otherwise it
+// writes
 //   part_o  [rows][nq][n_splits][HEAD_DIM] f32: unnormalised sum of p * v
 //   part_ms [rows][nq][n_splits] float2: (max score in log2 units, sum of p)
 // and attn_decode_combine (threadgroups (nq, rows) of any number of threads,
 // MQ_ATTN_COMBINE_THREADS being one per 4 dims, after a barrier) merges them and applies
-// the gate. Bind all six buffers either way (part_* or out go unused). q_stride and
-// out_stride must be multiples of 4 and q, out, part_o bound 16-byte aligned (float4 access).
+// the gate. Bind every buffer either way (part_* or out go unused). q_stride, k_stride,
+// v_stride and out_stride must be multiples of 4 and q, k, v, out, part_o bound 16-byte
+// aligned (float4 access).
 #define MQ_ATTN_DECODE_MAX_SIMDGROUPS 16
 #define MQ_ATTN_DECODE_THREADS (MQ_ATTN_DECODE_MAX_SIMDGROUPS * 32)
+#define MQ_ATTN_DECODE_KEYS 4
 #define MQ_ATTN_COMBINE_THREADS (MQ_ATTN_HEAD_DIM / 4)
+struct AttnDecodeParams {
+  uint rows;        // query rows in this step
+  uint nq;          // query heads
+  uint nkv;         // key/value heads; nq % nkv == 0
+  uint q_stride;    // elements between rows of q
+  uint k_stride;    // elements between rows of k
+  uint v_stride;    // elements between rows of v
+  uint out_stride;  // elements between rows of out
+  uint pos_base;    // position of row 0 (= cache row its K/V are appended at)
+  uint max_ctx;     // cache rows (places the q8 scale plane)
+  uint split_len;   // positions per split (>= 1)
+  uint n_splits;    // ceil((pos_base + rows) / split_len)
+  float eps;        // q/k RMSNorm epsilon
+};
 //
-// attn_prefill_{q8,f16} (a chunk of rows, flash attention with 8x8 SIMD-group matrices):
+// attn_prefill_{q8,f16} (a chunk of rows after attn_qk_norm_rope_append, flash attention
+// with 8x8 SIMD-group matrices):
 // each SIMD-group owns 8 rows of one query head; a threadgroup of S SIMD-groups
 // (1 <= S <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS) owns one kv head and
 //   S >= nq / nkv: all its nq / nkv query heads times RB = S / (nq / nkv) blocks of 8
@@ -90,6 +119,4 @@ struct AttnParams {
   uint out_stride;  // elements between rows of out
   uint pos_base;    // position of row 0
   uint max_ctx;     // cache rows (places the q8 scale plane)
-  uint split_len;   // decode: positions per split (>= 1)
-  uint n_splits;    // decode: ceil((pos_base + rows) / split_len)
 };

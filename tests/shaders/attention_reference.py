@@ -27,10 +27,14 @@ PREFILL_MAX_SIMDGROUPS = C["MQ_ATTN_PREFILL_MAX_SIMDGROUPS"]
 PREP_PARAMS = np.dtype([(name, "<u4") for name in
                         ("rows", "nq", "nkv", "q_stride", "k_stride", "v_stride", "pos_base", "max_ctx")]
                        + [("eps", "<f4")])
-# struct AttnParams { uint rows, nq, nkv, q_stride, out_stride, pos_base, max_ctx, split_len, n_splits; }
+# struct AttnParams { uint rows, nq, nkv, q_stride, out_stride, pos_base, max_ctx; }
 ATTN_PARAMS = np.dtype([(name, "<u4") for name in
-                        ("rows", "nq", "nkv", "q_stride", "out_stride", "pos_base", "max_ctx", "split_len",
-                         "n_splits")])
+                        ("rows", "nq", "nkv", "q_stride", "out_stride", "pos_base", "max_ctx")])
+# struct AttnDecodeParams { uint rows, nq, nkv, q_stride, k_stride, v_stride, out_stride, pos_base, max_ctx,
+#                           split_len, n_splits; float eps; }
+DECODE_PARAMS = np.dtype([(name, "<u4") for name in
+                          ("rows", "nq", "nkv", "q_stride", "k_stride", "v_stride", "out_stride", "pos_base",
+                           "max_ctx", "split_len", "n_splits")] + [("eps", "<f4")])
 
 
 def prep_params(**fields) -> np.ndarray:
@@ -38,9 +42,11 @@ def prep_params(**fields) -> np.ndarray:
 
 
 def attn_params(**fields) -> np.ndarray:
-    fields.setdefault("split_len", 0)
-    fields.setdefault("n_splits", 0)
     return np.array([tuple(fields[name] for name in ATTN_PARAMS.names)], dtype=ATTN_PARAMS)
+
+
+def decode_params(**fields) -> np.ndarray:
+    return np.array([tuple(fields[name] for name in DECODE_PARAMS.names)], dtype=DECODE_PARAMS)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -7,7 +7,10 @@ same dequantized values, so the tolerance measures the kernel, not the quantisat
 cache positions the kernel must not read are NaN (fresh-buffer poison), outputs start
 as NaN with NaN padding columns that must stay NaN. The q8 append is checked
 exactly against the format (codes and f16 scales of the kernel's own normed k) and
-within d / 2 of the float64 reference. Shapes: 27B heads (24 q / 4 kv) and 0.8B heads
+within d / 2 of the float64 reference. Decode gets the step's raw q/k/v (it norms,
+rotates and appends them itself): its appended V rows are checked exactly, its K rows
+within half a step of the float64 reference, every other cache byte unchanged, and the
+attention against float64-normed queries over the cache as the kernel left it. Shapes: 27B heads (24 q / 4 kv) and 0.8B heads
 (8 / 2), context lengths straddling 32, rows 1..8, positions up to 100000 with theta
 1e7 and 1e6. Tolerances: TOL_QK, TOL_ATTN in attention_reference.py.
 """
@@ -20,9 +23,9 @@ import pytest
 from .. import reference as ref
 from .attention_reference import (
     COMBINE_THREADS, DECODE_THREADS, HD, PREFILL_MAX_SIMDGROUPS, PREP_SIMDGROUPS, Q8_BLOCK, Q8_POISON, ROT,
-    TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, dequant_q8, f16_cache_bytes, make_f16_cache,
-    make_q8_cache, pack_q, prep_params, q8_cache_bytes, quantize_q8_reference, rms_heads, rope, rope_turns, seeded,
-    split_q8)
+    TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, decode_params, dequant_q8, f16_cache_bytes,
+    make_f16_cache, make_q8_cache, pack_q, prep_params, q8_cache_bytes, quantize_q8_reference, rms_heads, rope,
+    rope_turns, seeded, split_q8)
 
 BF16 = np.uint16  # bf16 tensors travel as their bit patterns
 EPS = 1e-6
@@ -39,7 +42,11 @@ def cache_bytes(kind, max_ctx, kv_dim):
 
 def read_cache(buf, kind, max_ctx, kv_dim):
     """Cache buffer -> (raw bytes, values as float64 [max_ctx, kv_dim] (NaN where poisoned))."""
-    raw = buf.numpy(np.uint8, (cache_bytes(kind, max_ctx, kv_dim),))
+    return read_cache_bytes(buf.numpy(np.uint8, (cache_bytes(kind, max_ctx, kv_dim),)), kind, max_ctx, kv_dim)
+
+
+def read_cache_bytes(raw, kind, max_ctx, kv_dim):
+    """Raw cache bytes -> (raw bytes, values as float64 [max_ctx, kv_dim] (NaN where poisoned))."""
     if kind == "q8":
         codes, scales = split_q8(raw, max_ctx, kv_dim)
         return raw, dequant_q8(codes, scales)
@@ -225,26 +232,50 @@ def test_qk_norm_rope_append_wf32_reads_f32_norms(dev, lib, kind):
         assert np.array_equal(g.numpy(np.uint8), w.numpy(np.uint8))
 
 
-def run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len, out_pad=4,
-               heads=None, combine_threads=COMBINE_THREADS):
-    """attn_decode_<kind>_r<r> (+ attn_decode_combine when split): returns (out [rows, nq, HD],
-    out padding columns, part_o, part_ms). A threadgroup holds `heads` SIMD-groups (default
-    all nq / nkv query heads of a kv head; fewer split them into head blocks)."""
+def decode_inputs(rng, rows, nq, nkv, q_scale=1.0):
+    """A step's raw projections and norm weights: q, gate [rows, nq, HD], k, v [rows, nkv, HD],
+    q_norm, k_norm [HD] (bf16 values)."""
+    q, gate = attention_inputs(rng, rows, nq, scale=q_scale)
+    k = (rng.standard_normal((rows, nkv, HD)) * 2.0).astype(np.float32)
+    v = rng.standard_normal((rows, nkv, HD)).astype(np.float32)
+    q_norm = ref.round_bf16(rng.uniform(0.5, 1.5, HD))
+    k_norm = ref.round_bf16(rng.uniform(0.5, 1.5, HD))
+    return q, gate, k, v, q_norm, k_norm
+
+
+def run_decode(dev, lib, kind, r, kraw, vraw, step, theta, pos_base, max_ctx, nq, nkv, split_len, out_pad=4,
+               heads=None, combine_threads=COMBINE_THREADS, wf32=False):
+    """attn_decode_<kind>_r<r> (+ attn_decode_combine when split) for the step's raw inputs
+    `step` (decode_inputs) over caches holding positions < pos_base: returns (out [rows, nq, HD],
+    out padding columns, part_o, part_ms, K cache bytes, V cache bytes after the step). A
+    threadgroup holds `heads` SIMD-groups (default all nq / nkv query heads of a kv head;
+    fewer split them into head blocks). k and v rows carry NaN padding columns."""
+    q, gate, k, v, q_norm, k_norm = step
     rows = q.shape[0]
     heads = heads or nq // nkv
-    q_stride = nq * 2 * HD + 4
+    kv_dim = nkv * HD
+    q_stride, k_stride, v_stride = nq * 2 * HD + 4, kv_dim + 4, kv_dim + 8
     out_stride = nq * HD + out_pad
     ctx = pos_base + rows
     n_splits = cdiv(ctx, split_len)
-    params = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=out_stride, pos_base=pos_base,
-                         max_ctx=max_ctx, split_len=split_len, n_splits=n_splits)
+    params = decode_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=k_stride, v_stride=v_stride,
+                           out_stride=out_stride, pos_base=pos_base, max_ctx=max_ctx, split_len=split_len,
+                           n_splits=n_splits, eps=EPS)
+    kb = np.full((rows, k_stride), np.nan, np.float32)
+    kb[:, :kv_dim] = k.reshape(rows, kv_dim)
+    vb = np.full((rows, v_stride), np.nan, np.float32)
+    vb[:, :kv_dim] = v.reshape(rows, kv_dim)
+    def norm(w):
+        return dev.buffer(ref.round_bf16(w) if wf32 else ref.bf16_bits(w))
     qbuf = dev.buffer(pack_q(q, gate, q_stride))
+    kc, vc = dev.buffer(kraw), dev.buffer(vraw)
     out = dev.buffer(np.full((rows, out_stride), np.nan, np.float32))
     part_o = dev.empty(rows * nq * n_splits * HD * 4)
     part_ms = dev.empty(rows * nq * n_splits * 8)
     cb = dev.command_buffer()
-    cb.dispatch(lib.kernel(f"attn_decode_{kind}_r{r}"),
-                {0: qbuf, 1: dev.buffer(kraw), 2: dev.buffer(vraw), 3: part_o, 4: part_ms, 5: out, 6: params},
+    cb.dispatch(lib.kernel(f"attn_decode_{kind}_r{r}" + ("_wf32" if wf32 else "")),
+                {0: qbuf, 1: dev.buffer(kb), 2: dev.buffer(vb), 3: norm(q_norm), 4: norm(k_norm),
+                 5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: part_o, 9: part_ms, 10: out, 11: params},
                 threadgroups=(n_splits, nkv * cdiv(nq // nkv, heads), cdiv(rows, r)), threads=(heads * 32,))
     if n_splits > 1:
         cb.barrier()
@@ -253,12 +284,66 @@ def run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nk
     cb.commit()
     cb.wait()
     got = out.numpy(np.float32, (rows, out_stride))
+    nbytes = cache_bytes(kind, max_ctx, kv_dim)
     return (got[:, :nq * HD].reshape(rows, nq, HD), got[:, nq * HD:],
-            part_o.numpy(np.float32, (rows, nq, n_splits, HD)), part_ms.numpy(np.float32, (rows, nq, n_splits, 2)))
+            part_o.numpy(np.float32, (rows, nq, n_splits, HD)), part_ms.numpy(np.float32, (rows, nq, n_splits, 2)),
+            kc.numpy(np.uint8, (nbytes,)), vc.numpy(np.uint8, (nbytes,)))
 
 
 def make_cache(rng, kind, ctx, max_ctx, kv_dim):
     return make_q8_cache(rng, ctx, max_ctx, kv_dim) if kind == "q8" else make_f16_cache(rng, ctx, max_ctx, kv_dim)
+
+
+def row_bytes(kind, max_ctx, kv_dim, first, end):
+    """Mask of the cache bytes that hold positions [first, end) (codes and scales for q8)."""
+    mask = np.zeros(cache_bytes(kind, max_ctx, kv_dim), bool)
+    if kind == "q8":
+        mask[first * kv_dim:end * kv_dim] = True
+        plane, width = max_ctx * kv_dim, kv_dim // Q8_BLOCK * 2
+        mask[plane + first * width:plane + end * width] = True
+    else:
+        mask[first * kv_dim * 2:end * kv_dim * 2] = True
+    return mask
+
+
+def check_appended(kind, kc_before, vc_before, kc_after, vc_after, step, theta, pos_base, max_ctx, nkv):
+    """The step's K/V rows in the caches: V exactly the format's rounding of v; K within half a
+    q8 step (f16: half an ulp) plus the f32 error of norm and RoPE of the float64 reference;
+    every other byte unchanged."""
+    _, _, k, v, _, k_norm = step
+    rows, kv_dim = k.shape[0], nkv * HD
+    written = slice(pos_base, pos_base + rows)
+    want_k = rope(rms_heads(k, k_norm, EPS), pos_base + np.arange(rows), theta).reshape(rows, kv_dim)
+    _, kvals = read_cache_bytes(kc_after, kind, max_ctx, kv_dim)
+    _, vvals = read_cache_bytes(vc_after, kind, max_ctx, kv_dim)
+    v = v.reshape(rows, kv_dim)
+    if kind == "q8":
+        codes, scales = split_q8(vc_after, max_ctx, kv_dim)
+        want_codes, want_scales = quantize_q8_reference(v)
+        assert np.array_equal(scales[written].view(np.uint16), want_scales.view(np.uint16)), "V scales"
+        assert np.array_equal(codes[written], want_codes), "V codes"
+        _, kscales = split_q8(kc_after, max_ctx, kv_dim)
+        half_step = np.repeat(kscales[written].astype(np.float64), Q8_BLOCK, -1) / 2
+    else:
+        assert np.array_equal(vvals[written], v.astype(np.float16).astype(np.float64)), "V f16 rounding"
+        half_step = np.abs(want_k) * 2.0**-11
+    ref.assert_within(kvals[written], want_k, half_step + 2 * TOL_QK * np.abs(want_k).max(), "K appended")
+    others = ~row_bytes(kind, max_ctx, kv_dim, pos_base, pos_base + rows)
+    assert np.array_equal(kc_after[others], kc_before[others]), "K cache bytes outside the step's rows changed"
+    assert np.array_equal(vc_after[others], vc_before[others]), "V cache bytes outside the step's rows changed"
+
+
+def decode_reference(kind, kc_after, vc_after, step, theta, pos_base, max_ctx, nq, nkv):
+    """float64 attention of the normed, rotated queries over the cache as the step left it
+    (the kernel's own appended rows, checked by check_appended)."""
+    q, gate, _, _, q_norm, _ = step
+    rows, kv_dim = q.shape[0], nkv * HD
+    ctx = pos_base + rows
+    _, kd = read_cache_bytes(kc_after, kind, max_ctx, kv_dim)
+    _, vd = read_cache_bytes(vc_after, kind, max_ctx, kv_dim)
+    want_q = rope(rms_heads(q, q_norm, EPS), pos_base + np.arange(rows), theta)
+    return want_q, attention(want_q, gate, kd[:ctx].reshape(ctx, nkv, HD), vd[:ctx].reshape(ctx, nkv, HD), pos_base,
+                             nq, nkv)
 
 
 DECODE_CASES = [
@@ -268,8 +353,10 @@ DECODE_CASES = [
     ("q8", 8, 2, 31, 1, 1, 32),
     ("f16", 8, 2, 32, 2, 4, 8),  # 4 splits
     ("q8", 8, 2, 33, 3, 1, 32),  # the last split holds position 32 only
-    ("f16", 8, 2, 33, 8, 4, 16),  # split [32, 33) is empty for rows 0..6
-    ("q8", 8, 2, 7, 7, 4, 64),  # rows from position 0: causal within the rows
+    ("f16", 8, 2, 33, 8, 4, 16),  # split [32, 33) is empty for rows 0..6; the step's rows straddle two splits
+    ("q8", 8, 2, 7, 7, 4, 64),  # rows from position 0: causal within the rows, nothing cached
+    ("q8", 8, 2, 23, 5, 4, 5),  # splits not a multiple of the keys in flight; rows 18..22 in one split
+    ("f16", 8, 2, 10, 8, 4, 3),  # more rows than a split: every split appends some
     ("q8", 24, 4, 512, 4, 4, 128),  # 27B
     ("f16", 24, 4, 512, 1, 1, 512),
     ("q8", 8, 2, 1037, 8, 4, 100),
@@ -280,17 +367,18 @@ DECODE_CASES = [
 ]
 
 
-def check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, **threads):
+def check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, theta=1e7, **threads):
     rng = seeded("decode", kind, nq, nkv, ctx, rows, r)
     kv_dim = nkv * HD
-    max_ctx = ctx + 3  # poisoned positions past the context must never be read
-    kraw, kd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
-    vraw, vd = make_cache(rng, kind, ctx, max_ctx, kv_dim)
-    q, gate = attention_inputs(rng, rows, nq)
     pos_base = ctx - rows
-    got, pad, _, _ = run_decode(dev, lib, kind, r, kraw, vraw, q, gate, pos_base, max_ctx, nq, nkv, split_len,
-                                **threads)
-    want = attention(q, gate, kd.reshape(ctx, nkv, HD), vd.reshape(ctx, nkv, HD), pos_base, nq, nkv)
+    max_ctx = ctx + 3  # poisoned positions past the context must never be read
+    kraw, _ = make_cache(rng, kind, pos_base, max_ctx, kv_dim)  # the step's own rows are poisoned too
+    vraw, _ = make_cache(rng, kind, pos_base, max_ctx, kv_dim)
+    step = decode_inputs(rng, rows, nq, nkv)
+    got, pad, _, _, kc, vc = run_decode(dev, lib, kind, r, kraw, vraw, step, theta, pos_base, max_ctx, nq, nkv,
+                                        split_len, **threads)
+    check_appended(kind, kraw, vraw, kc, vc, step, theta, pos_base, max_ctx, nkv)
+    _, want = decode_reference(kind, kc, vc, step, theta, pos_base, max_ctx, nq, nkv)
     ref.assert_close(got, want, TOL_ATTN, f"decode {kind} ctx {ctx} rows {rows} {threads}")
     ref.assert_untouched(pad, "out row padding")
 
@@ -315,20 +403,67 @@ def test_decode_with_fewer_threads_than_heads(dev, lib, kind, nq, nkv, ctx, rows
     check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, heads=heads, combine_threads=combine)
 
 
+@pytest.mark.parametrize("kind", ["q8", "f16"])
+def test_decode_large_positions(dev, lib, kind):
+    """RoPE of the step's q and k at position ~1e5 (float32 angles would be off by ~1e-2 rad)."""
+    check_decode(dev, lib, kind, 2, 1, 100003, 3, 4, 40000, theta=1e6)
+
+
+@pytest.mark.parametrize("kind", ["q8", "f16"])
+def test_decode_appends_what_prep_appends(dev, lib, kind):
+    """A decode step's K/V rows are the bytes attn_qk_norm_rope_append (prefill) writes for
+    the same inputs, so a cache reads the same whichever step kind filled it."""
+    nq, nkv, rows, pos_base, theta = 8, 2, 6, 37, 1e7
+    rng = seeded("decode-vs-prep", kind)
+    kv_dim, max_ctx = nkv * HD, pos_base + rows + 1
+    kraw, _ = make_cache(rng, kind, pos_base, max_ctx, kv_dim)
+    vraw, _ = make_cache(rng, kind, pos_base, max_ctx, kv_dim)
+    step = decode_inputs(rng, rows, nq, nkv)
+    q, gate, k, v, q_norm, k_norm = step
+    *_, kc, vc = run_decode(dev, lib, kind, 4, kraw, vraw, step, theta, pos_base, max_ctx, nq, nkv, 16)
+    *_, pkc, pvc, _ = run_prep(dev, lib, kind, np.concatenate([q, gate], -1), k, v, q_norm, k_norm, theta, pos_base,
+                               max_ctx, nq, nkv)
+    written = row_bytes(kind, max_ctx, kv_dim, pos_base, pos_base + rows)
+    nbytes = cache_bytes(kind, max_ctx, kv_dim)
+    assert np.array_equal(kc[written], pkc.numpy(np.uint8, (nbytes,))[written]), "K rows differ"
+    assert np.array_equal(vc[written], pvc.numpy(np.uint8, (nbytes,))[written]), "V rows differ"
+
+
+def test_decode_variants_agree_bit_for_bit(dev, lib):
+    """A row's output does not depend on its kernel variant: r1 and r4 for one row, and the
+    *_wf32 variant (f32 norm weights) with the bf16 variant's values."""
+    kind, nq, nkv, pos_base, split_len, theta = "q8", 8, 2, 150, 64, 1e7
+    rng = seeded("decode-variants")
+    kv_dim, max_ctx = nkv * HD, pos_base + 1
+    kraw, _ = make_cache(rng, kind, pos_base, max_ctx, kv_dim)
+    vraw, _ = make_cache(rng, kind, pos_base, max_ctx, kv_dim)
+    step = decode_inputs(rng, 1, nq, nkv)
+    args = (dev, lib, kind)
+    rest = (kraw, vraw, step, theta, pos_base, max_ctx, nq, nkv, split_len)
+    want = run_decode(*args, 1, *rest)
+    for what, got in (("r4", run_decode(*args, 4, *rest)), ("r1 wf32", run_decode(*args, 1, *rest, wf32=True))):
+        for name, a, b in zip(("out", "pad", "part_o", "part_ms", "K cache", "V cache"), got, want):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{what}: {name}"
+
+
 def test_decode_partials_are_log2_scaled(dev, lib):
     """part_ms holds (max of q.k log2(e)/16, sum 2^(s - m)) per split and part_o the matching
     sum of 2^(s - m) v: the format attn_decode_combine (and any other consumer) relies on."""
-    kind, nq, nkv, rows, pos_base, split_len = "f16", 8, 2, 3, 40, 16
+    kind, nq, nkv, rows, pos_base, split_len, theta = "f16", 8, 2, 3, 40, 16, 1e7
     rng = seeded("partials")
     ctx, kv_dim = pos_base + rows, nkv * HD
-    kraw, kd = make_f16_cache(rng, ctx, ctx, kv_dim)
-    vraw, vd = make_f16_cache(rng, ctx, ctx, kv_dim)
-    q, gate = attention_inputs(rng, rows, nq, scale=2.0)
-    _, _, part_o, part_ms = run_decode(dev, lib, kind, 4, kraw, vraw, q, gate, pos_base, ctx, nq, nkv, split_len)
+    kraw, _ = make_f16_cache(rng, pos_base, ctx, kv_dim)
+    vraw, _ = make_f16_cache(rng, pos_base, ctx, kv_dim)
+    step = decode_inputs(rng, rows, nq, nkv, q_scale=2.0)
+    _, _, part_o, part_ms, kc, vc = run_decode(dev, lib, kind, 4, kraw, vraw, step, theta, pos_base, ctx, nq, nkv,
+                                               split_len)
+    q, _ = decode_reference(kind, kc, vc, step, theta, pos_base, ctx, nq, nkv)
+    _, kd = read_cache_bytes(kc, kind, ctx, kv_dim)
+    _, vd = read_cache_bytes(vc, kind, ctx, kv_dim)
     k, v = kd.reshape(ctx, nkv, HD), vd.reshape(ctx, nkv, HD)
     for row in range(rows):
         for h in range(nq):
-            s = k[:, h // (nq // nkv)] @ q[row, h].astype(np.float64) * math.log2(math.e) / math.sqrt(HD)
+            s = k[:, h // (nq // nkv)] @ q[row, h] * math.log2(math.e) / math.sqrt(HD)
             for split in range(cdiv(ctx, split_len)):
                 t = np.arange(split * split_len, min((split + 1) * split_len, pos_base + row + 1))
                 m_got, l_got = part_ms[row, h, split]
@@ -432,8 +567,9 @@ def test_attention_kernels_declare_their_threadgroup_sizes(lib):
 
 @pytest.mark.parametrize("kind", ["q8", "f16"])
 def test_prefill_then_decode_through_the_cache(dev, lib, kind):
-    """Append a 9-row chunk (prep), prefill it, then append and decode 2 verify rows at
-    positions 9, 10: both attentions see exactly the cache the append wrote."""
+    """Append a 9-row chunk (prep), prefill it, then decode 2 verify rows at positions 9, 10
+    (the decode kernel appends them itself): both attentions see exactly the cache the
+    appends wrote."""
     nq, nkv, theta = 8, 2, 1e7
     kv_dim = nkv * HD
     max_ctx = 16
@@ -443,31 +579,35 @@ def test_prefill_then_decode_through_the_cache(dev, lib, kind):
     kc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
     vc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
     q_stride = nq * 2 * HD
+    norms = {3: dev.buffer(ref.bf16_bits(q_norm)), 4: dev.buffer(ref.bf16_bits(k_norm)),
+             5: dev.buffer(rope_turns(theta))}
     for pos_base, rows, step in ((0, 9, "prefill"), (9, 2, "verify")):
         q = (rng.standard_normal((cdiv(rows, 8) * 8, nq * 2 * HD)) * 3.0).astype(np.float32)
         k = (rng.standard_normal((rows, kv_dim)) * 2.0).astype(np.float32)
         v = rng.standard_normal((rows, kv_dim)).astype(np.float32)
-        qbuf, kbuf = dev.buffer(q), dev.buffer(k)
+        qbuf, kbuf, vbuf = dev.buffer(q), dev.buffer(k), dev.buffer(v)
         out = dev.buffer(np.full((rows, nq * HD), np.nan, np.float32))
-        prep = prep_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_dim, v_stride=kv_dim,
-                           pos_base=pos_base, max_ctx=max_ctx, eps=EPS)
-        attn = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=nq * HD, pos_base=pos_base,
-                           max_ctx=max_ctx, split_len=4, n_splits=cdiv(pos_base + rows, 4))
         cb = dev.command_buffer()
-        cb.dispatch(lib.kernel(f"attn_qk_norm_rope_append_{kind}"),
-                    {0: qbuf, 1: kbuf, 2: dev.buffer(v), 3: dev.buffer(ref.bf16_bits(q_norm)),
-                     4: dev.buffer(ref.bf16_bits(k_norm)), 5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: prep},
-                    threadgroups=(cdiv(rows * (nq + 2 * nkv), PREP_SIMDGROUPS),), threads=(PREP_SIMDGROUPS * 32,))
-        cb.barrier()
         if step == "prefill":
+            prep = prep_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_dim, v_stride=kv_dim,
+                               pos_base=pos_base, max_ctx=max_ctx, eps=EPS)
+            attn = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=nq * HD, pos_base=pos_base,
+                               max_ctx=max_ctx)
+            cb.dispatch(lib.kernel(f"attn_qk_norm_rope_append_{kind}"),
+                        {0: qbuf, 1: kbuf, 2: vbuf, **norms, 6: kc, 7: vc, 8: prep},
+                        threadgroups=(cdiv(rows * (nq + 2 * nkv), PREP_SIMDGROUPS),), threads=(PREP_SIMDGROUPS * 32,))
+            cb.barrier()
             cb.dispatch(lib.kernel(f"attn_prefill_{kind}"), {0: qbuf, 1: kc, 2: vc, 3: out, 4: attn},
                         threadgroups=(cdiv(rows, 8), nkv), threads=(nq // nkv * 32,))
-        else:  # flash-decode
-            n_splits = int(attn["n_splits"][0])
+        else:  # flash-decode, 3 splits of 4
+            n_splits = cdiv(pos_base + rows, 4)
+            attn = decode_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_dim, v_stride=kv_dim,
+                                 out_stride=nq * HD, pos_base=pos_base, max_ctx=max_ctx, split_len=4,
+                                 n_splits=n_splits, eps=EPS)
             part_o = dev.empty(rows * nq * n_splits * HD * 4)
             part_ms = dev.empty(rows * nq * n_splits * 8)
-            cb.dispatch(lib.kernel(f"attn_decode_{kind}_r4"), {0: qbuf, 1: kc, 2: vc, 3: part_o, 4: part_ms,
-                                                               5: out, 6: attn},
+            cb.dispatch(lib.kernel(f"attn_decode_{kind}_r4"),
+                        {0: qbuf, 1: kbuf, 2: vbuf, **norms, 6: kc, 7: vc, 8: part_o, 9: part_ms, 10: out, 11: attn},
                         threadgroups=(n_splits, nkv, 1), threads=(nq // nkv * 32,))
             cb.barrier()
             cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: attn},
@@ -476,12 +616,16 @@ def test_prefill_then_decode_through_the_cache(dev, lib, kind):
         cb.wait()
         ctx = pos_base + rows
         qg = qbuf.numpy(np.float32, q.shape)[:rows].reshape(rows, nq, 2 * HD)
-        # The kernel's own normed/rotated q, checked against the math, then used as input.
         want_q = rope(rms_heads(q[:rows].reshape(rows, nq, 2 * HD)[..., :HD], q_norm, EPS),
                       pos_base + np.arange(rows), theta)
-        ref.assert_close(qg[..., :HD], want_q, TOL_QK, "q")
+        if step == "prefill":  # prep's own normed/rotated q, checked against the math, then used as input
+            ref.assert_close(qg[..., :HD], want_q, TOL_QK, "q")
+            want_q = qg[..., :HD]
+        else:
+            assert np.array_equal(qg.view(np.uint32), q[:rows].reshape(rows, nq, 2 * HD).view(np.uint32)), \
+                "decode wrote to q"
         _, kd = read_cache(kc, kind, max_ctx, kv_dim)
         _, vd = read_cache(vc, kind, max_ctx, kv_dim)
-        want = attention(qg[..., :HD], qg[..., HD:], kd[:ctx].reshape(ctx, nkv, HD),
+        want = attention(want_q, qg[..., HD:], kd[:ctx].reshape(ctx, nkv, HD),
                          vd[:ctx].reshape(ctx, nkv, HD), pos_base, nq, nkv)
         ref.assert_close(out.numpy(np.float32, (rows, nq, HD)), want, TOL_ATTN, f"attention rows {pos_base}..")

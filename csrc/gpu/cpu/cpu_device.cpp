@@ -404,6 +404,7 @@ class CpuDevice final : public Device {
   std::string name() const override { return "metalqwen CPU runtime"; }
   size_t max_buffer_length() const override { return max_buffer_length_; }
   uint64_t recommended_working_set() const override { return working_set_; }
+  uint32_t gpu_cores() const override { return 10; }  // a base M-series chip's
   std::shared_ptr<Buffer> new_buffer(size_t size) override {
     check_buffer_length("cpu", name(), size, max_buffer_length_);
     return std::make_shared<CpuBuffer>(size, checks_.bounds);
