@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "chips.h"
 #include "cost_model.h"
 #include "engine/engine.h"
 #include "report.h"
@@ -221,7 +220,7 @@ int run(int argc, char** argv) {
   Report report;
   report.device_kind = device->kind();
   report.device_name = device->name();
-  report.chip = chip_bandwidth(device->name());
+  report.chip = gpu::apple_chip(device->name());
   report.peak_gbs = o.peak_gbs > 0 ? o.peak_gbs : report.chip.gb_s;
   report.quick = o.quick;
   report.repeats = o.repeats;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "chips.h"
+#include "gpu/apple_chips.h"
 
 namespace mq::bench {
 
@@ -37,7 +37,7 @@ struct ShapeResult {
 
 struct Report {
   std::string device_kind, device_name;
-  ChipBandwidth chip;
+  gpu::AppleChip chip;
   double peak_gbs = 0;           // 0: unknown (no % of peak, no share of the limit)
   bool quick = false;
   int repeats = 0, dispatches = 0, tokens = 0;

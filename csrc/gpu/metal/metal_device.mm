@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "gpu/apple_chips.h"
 #include "gpu/metal/metal_rules.h"
 
 #include <Metal/Metal.h>
@@ -37,19 +38,6 @@ void in_pool(Body&& body) {
 std::string to_string(NSString* text) {
   const char* utf8 = text == nil ? nullptr : text.UTF8String;
   return utf8 == nullptr ? std::string() : std::string(utf8);
-}
-
-// GPU cores of Apple's chips by MTLDevice.name ("Apple M3 Max"), the full chip of each
-// (binned parts have a few fewer: the splits they get are still fine); 10 when unknown.
-uint32_t apple_gpu_cores(const std::string& device_name) {
-  static const std::unordered_map<std::string, uint32_t> kCores = {
-      {"Apple M1", 8},      {"Apple M1 Pro", 16}, {"Apple M1 Max", 32}, {"Apple M1 Ultra", 64},
-      {"Apple M2", 10},     {"Apple M2 Pro", 19}, {"Apple M2 Max", 38}, {"Apple M2 Ultra", 76},
-      {"Apple M3", 10},     {"Apple M3 Pro", 18}, {"Apple M3 Max", 40}, {"Apple M3 Ultra", 80},
-      {"Apple M4", 10},     {"Apple M4 Pro", 20}, {"Apple M4 Max", 40}, {"Apple M5", 10},
-  };
-  const auto it = kCores.find(device_name);
-  return it == kCores.end() ? 10 : it->second;
 }
 
 std::string describe(NSError* error) {
@@ -272,7 +260,11 @@ class MetalDevice final : public Device {
   std::string name() const override { return name_; }
   size_t max_buffer_length() const override { return max_buffer_length_; }
   uint64_t recommended_working_set() const override { return recommended_working_set_; }
-  uint32_t gpu_cores() const override { return apple_gpu_cores(name_); }
+  // 10 (a base chip's) for a GPU the table does not know yet.
+  uint32_t gpu_cores() const override {
+    const uint32_t cores = apple_chip(name_).gpu_cores;
+    return cores > 0 ? cores : 10;
+  }
 
   std::shared_ptr<Buffer> new_buffer(size_t size) override {
     check_buffer_length("metal", name_, size, max_buffer_length_);
