@@ -64,7 +64,10 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   counters_.weight_bytes_copied = weights_.copied_bytes();
   counters_.weight_buffers = weights_.buffer_count();
   counters_.memory_estimate = memory_.total();
-  kernels_.create(*device_, kernel_needs(), progress.kernels);
+  KernelPlan plan;
+  plan_kernels(plan);
+  kernels_.create(*device_, plan.needs(), progress.kernels);
+  plan.resolve(kernels_);
   reset();
 }
 

@@ -163,8 +163,9 @@ class Engine {
   std::vector<float> mtp_logits(const std::vector<uint32_t>& ids);
 
  private:
-  // Every kernel encode_step may dispatch for this model, with its threadgroup needs.
-  std::map<std::string, ThreadgroupNeed> kernel_needs() const;
+  // Every kernel a step may dispatch for this model, with its threadgroup needs, into the
+  // slots (k_, each layer's and projection's kernels) the plan fills at load.
+  void plan_kernels(KernelPlan& plan);
   void check_room(size_t extra) const;
   void check_sampling(const Sampling& sampling) const;
   // Encodes the model over `rows` tokens at position_ (ids[position_ ..]): logits of
@@ -177,14 +178,21 @@ class Engine {
   // One decoder layer over `rows` rows at `position`: the residual stream x (+ mix, the previous
   // layer's output, when `add_mix`) in, its output in mix and x the stream before that output.
   void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows, int position, bool add_mix);
+  // A norm: its weight and the pipeline of its separate dispatch (rms_norm or rms_norm_residual
+  // in the weight's dtype), which prefill steps use; matvec steps fold it into the projections.
+  struct Norm {
+    const DeviceTensor& weight;
+    const Pipeline& kernel;
+  };
   // The MLP into mix: dense on xn, or with `post_norm` on rms(x + mix) * post_norm (the norm
   // fused where it can be); or the sparse MoE block (routing stays on the GPU).
   void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate,
-                  const DeviceTensor* post_norm = nullptr);
-  void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, const DeviceTensor& post_norm, uint32_t rows);
+                  const Norm* post_norm = nullptr);
+  void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
   void encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
                          uint32_t y_stride, uint32_t rows, bool overlap = false);
-  void encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
+  // xn = rms(x) * w, after x += residual when asked (then the norm's kernel is rms_norm_residual's).
+  void encode_norm(Encoder& enc, const Norm& norm, uint32_t rows, bool add_residual,
                    const std::shared_ptr<gpu::Buffer>& residual);
   // A projection reading the normed rows: its weights and where its output rows go.
   struct NormedOutput {
@@ -194,7 +202,7 @@ class Engine {
   };
   // y = W (rms(x (+ mix)) * norm) for each member (forward.cpp); leaves x (+ mix) in x, the
   // normed rows in xn.
-  void encode_normed_projections(Encoder& enc, const DeviceTensor& norm, bool add_mix,
+  void encode_normed_projections(Encoder& enc, const Norm& norm, bool add_mix,
                                  std::initializer_list<NormedOutput> members, uint32_t rows);
   void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
   // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
@@ -240,6 +248,16 @@ class Engine {
   MemoryNeeds memory_;  // checked before weights_ loads anything
   Weights weights_;
   Kernels kernels_;
+  // The model-wide pipelines, resolved at load (plan_kernels); per-layer and per-format ones
+  // live with their weights.
+  struct StepKernels {
+    const Pipeline *final_norm = nullptr, *silu_mul = nullptr, *copy_u32 = nullptr;
+    const Pipeline *argmax_partial = nullptr, *argmax_final = nullptr, *sample = nullptr, *logprobs = nullptr;
+    const Pipeline *penalty_count = nullptr, *penalty_apply = nullptr;
+    const Pipeline *spec_accept = nullptr, *delta_restore = nullptr;  // with max_draft > 0
+    const Pipeline* attn_combine = nullptr;
+    const Pipeline *moe_route = nullptr, *moe_group = nullptr, *moe_gather_rows = nullptr, *moe_combine = nullptr;
+  } k_;
   std::vector<LayerWeights> layers_;
   QuantLinear embed_, lm_head_;  // lm_head_ is embed_ when the embeddings are tied
   DeviceTensor final_norm_;

@@ -29,35 +29,32 @@ QmvNormParams qmv_norm_params(const ModelDims& dims, const DeviceTensor& norm, b
 void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
                                uint32_t y_stride, uint32_t rows, bool overlap) {
   const QuantMatmulParams p{l.in, l.out, rows, x_stride, y_stride};
-  const std::string suffix = quant_suffix(l);
   if (matvec_) {
     // One row streams the weights at full width; 2..8 verify rows share one stream.
-    enc.dispatch((rows == 1 ? "qmv" : "qmv_rows") + suffix,
+    enc.dispatch(rows == 1 ? *l.kernels.qmv : *l.kernels.qmv_rows,
                  {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS}, overlap);
   } else {
-    enc.dispatch("qmm" + suffix, {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
+    enc.dispatch(*l.kernels.qmm, {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT)}, {MQ_QMM_THREADS}, overlap);
   }
 }
 
-// xn = rms(x) * w, after x += residual when asked (the residual add fused in).
-void Engine::encode_norm(Encoder& enc, const DeviceTensor& weight, uint32_t rows, bool add_residual,
+void Engine::encode_norm(Encoder& enc, const Norm& norm, uint32_t rows, bool add_residual,
                          const std::shared_ptr<gpu::Buffer>& residual) {
   const uint32_t H = uint32_t(model_.dims.hidden);
   const RmsNormParams p{H, H, H, H, model_.dims.eps};
   if (add_residual)
-    enc.dispatch("rms_norm_residual" + vector_suffix(weight), {ws_->x, residual, at(weight), ws_->xn, Arg::value(p)},
-                 {rows});
+    enc.dispatch(norm.kernel, {ws_->x, residual, at(norm.weight), ws_->xn, Arg::value(p)}, {rows});
   else
-    enc.dispatch("rms_norm" + vector_suffix(weight), {ws_->x, at(weight), ws_->xn, Arg::value(p)}, {rows});
+    enc.dispatch(norm.kernel, {ws_->x, at(norm.weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
 // y_m = W_m (rms(x (+ mix)) * norm) for every member, x (+ mix) staying the residual stream
 // and xn the normed rows. Matvec steps fold the norm into the projections: one dispatch over
 // the members' rows when they share a format (else one each, overlapped); prefill steps
 // dispatch the norm, then the projections.
-void Engine::encode_normed_projections(Encoder& enc, const DeviceTensor& norm, bool add_mix,
+void Engine::encode_normed_projections(Encoder& enc, const Norm& norm, bool add_mix,
                                        std::initializer_list<NormedOutput> members, uint32_t rows) {
   const uint32_t H = uint32_t(model_.dims.hidden);
   Workspace& w = *ws_;
@@ -70,14 +67,13 @@ void Engine::encode_normed_projections(Encoder& enc, const DeviceTensor& norm, b
     }
     return;
   }
-  const std::string kernel = rows == 1 ? "qmv_norm" : "qmv_norm_rows";
   const NormedOutput* begin = members.begin();
   const NormedOutput* end = members.end();
   while (begin != end) {
     // The longest run of members sharing begin's format, up to MQ_QMV_GROUP_MAX: one dispatch.
     const NormedOutput* stop = begin + 1;
     while (stop != end && stop - begin < MQ_QMV_GROUP_MAX && stop->l->format == begin->l->format) ++stop;
-    QmvNormParams p = qmv_norm_params(model_.dims, norm, add_mix, rows);
+    QmvNormParams p = qmv_norm_params(model_.dims, norm.weight, add_mix, rows);
     if (begin != members.begin())  // the first dispatch writes h and xn
       p.flags &= ~uint32_t(MQ_QMV_WRITE_H | MQ_QMV_WRITE_XN);
     p.members = uint32_t(stop - begin);
@@ -96,9 +92,10 @@ void Engine::encode_normed_projections(Encoder& enc, const DeviceTensor& norm, b
         p.tg_end[m] = groups;
       }
     }
-    enc.dispatch(kernel + quant_suffix(*begin->l),
+    const ProjectionKernels& k = begin->l->kernels;
+    enc.dispatch(rows == 1 ? *k.qmv_norm : *k.qmv_norm_rows,
                  {wt[0], wt[1], wt[2], wt[3], sc[0], sc[1], sc[2], sc[3], bi[0], bi[1], bi[2], bi[3], w.x, w.mix,
-                  at(norm), w.x_next, w.xn, y[0], y[1], y[2], y[3], Arg::value(p)},
+                  at(norm.weight), w.x_next, w.xn, y[0], y[1], y[2], y[3], Arg::value(p)},
                  {groups}, {MQ_QMV_THREADS}, begin != members.begin());
     begin = stop;
   }
@@ -110,10 +107,12 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
+  const LayerKernels& k = l.kernels;
+  const Norm input_norm{l.input_norm, add_mix ? *k.input_norm_residual : *k.input_norm};
   if (l.delta) {
     const DeltaNetWeights& m = *l.delta;
     const uint32_t nk = uint32_t(d.lin_k_heads), nv = uint32_t(d.lin_v_heads), C = 2 * nk * D + nv * D;
-    encode_normed_projections(enc, l.input_norm, add_mix,
+    encode_normed_projections(enc, input_norm, add_mix,
                               {{&m.in_proj_qkv, w.qkv_raw, C}, {&m.in_proj_z, w.z, nv * D}, {&m.in_proj_b, w.b, nv},
                                {&m.in_proj_a, w.a, nv}},
                               rows);
@@ -124,22 +123,20 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps) : Arg(w.no_snapshots);
     const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), rows, pos, slots, snap_rows_, C, nv,
                              uint32_t(state_words(d)), 1e-6f};
-    const std::string scan = delta_scan_kernel(m);
-    const uint32_t scan_groups = ceil_div(nv * (D / MQ_DELTA_SCAN_ROWS), kernels_.threads(scan) / MQ_SIMD_WIDTH);
-    enc.dispatch(scan,
+    const uint32_t scan_groups = ceil_div(nv * (D / MQ_DELTA_SCAN_ROWS), k.conv_scan->threads / MQ_SIMD_WIDTH);
+    enc.dispatch(*k.conv_scan,
                  {w.qkv_raw, at(m.conv1d), l.hist, w.a, w.b, at(m.a_log), at(m.dt_bias), l.state, w.delta_out,
                   state_snaps, Arg::value(sp)},
                  {scan_groups});
     const DeltaNormParams np{nk, nv, rows, pos, slots, C, nv * D, d.eps};
-    enc.dispatch("delta_norm_history" + vector_suffix(m.norm),
+    enc.dispatch(*k.norm_history,
                  {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist, Arg::value(np)}, {nv + C / D});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;
     const uint32_t nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
     const uint32_t q_stride = nq * 2 * HD, kv_stride = nkv * HD, pos = uint32_t(position);
-    const char* cache = options_.kv_bits == 8 ? "q8" : "f16";
-    encode_normed_projections(enc, l.input_norm, add_mix,
+    encode_normed_projections(enc, input_norm, add_mix,
                               {{&m.q_proj, w.q, q_stride}, {&m.k_proj, w.k, kv_stride}, {&m.v_proj, w.v, kv_stride}},
                               rows);
     const uint32_t max_ctx = uint32_t(options_.max_context), attn_stride = nq * HD;
@@ -148,10 +145,9 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
       // barrier between append and read); the context is split across threadgroups to give
       // every GPU core a few, then merged by the combine.
       const uint32_t per_group = rows == 1 ? 1 : 4;
-      const std::string decode =
-          std::string("attn_decode_") + cache + (rows == 1 ? "_r1" : "_r4") + vector_suffix(m.q_norm);
+      const Pipeline& decode = rows == 1 ? *k.attn_decode_r1 : *k.attn_decode_r4;
       // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
-      const uint32_t heads = kernels_.threads(decode) / MQ_SIMD_WIDTH;
+      const uint32_t heads = decode.threads / MQ_SIMD_WIDTH;
       const uint32_t head_groups = nkv * ceil_div(rep, heads), row_groups = ceil_div(rows, per_group);
       const uint32_t context = pos + rows;
       const uint32_t splits = decode_splits(context, head_groups * row_groups, device_->gpu_cores(), w.max_splits);
@@ -163,46 +159,46 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
                     w.attn, Arg::value(ap)},
                    {ap.n_splits, head_groups, row_groups}, {heads * MQ_SIMD_WIDTH});
       if (ap.n_splits > 1)
-        enc.dispatch("attn_decode_combine", {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
+        enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
     } else {
       const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, max_ctx, d.eps};
-      const std::string prep = std::string("attn_qk_norm_rope_append_") + cache + vector_suffix(m.q_norm);
-      const uint32_t prep_threads = kernels_.threads(prep);  // one SIMD-group per (row, head)
-      enc.dispatch(prep,
+      const uint32_t prep_threads = k.attn_prep->threads;  // one SIMD-group per (row, head)
+      enc.dispatch(*k.attn_prep,
                    {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
                    {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
       const AttnParams ap{rows, nq, nkv, q_stride, attn_stride, pos, max_ctx};
       // Each SIMD-group owns 8 rows of one query head; a threadgroup all rep heads of a
       // kv head for 8 * rb rows, or, when they do not fit, `max_sg` of them for 8 rows.
-      const std::string prefill = std::string("attn_prefill_") + cache;
-      const uint32_t max_sg = kernels_.threads(prefill) / MQ_SIMD_WIDTH;
+      const uint32_t max_sg = k.attn_prefill->threads / MQ_SIMD_WIDTH;
       const uint32_t rb = rep <= max_sg ? std::max(1u, std::min(max_sg / rep, ceil_div(rows, 8))) : 1;
       const uint32_t sg = rep <= max_sg ? rep * rb : max_sg;
-      enc.dispatch(prefill, {w.q, l.k_cache, l.v_cache, w.attn, Arg::value(ap)},
+      enc.dispatch(*k.attn_prefill, {w.q, l.k_cache, l.v_cache, w.attn, Arg::value(ap)},
                    {ceil_div(rows, 8 * rb), nkv * ceil_div(rep, sg / rb)}, {sg * MQ_SIMD_WIDTH});
     }
     encode_projection(enc, m.o_proj, w.attn, nq * HD, w.mix, H, rows);
   }
+  const Norm post_norm{l.post_norm, *k.post_norm_residual};
   if (l.moe)
-    encode_moe_mlp(enc, *l.moe, l.post_norm, rows);
+    encode_moe_mlp(enc, *l.moe, post_norm, rows);
   else
-    encode_mlp(enc, *l.mlp, rows, uint32_t(d.intermediate), &l.post_norm);
+    encode_mlp(enc, *l.mlp, rows, uint32_t(d.intermediate), &post_norm);
 }
 
 // mix = down(silu(gate(u)) * up(u)), u = xn, or with `post_norm` u = rms(x + mix) * post_norm
 // (x + mix becoming the residual stream). Matvec steps with one gate/up format run gate, up,
 // the norm and the activation as one kernel (qmv_norm_silu) and down reads its product.
-void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32_t I, const DeviceTensor* post_norm) {
+void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32_t I, const Norm* post_norm) {
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(model_.dims.hidden);
   if (post_norm && matvec_ && m.gate_proj.format == m.up_proj.format) {
-    QmvNormParams p = qmv_norm_params(model_.dims, *post_norm, true, rows);
+    QmvNormParams p = qmv_norm_params(model_.dims, post_norm->weight, true, rows);
     p.members = 1;
     p.out_dim[0] = I;
     p.y_stride[0] = p.tg_end[0] = I;
-    enc.dispatch((rows == 1 ? "qmv_norm_silu" : "qmv_norm_silu_rows") + quant_suffix(m.gate_proj),
+    const ProjectionKernels& k = m.gate_proj.kernels;
+    enc.dispatch(rows == 1 ? *k.qmv_norm_silu : *k.qmv_norm_silu_rows,
                  {at(m.gate_proj.weight), scales_of(m.gate_proj), biases_of(m.gate_proj), at(m.up_proj.weight),
-                  scales_of(m.up_proj), biases_of(m.up_proj), w.x, w.mix, at(*post_norm), w.x_next, w.xn, w.act,
+                  scales_of(m.up_proj), biases_of(m.up_proj), w.x, w.mix, at(post_norm->weight), w.x_next, w.xn, w.act,
                   Arg::value(p)},
                  {ceil_div(I, MQ_QMV_SILU_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS});
     std::swap(w.x, w.x_next);
@@ -214,7 +210,7 @@ void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32
       encode_projection(enc, m.up_proj, w.xn, H, w.up, I, rows, true);
     }
     const SiluMulParams sm{I, rows, I, I, I};
-    enc.dispatch_threads("silu_mul", {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows});
+    enc.dispatch_threads(*k_.silu_mul, {w.gate, w.up, w.act, Arg::value(sm)}, {ceil_div(I, 4), rows});
   }
   encode_projection(enc, m.down_proj, w.act, I, w.mix, H, rows);
 }
@@ -222,7 +218,7 @@ void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32
 // mix = sum over the chosen experts e of weight_e * expert_e(xn) + sigmoid(shared_expert_gate(xn)) *
 // shared_expert(xn) (shaders/moe.metal). Decode and verify rows gather each (row, expert) pair's
 // matvec; prefill groups the pairs by expert on the GPU and runs one GEMM per expert.
-void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const DeviceTensor& post_norm, uint32_t rows) {
+void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const Norm& post_norm, uint32_t rows) {
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), E = uint32_t(d.experts), K = uint32_t(d.experts_per_token);
@@ -232,7 +228,7 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const DeviceTenso
   encode_normed_projections(enc, post_norm, true,
                             {{&m.gate, w.router_logits, E}, {&m.shared_expert_gate, w.shared_gate, 1}}, rows);
   const MoeRouteParams rp{E, K, E, d.norm_top_k ? 1u : 0u};
-  enc.dispatch("moe_route", {w.router_logits, w.route_ids, w.route_weights, Arg::value(rp)}, {rows},
+  enc.dispatch(*k_.moe_route, {w.router_logits, w.route_ids, w.route_weights, Arg::value(rp)}, {rows},
                {MQ_MOE_ROUTE_THREADS});
   encode_mlp(enc, m.shared_expert, rows, uint32_t(d.shared_intermediate));  // into mix
 
@@ -240,29 +236,29 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const DeviceTenso
   auto experts = [&](const QuantLinear& l, const Arg& x, const Arg& y, uint32_t x_pairs, bool overlap) {
     const MoeMatmulParams p{l.in, l.out, E, x_pairs, l.in, l.out};
     if (grouped)  // a token picks an expert at most once: no expert has more than `rows` rows
-      enc.dispatch("moe_qmm" + quant_suffix(l),
+      enc.dispatch(*l.kernels.moe_qmm,
                    {at(l.weight), scales_of(l), biases_of(l), w.expert_offsets, x, y, Arg::value(p)},
                    {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT), E}, {MQ_QMM_THREADS}, overlap);
     else
-      enc.dispatch("moe_qmv" + quant_suffix(l),
+      enc.dispatch(*l.kernels.moe_qmv,
                    {at(l.weight), scales_of(l), biases_of(l), w.route_ids, x, y, Arg::value(p)},
                    {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP), pairs}, {MQ_QMV_THREADS}, overlap);
   };
   if (grouped) {
     const MoeGroupParams gp{E, pairs};
-    enc.dispatch("moe_group", {w.route_ids, w.expert_offsets, w.expert_order, w.expert_slot, Arg::value(gp)}, {1});
+    enc.dispatch(*k_.moe_group, {w.route_ids, w.expert_offsets, w.expert_order, w.expert_slot, Arg::value(gp)}, {1});
     const MoeGatherParams xp{H, pairs, K, H, H};
-    enc.dispatch_threads("moe_gather_rows", {w.xn, w.expert_order, w.expert_x, Arg::value(xp)}, {H / 4, pairs});
+    enc.dispatch_threads(*k_.moe_gather_rows, {w.xn, w.expert_order, w.expert_x, Arg::value(xp)}, {H / 4, pairs});
   }
   // Grouped rows are one per pair; otherwise pairs read their token's row of xn.
   const Arg x = grouped ? Arg(w.expert_x) : Arg(w.xn);
   experts(m.gate_proj, x, w.expert_gate, grouped ? 1 : K, false);
   experts(m.up_proj, x, w.expert_up, grouped ? 1 : K, true);
   const SiluMulParams sm{I, pairs, I, I, I};
-  enc.dispatch_threads("silu_mul", {w.expert_gate, w.expert_up, w.expert_act, Arg::value(sm)}, {ceil_div(I, 4), pairs});
+  enc.dispatch_threads(*k_.silu_mul, {w.expert_gate, w.expert_up, w.expert_act, Arg::value(sm)}, {ceil_div(I, 4), pairs});
   experts(m.down_proj, w.expert_act, w.expert_out, 1, false);
   const MoeCombineParams cp{H, rows, K, grouped ? 1u : 0u, H, H, 1};
-  enc.dispatch_threads("moe_combine", {w.expert_out, w.expert_slot, w.route_weights, w.shared_gate, w.mix, Arg::value(cp)},
+  enc.dispatch_threads(*k_.moe_combine, {w.expert_out, w.expert_slot, w.route_weights, w.shared_gate, w.mix, Arg::value(cp)},
                        {H / 4, rows});
 }
 
@@ -270,7 +266,7 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const DeviceTenso
 void Engine::encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg& out) {
   const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab);
   const QuantEmbedParams ep{H, V, first, rows};
-  enc.dispatch("embed" + quant_suffix(embed_),
+  enc.dispatch(*embed_.kernels.embed,
                {at(embed_.weight), scales_of(embed_), biases_of(embed_), ws_->ids, out, Arg::value(ep)},
                {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS});
 }
@@ -278,8 +274,8 @@ void Engine::encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg
 void Engine::encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos) {
   const uint32_t V = uint32_t(model_.dims.vocab);
   const ArgmaxParams p{V, V, ws_->argmax_chunk, ws_->argmax_partials, out_pos};
-  enc.dispatch("argmax_partial", {logits, ws_->partials, Arg::value(p)}, {p.n_partials, rows});
-  enc.dispatch("argmax_final", {ws_->partials, out, Arg::value(p)}, {rows});
+  enc.dispatch(*k_.argmax_partial, {logits, ws_->partials, Arg::value(p)}, {p.n_partials, rows});
+  enc.dispatch(*k_.argmax_final, {ws_->partials, out, Arg::value(p)}, {rows});
 }
 
 void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {
@@ -293,8 +289,8 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
     const PenaltyParams pp{V, start, generated_from, out_pos, s.repetition_penalty, s.presence_penalty,
                            s.frequency_penalty};
     if (out_pos > start)
-      enc.dispatch_threads("penalty_count", {ws_->ids, ws_->penalty_counts, Arg::value(pp)}, {out_pos - start});
-    enc.dispatch_threads("penalty_apply", {logits, ws_->penalty_counts, ws_->penalised, Arg::value(pp)}, {V});
+      enc.dispatch_threads(*k_.penalty_count, {ws_->ids, ws_->penalty_counts, Arg::value(pp)}, {out_pos - start});
+    enc.dispatch_threads(*k_.penalty_apply, {logits, ws_->penalty_counts, ws_->penalised, Arg::value(pp)}, {V});
     logits = Arg(ws_->penalised);
   }
   if (s.temperature <= 0.0f) {
@@ -302,12 +298,12 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
   } else {
     const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos, 0, 0};
-    enc.dispatch("sample_top_kp", {logits, ws_->ids, Arg::value(p), ws_->ids}, {1});
+    enc.dispatch(*k_.sample, {logits, ws_->ids, Arg::value(p), ws_->ids}, {1});
   }
   if (s.logprobs >= 0) {
     // Over the raw row (vLLM's default), once the choice above wrote ids[out_pos].
     const LogprobParams p{V, std::min(uint32_t(s.logprobs), V), out_pos, out_pos % MQ_LOGPROB_SLOTS};
-    enc.dispatch("token_logprobs", {raw, ws_->ids, ws_->logprobs, Arg::value(p)}, {1});
+    enc.dispatch(*k_.logprobs, {raw, ws_->ids, ws_->logprobs, Arg::value(p)}, {1});
   }
 }
 
@@ -319,10 +315,11 @@ void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const
   // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
   for (size_t i = 0; i < layers_.size(); ++i) encode_layer(enc, layers_[i], rows, position_, i > 0);
   // The final norm, fused into the lm_head when every row's logits are wanted.
+  const Norm final_norm{final_norm_, *k_.final_norm};
   if (logit_row0 == 0) {
-    encode_normed_projections(enc, final_norm_, true, {{&lm_head_, ws_->logits, V}}, rows);
+    encode_normed_projections(enc, final_norm, true, {{&lm_head_, ws_->logits, V}}, rows);
   } else {
-    encode_norm(enc, final_norm_, rows, true, ws_->mix);
+    encode_norm(enc, final_norm, rows, true, ws_->mix);
     if (logit_row0 < rows)
       encode_projection(enc, lm_head_, Arg(ws_->xn, size_t(logit_row0) * H * 4), H, ws_->logits, V, rows - logit_row0);
   }

@@ -17,7 +17,7 @@ void Kernels::create(gpu::Device& device, const std::map<std::string, Threadgrou
   library_ = device.compile(source, name_of_source);
   std::string unfit;
   for (const auto& [name, need] : needs) {
-    Pipeline p{library_->kernel(name), 0};
+    Pipeline p{name, library_->kernel(name), 0};
     const uint32_t limit = p.kernel->max_threads_per_threadgroup();
     p.threads = std::min(need.preferred, limit / MQ_SIMD_WIDTH * MQ_SIMD_WIDTH);
     if (p.threads < need.minimum || p.threads == 0) {
@@ -37,12 +37,12 @@ const Pipeline& Kernels::get(const std::string& name) const {
   return it->second;
 }
 
-void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap) {
+void Encoder::bind(const Pipeline& kernel, std::initializer_list<Arg> args, bool overlap) {
   if (dispatches_ > 0 && !overlap) {
     cb_->barrier();
     ++barriers_;
   }
-  cb_->set_kernel(kernels_.get(kernel).kernel);
+  cb_->set_kernel(kernel.kernel);
   uint32_t index = 0;
   for (const Arg& a : args) {
     if (a.bytes) cb_->set_bytes(index, a.bytes, a.size);
@@ -52,12 +52,12 @@ void Encoder::bind(const std::string& kernel, std::initializer_list<Arg> args, b
   ++dispatches_;
 }
 
-void Encoder::after_dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
+void Encoder::after_dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
                              gpu::Size3 threads, bool grid_of_threads, bool overlap) {
   last_dispatch_ = Clock::now();
   std::vector<RecordedDispatch>* sink = kernels_.recording();
   if (!sink) return;
-  RecordedDispatch d{kernel, {}, grid, threads, grid_of_threads, overlap};
+  RecordedDispatch d{kernel.name, {}, grid, threads, grid_of_threads, overlap};
   for (const Arg& a : args) {
     const auto* bytes = static_cast<const uint8_t*>(a.bytes);
     d.args.push_back({a.buffer, a.offset, bytes ? std::vector<uint8_t>(bytes, bytes + a.size) : std::vector<uint8_t>{}});
@@ -65,22 +65,18 @@ void Encoder::after_dispatch(const std::string& kernel, std::initializer_list<Ar
   sink->push_back(std::move(d));
 }
 
-void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups,
+void Encoder::dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 groups,
                        gpu::Size3 threads, bool overlap) {
   bind(kernel, args, overlap);
   cb_->dispatch_threadgroups(groups, threads);
   after_dispatch(kernel, args, groups, threads, false, overlap);
 }
 
-void Encoder::dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups) {
-  dispatch(kernel, args, groups, {kernels_.threads(kernel)});
-}
-
-void Encoder::dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
+void Encoder::dispatch_threads(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
                                bool overlap) {
   bind(kernel, args, overlap);
-  cb_->dispatch_threads(grid, {kernels_.threads(kernel)});
-  after_dispatch(kernel, args, grid, {kernels_.threads(kernel)}, true, false);
+  cb_->dispatch_threads(grid, {kernel.threads});
+  after_dispatch(kernel, args, grid, {kernel.threads}, true, overlap);
 }
 
 }  // namespace mq::engine

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/device.h"
@@ -23,6 +24,7 @@ struct ThreadgroupNeed {
 
 // A kernel's pipeline and the threadgroup size chosen for it at load.
 struct Pipeline {
+  std::string name;
   std::shared_ptr<gpu::Kernel> kernel;
   uint32_t threads = 0;
 };
@@ -54,9 +56,9 @@ class Kernels {
   // below its minimum.
   void create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs,
               const Progress& progress = {});
-  // Throws gpu::GpuError for a kernel that create() was not given.
+  // Throws gpu::GpuError for a kernel that create() was not given. The reference stays valid
+  // for the life of these kernels: the engine resolves its pipelines once, at load.
   const Pipeline& get(const std::string& name) const;
-  uint32_t threads(const std::string& name) const { return get(name).threads; }
   size_t size() const { return pipelines_.size(); }
   // While set, every Encoder over these kernels appends its dispatches here (nullptr: off).
   void record_into(std::vector<RecordedDispatch>* sink) { recorded_ = sink; }
@@ -66,6 +68,25 @@ class Kernels {
   std::shared_ptr<gpu::Library> library_;
   std::map<std::string, Pipeline> pipelines_;
   std::vector<RecordedDispatch>* recorded_ = nullptr;
+};
+
+// Each pipeline a model's steps use, with its threadgroup need and the slot the engine keeps
+// it in (Engine::plan_kernels): Kernels::create builds them, resolve() fills every slot, so a
+// step dispatches through pointers and never looks a kernel up by name.
+class KernelPlan {
+ public:
+  void need(const Pipeline*& slot, const std::string& name, ThreadgroupNeed need) {
+    needs_[name] = need;
+    slots_.emplace_back(&slot, name);
+  }
+  const std::map<std::string, ThreadgroupNeed>& needs() const { return needs_; }
+  void resolve(const Kernels& kernels) const {
+    for (const auto& [slot, name] : slots_) *slot = &kernels.get(name);
+  }
+
+ private:
+  std::map<std::string, ThreadgroupNeed> needs_;
+  std::vector<std::pair<const Pipeline**, std::string>> slots_;
 };
 
 // One argument of a dispatch: a buffer at a byte offset, or small bytes (setBytes).
@@ -91,12 +112,14 @@ class Encoder {
   using Clock = std::chrono::steady_clock;
   Encoder(gpu::Device& device, Kernels& kernels)
       : kernels_(kernels), cb_(device.new_command_buffer()), started_(Clock::now()) {}
-  void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
+  void dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
                 bool overlap = false);
   // Threadgroups of the size chosen for `kernel` at load.
-  void dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 groups);
+  void dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 groups) {
+    dispatch(kernel, args, groups, {kernel.threads});
+  }
   // A grid of threads (edge threadgroups partial) in threadgroups of the chosen size.
-  void dispatch_threads(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
+  void dispatch_threads(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
                         bool overlap = false);
   std::unique_ptr<gpu::CommandBuffer> finish() { return std::move(cb_); }
   uint32_t dispatches() const { return dispatches_; }
@@ -107,9 +130,9 @@ class Encoder {
   std::chrono::duration<double, std::micro> encoding_time() const { return last_dispatch_ - started_; }
 
  private:
-  void bind(const std::string& kernel, std::initializer_list<Arg> args, bool overlap);
+  void bind(const Pipeline& kernel, std::initializer_list<Arg> args, bool overlap);
   // Notes the time and, while Kernels records, appends the dispatch there.
-  void after_dispatch(const std::string& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
+  void after_dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
                       bool grid_of_threads, bool overlap);
 
   Kernels& kernels_;

@@ -40,17 +40,15 @@ void Engine::encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hi
   // of one row side by side, so fc is one projection over 2H (two half-width projections
   // accumulated would round differently from the reference's single matmul).
   const RmsNormParams pe{H, H, H, 2 * H, eps}, ph{H, hidden_stride, H, 2 * H, eps};
-  const std::string ne = "rms_norm" + vector_suffix(m.pre_fc_norm_embedding);
-  const std::string nh = "rms_norm" + vector_suffix(m.pre_fc_norm_hidden);
-  enc.dispatch(ne, {w.mix, at(m.pre_fc_norm_embedding), w.mtp_in, Arg::value(pe)}, {rows}, {kernels_.threads(ne)});
-  enc.dispatch(nh, {hidden, at(m.pre_fc_norm_hidden), Arg(w.mtp_in, size_t(H) * 4), Arg::value(ph)}, {rows},
-               {kernels_.threads(nh)}, true);
+  enc.dispatch(*m.norm_embedding, {w.mix, at(m.pre_fc_norm_embedding), w.mtp_in, Arg::value(pe)}, {rows});
+  enc.dispatch(*m.norm_hidden, {hidden, at(m.pre_fc_norm_hidden), Arg(w.mtp_in, size_t(H) * 4), Arg::value(ph)}, {rows},
+               {m.norm_hidden->threads}, true);
   // u = fc(mtp_in) is the MTP layer's residual stream x; then the layer as the trunk's.
   encode_projection(enc, m.fc, w.mtp_in, 2 * H, w.x, H, rows);
   encode_layer(enc, m.layer, rows, position, false);
   // mtp_hidden = mtp.norm(x + mix): the head's output state, kept for a chained call.
   const RmsNormParams pn{H, H, H, H, eps};
-  enc.dispatch("rms_norm_residual" + vector_suffix(m.norm), {w.x, w.mix, at(m.norm), w.mtp_hidden, Arg::value(pn)},
+  enc.dispatch(*m.norm_residual, {w.x, w.mix, at(m.norm), w.mtp_hidden, Arg::value(pn)},
                {rows});
   if (logit_row0 < rows) encode_mtp_logits(enc, logit_row0, rows);
 }

@@ -29,6 +29,8 @@ struct MtpWeights {
   QuantLinear fc;                                          // [hidden][2 hidden]: input [embedding | hidden]
   LayerWeights layer;                                      // mtp.layers.0: full attention, its own k/v cache
   DeviceTensor norm;                                       // [hidden], 1 + w
+  // rms_norm for each pre_fc norm, rms_norm_residual for mtp.norm (their dtypes' variants).
+  const Pipeline *norm_embedding = nullptr, *norm_hidden = nullptr, *norm_residual = nullptr;
 };
 
 }  // namespace mq::engine

@@ -1,6 +1,7 @@
 // Every kernel a step may dispatch, with the threadgroup size it wants and the least it
 // can work with: Engine's constructor creates them all at load (no pipeline is compiled
-// inside a step) and fails there if the GPU cannot run one. Sizes: shaders/params/*.h.
+// inside a step) and fails there if the GPU cannot run one, then resolves each into the slot
+// a step dispatches it from (no name lookups while encoding). Sizes: shaders/params/*.h.
 #include <algorithm>
 
 #include "mtp.h"
@@ -14,96 +15,109 @@ constexpr uint32_t kSimd = MQ_SIMD_WIDTH;
 ThreadgroupNeed exactly(uint32_t threads) { return {threads, threads}; }
 ThreadgroupNeed up_to(uint32_t threads) { return {threads, kSimd}; }
 
-}  // namespace
-
+// "_<format>" (e.g. "_b4_g64", "_mxfp4", "_bf16"): the kernel-name suffix of a projection's variant.
 std::string quant_suffix(const QuantLinear& l) { return "_" + l.format; }
 
+// "" for a bf16 norm/conv/dt_bias vector, "_wf32" for an f32 one (stored so, or widened from f16):
+// the suffix of the kernels that read it (rms_norm, attention, DeltaNet conv and scan).
 std::string vector_suffix(const DeviceTensor& t) { return t.desc->dtype == "F32" ? "_wf32" : ""; }
 
+// The DeltaNet conv + scan kernel for a layer's conv1d / dt_bias and A_log dtypes.
 std::string delta_scan_kernel(const DeltaNetWeights& m) {
   return std::string(m.a_log.desc->dtype == "F32" ? "delta_conv_scan_alog_f32" : "delta_conv_scan_alog_bf16") +
          vector_suffix(m.conv1d);
 }
 
-std::map<std::string, ThreadgroupNeed> Engine::kernel_needs() const {
-  std::map<std::string, ThreadgroupNeed> needs;
-  // Per format (names repeat across projections): plain and norm-fused matvecs, the GEMM.
-  auto projection = [&](const QuantLinear& l) {
-    for (const char* op : {"qmv", "qmv_rows", "qmv_norm", "qmv_norm_rows"})
-      needs[op + quant_suffix(l)] = exactly(MQ_QMV_THREADS);
-    needs["qmm" + quant_suffix(l)] = exactly(MQ_QMM_THREADS);
+}  // namespace
+
+void Engine::plan_kernels(KernelPlan& plan) {
+  // Per format: plain and norm-fused matvecs, the GEMM.
+  auto projection = [&](QuantLinear& l) {
+    ProjectionKernels& k = l.kernels;
+    const std::string format = quant_suffix(l);
+    plan.need(k.qmv, "qmv" + format, exactly(MQ_QMV_THREADS));
+    plan.need(k.qmv_rows, "qmv_rows" + format, exactly(MQ_QMV_THREADS));
+    plan.need(k.qmv_norm, "qmv_norm" + format, exactly(MQ_QMV_THREADS));
+    plan.need(k.qmv_norm_rows, "qmv_norm_rows" + format, exactly(MQ_QMV_THREADS));
+    plan.need(k.qmm, "qmm" + format, exactly(MQ_QMM_THREADS));
   };
-  needs["embed" + quant_suffix(embed_)] = exactly(MQ_EMBED_THREADS);
+  plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
   projection(lm_head_);
-  // Norms: the final one, then each layer's (the residual form everywhere but layer 0's input).
-  needs["rms_norm_residual" + vector_suffix(final_norm_)] = up_to(MQ_NORM_THREADS);
-  needs["silu_mul"] = up_to(kSiluMulThreads);
-  needs["copy_u32"] = up_to(kCopyThreads);  // snapshots of the sequence state
-  needs["argmax_partial"] = needs["argmax_final"] = up_to(MQ_ARGMAX_THREADS);
-  needs["sample_top_kp"] = up_to(MQ_SAMPLE_THREADS);
-  needs["penalty_count"] = needs["penalty_apply"] = up_to(MQ_PENALTY_THREADS);
+  plan.need(k_.final_norm, "rms_norm_residual" + vector_suffix(final_norm_), up_to(MQ_NORM_THREADS));
+  plan.need(k_.silu_mul, "silu_mul", up_to(kSiluMulThreads));
+  plan.need(k_.copy_u32, "copy_u32", up_to(kCopyThreads));  // snapshots of the sequence state
+  plan.need(k_.argmax_partial, "argmax_partial", up_to(MQ_ARGMAX_THREADS));
+  plan.need(k_.argmax_final, "argmax_final", up_to(MQ_ARGMAX_THREADS));
+  plan.need(k_.sample, "sample_top_kp", up_to(MQ_SAMPLE_THREADS));
+  plan.need(k_.penalty_count, "penalty_count", up_to(MQ_PENALTY_THREADS));
+  plan.need(k_.penalty_apply, "penalty_apply", up_to(MQ_PENALTY_THREADS));
+  plan.need(k_.logprobs, "token_logprobs", up_to(MQ_LOGPROB_THREADS));
   if (options_.max_draft > 0) {  // speculative verify steps
-    needs["spec_accept"] = exactly(1);
-    needs["delta_restore"] = up_to(kCopyThreads);
+    plan.need(k_.spec_accept, "spec_accept", exactly(1));
+    plan.need(k_.delta_restore, "delta_restore", up_to(kCopyThreads));
   }
-  needs["token_logprobs"] = up_to(MQ_LOGPROB_THREADS);
 
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";
-  std::vector<const LayerWeights*> layers;
-  for (const LayerWeights& l : layers_) layers.push_back(&l);
+  std::vector<LayerWeights*> layers;
+  for (LayerWeights& l : layers_) layers.push_back(&l);
   if (mtp_) {
     // The MTP head: its layer as the trunk's, fc, and its three norms (mtp.h).
-    layers.push_back(&mtp_->layer);
-    projection(mtp_->fc);
-    needs["rms_norm" + vector_suffix(mtp_->pre_fc_norm_embedding)] =
-        needs["rms_norm" + vector_suffix(mtp_->pre_fc_norm_hidden)] =
-            needs["rms_norm_residual" + vector_suffix(mtp_->norm)] = up_to(MQ_NORM_THREADS);
+    MtpWeights& m = *mtp_;
+    layers.push_back(&m.layer);
+    projection(m.fc);
+    plan.need(m.norm_embedding, "rms_norm" + vector_suffix(m.pre_fc_norm_embedding), up_to(MQ_NORM_THREADS));
+    plan.need(m.norm_hidden, "rms_norm" + vector_suffix(m.pre_fc_norm_hidden), up_to(MQ_NORM_THREADS));
+    plan.need(m.norm_residual, "rms_norm_residual" + vector_suffix(m.norm), up_to(MQ_NORM_THREADS));
   }
-  for (const LayerWeights* layer : layers) {
-    const LayerWeights& l = *layer;
-    const MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
-    for (const QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
-    if (!l.moe)  // gate and up with the post norm and the activation (one format)
-      needs["qmv_norm_silu" + quant_suffix(mlp.gate_proj)] = needs["qmv_norm_silu_rows" + quant_suffix(mlp.gate_proj)] =
-          exactly(MQ_QMV_THREADS);
-    needs["rms_norm" + vector_suffix(l.input_norm)] = needs["rms_norm_residual" + vector_suffix(l.input_norm)] =
-        needs["rms_norm_residual" + vector_suffix(l.post_norm)] = up_to(MQ_NORM_THREADS);
+  for (LayerWeights* layer : layers) {
+    LayerWeights& l = *layer;
+    LayerKernels& k = l.kernels;
+    MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
+    for (QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
+    if (!l.moe) {  // gate and up with the post norm and the activation (one format)
+      const std::string format = quant_suffix(mlp.gate_proj);
+      plan.need(mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu" + format, exactly(MQ_QMV_THREADS));
+      plan.need(mlp.gate_proj.kernels.qmv_norm_silu_rows, "qmv_norm_silu_rows" + format, exactly(MQ_QMV_THREADS));
+    }
+    plan.need(k.input_norm, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
+    plan.need(k.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
+    plan.need(k.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
     if (l.moe) {
-      const MoeWeights& m = *l.moe;
+      MoeWeights& m = *l.moe;
       projection(m.gate);
       projection(m.shared_expert_gate);
-      for (const QuantLinear* p : {&m.gate_proj, &m.up_proj, &m.down_proj}) {
-        needs["moe_qmv" + quant_suffix(*p)] = exactly(MQ_QMV_THREADS);
-        needs["moe_qmm" + quant_suffix(*p)] = exactly(MQ_QMM_THREADS);
+      for (QuantLinear* p : {&m.gate_proj, &m.up_proj, &m.down_proj}) {
+        plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
+        plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
       }
-      needs["moe_route"] = exactly(MQ_MOE_ROUTE_THREADS);
-      needs["moe_group"] = up_to(MQ_MOE_GROUP_THREADS);
-      needs["moe_gather_rows"] = needs["moe_combine"] = up_to(kMoeRowThreads);
+      plan.need(k_.moe_route, "moe_route", exactly(MQ_MOE_ROUTE_THREADS));
+      plan.need(k_.moe_group, "moe_group", up_to(MQ_MOE_GROUP_THREADS));
+      plan.need(k_.moe_gather_rows, "moe_gather_rows", up_to(kMoeRowThreads));
+      plan.need(k_.moe_combine, "moe_combine", up_to(kMoeRowThreads));
     }
     if (l.delta) {
-      const DeltaNetWeights& m = *l.delta;
-      for (const QuantLinear* p : {&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a, &m.out_proj})
-        projection(*p);
-      needs[delta_scan_kernel(m)] = up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS);
-      needs["delta_norm_history" + vector_suffix(m.norm)] = up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS);
+      DeltaNetWeights& m = *l.delta;
+      for (QuantLinear* p : {&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a, &m.out_proj}) projection(*p);
+      plan.need(k.conv_scan, delta_scan_kernel(m), up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS));
+      plan.need(k.norm_history, "delta_norm_history" + vector_suffix(m.norm), up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
     } else {
-      const AttentionWeights& m = *l.attn;
-      for (const QuantLinear* p : {&m.q_proj, &m.k_proj, &m.v_proj, &m.o_proj}) projection(*p);
-      needs["attn_qk_norm_rope_append_" + cache + vector_suffix(m.q_norm)] = up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS);
+      AttentionWeights& m = *l.attn;
+      for (QuantLinear* p : {&m.q_proj, &m.k_proj, &m.v_proj, &m.o_proj}) projection(*p);
+      const std::string vectors = vector_suffix(m.q_norm);
+      plan.need(k.attn_prep, "attn_qk_norm_rope_append_" + cache + vectors, up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS));
       // One SIMD-group per query head of a kv head, as many as the kernels take.
-      needs["attn_decode_" + cache + "_r1" + vector_suffix(m.q_norm)] =
-          needs["attn_decode_" + cache + "_r4" + vector_suffix(m.q_norm)] =
-          up_to(kSimd * std::min<uint32_t>(rep, MQ_ATTN_DECODE_MAX_SIMDGROUPS));
-      needs["attn_decode_combine"] = up_to(MQ_ATTN_COMBINE_THREADS);
+      const ThreadgroupNeed decode = up_to(kSimd * std::min<uint32_t>(rep, MQ_ATTN_DECODE_MAX_SIMDGROUPS));
+      plan.need(k.attn_decode_r1, "attn_decode_" + cache + "_r1" + vectors, decode);
+      plan.need(k.attn_decode_r4, "attn_decode_" + cache + "_r4" + vectors, decode);
+      plan.need(k_.attn_combine, "attn_decode_combine", up_to(MQ_ATTN_COMBINE_THREADS));
       // Whole multiples of the query heads of a kv head where they fit.
       const uint32_t prefill_sg = rep <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS
                                       ? MQ_ATTN_PREFILL_MAX_SIMDGROUPS / rep * rep
                                       : MQ_ATTN_PREFILL_MAX_SIMDGROUPS;
-      needs["attn_prefill_" + cache] = up_to(kSimd * prefill_sg);
+      plan.need(k.attn_prefill, "attn_prefill_" + cache, up_to(kSimd * prefill_sg));
     }
   }
-  return needs;
 }
 
 }  // namespace mq::engine

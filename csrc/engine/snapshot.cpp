@@ -37,11 +37,11 @@ std::vector<Engine::StateRegion> Engine::state_regions(int position) const {
 
 namespace {
 
-// dst = src, `bytes` (a multiple of 4) as 32-bit words.
-void encode_copy(Encoder& enc, const Arg& src, const Arg& dst, size_t bytes) {
+// dst = src, `bytes` (a multiple of 4) as 32-bit words, by `copy` (copy_u32).
+void encode_copy(Encoder& enc, const Pipeline& copy, const Arg& src, const Arg& dst, size_t bytes) {
   if (bytes == 0) return;
   const CopyParams p{uint32_t(bytes / 4), 1, 0, 0, 0, 0};
-  enc.dispatch_threads("copy_u32", {src, dst, Arg::value(p)}, {p.cols, 1});
+  enc.dispatch_threads(copy, {src, dst, Arg::value(p)}, {p.cols, 1});
 }
 
 }  // namespace
@@ -58,7 +58,7 @@ std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int position) {
   s->data = device_->new_buffer(std::max<size_t>(total, 4));
   size_t at = 0;
   for (const StateRegion& r : regions) {
-    encode_copy(enc, Arg(r.buffer, r.offset), Arg(s->data, at), r.bytes);
+    encode_copy(enc, *k_.copy_u32, Arg(r.buffer, r.offset), Arg(s->data, at), r.bytes);
     at += r.bytes;
   }
   return s;
@@ -70,7 +70,7 @@ void Engine::restore(const Snapshot& s) {
   Encoder enc(*device_, kernels_);
   size_t at = 0;
   for (const StateRegion& r : state_regions(s.position)) {
-    encode_copy(enc, Arg(s.data, at), Arg(r.buffer, r.offset), r.bytes);
+    encode_copy(enc, *k_.copy_u32, Arg(s.data, at), Arg(r.buffer, r.offset), r.bytes);
     at += r.bytes;
   }
   wait(*commit(enc));

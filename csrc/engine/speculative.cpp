@@ -21,10 +21,10 @@ void Engine::encode_verification(Encoder& enc, uint32_t drafts, const Sampling& 
     // Row r samples the token at position draft_pos + r with that position's Philox counter, as decode does.
     const SampleParams p{V,         V,         uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), draft_pos, 0, drafts, draft_pos};
-    enc.dispatch("sample_top_kp", {ws_->logits, ws_->verify_chosen, Arg::value(p), ws_->ids}, {rows});
+    enc.dispatch(*k_.sample, {ws_->logits, ws_->verify_chosen, Arg::value(p), ws_->ids}, {rows});
   }
   const SpecAcceptParams ap{drafts, draft_pos};
-  enc.dispatch("spec_accept", {ws_->ids, ws_->verify_chosen, ws_->accepted, Arg::value(ap)}, {1});
+  enc.dispatch(*k_.spec_accept, {ws_->ids, ws_->verify_chosen, ws_->accepted, Arg::value(ap)}, {1});
   if (drafts == 0) return;
   // Every layer's rollback is independent of the others': one barrier for all of them.
   const ModelDims& d = model_.dims;
@@ -32,7 +32,7 @@ void Engine::encode_verification(Encoder& enc, uint32_t drafts, const Sampling& 
   bool first = true;
   for (const LayerWeights& l : layers_) {
     if (!l.delta) continue;
-    enc.dispatch_threads("delta_restore", {l.state, l.state_snaps, ws_->accepted, Arg::value(rp)},
+    enc.dispatch_threads(*k_.delta_restore, {l.state, l.state_snaps, ws_->accepted, Arg::value(rp)},
                          {rp.state_floats / 4}, !first);
     first = false;
   }

@@ -24,6 +24,18 @@ struct DeviceTensor {
   const TensorDesc* desc = nullptr;
 };
 
+struct Pipeline;
+
+// The pipelines of a projection's format that the model's steps use (Engine::plan_kernels);
+// null for the others.
+struct ProjectionKernels {
+  const Pipeline *qmv = nullptr, *qmv_rows = nullptr, *qmm = nullptr;  // y = W x: 1 row, 2..8 rows, prefill
+  const Pipeline *qmv_norm = nullptr, *qmv_norm_rows = nullptr;        // norm-fused (shaders/qmv_norm.metal)
+  const Pipeline *qmv_norm_silu = nullptr, *qmv_norm_silu_rows = nullptr;  // gate_proj's: gate, up and silu
+  const Pipeline *moe_qmv = nullptr, *moe_qmm = nullptr;               // a stack of experts
+  const Pipeline* embed = nullptr;                                     // the embedding table
+};
+
 // A linear layer (or embedding table): y = W x with W [out][in] in one of the weight
 // formats of shaders/quant_formats.h; or, with experts > 0, a stack of them
 // [experts][out][in] (MoE switch_mlp). Formats without scales or biases leave those
@@ -33,6 +45,7 @@ struct QuantLinear {
   std::string format;  // kernel-name suffix: b<bits>_g<group>, mxfp4, nvfp4, mxfp8, bf16, f16, f32
   uint32_t in = 0, out = 0;
   uint32_t experts = 0;
+  ProjectionKernels kernels;
   uint64_t nbytes() const {
     return weight.desc->nbytes + (scales.desc ? scales.desc->nbytes : 0) + (biases.desc ? biases.desc->nbytes : 0);
   }

@@ -20,7 +20,7 @@ constexpr uint32_t kCopyThreads = 256;
 // moe_gather_rows and moe_combine take any threadgroup shape; one float4 per thread.
 constexpr uint32_t kMoeRowThreads = 64;
 
-// Vectors are bf16 or f32 (vector_suffix); f16 ones arrive widened to f32 (weights.h).
+// Vectors are bf16 or f32 (pipelines.cpp picks the kernel variant); f16 ones arrive widened to f32 (weights.h).
 struct AttentionWeights {
   QuantLinear q_proj, k_proj, v_proj, o_proj;  // q_proj rows per head: [query | gate]
   DeviceTensor q_norm, k_norm;                 // [head_dim], stored as 1 + w; one dtype
@@ -48,8 +48,18 @@ struct MoeWeights {
   QuantLinear shared_expert_gate;              // [1][hidden]
 };
 
+// The pipelines of a layer's kernels that read its vectors (norm weights, conv, A_log: their
+// variants follow those dtypes), resolved at load (Engine::plan_kernels).
+struct LayerKernels {
+  const Pipeline *input_norm = nullptr, *input_norm_residual = nullptr, *post_norm_residual = nullptr;
+  const Pipeline *conv_scan = nullptr, *norm_history = nullptr;                      // DeltaNet
+  const Pipeline *attn_prep = nullptr, *attn_prefill = nullptr;                      // attention, prefill
+  const Pipeline *attn_decode_r1 = nullptr, *attn_decode_r4 = nullptr;               // attention, matvec path
+};
+
 struct LayerWeights {
   bool full_attention = false;
+  LayerKernels kernels;
   DeviceTensor input_norm, post_norm;  // [hidden], stored as 1 + w
   std::optional<AttentionWeights> attn;
   std::optional<DeltaNetWeights> delta;
@@ -128,15 +138,8 @@ uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, ui
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.
 uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
-// "_<format>" (e.g. "_b4_g64", "_mxfp4", "_bf16"): the kernel-name suffix of a projection's variant.
-std::string quant_suffix(const QuantLinear& l);
 // Intermediate size of the buffers gate/up/act: the dense MLP's, or the shared expert's.
 uint32_t mlp_intermediate(const ModelDims& dims);
-// "" for a bf16 norm/conv/dt_bias vector, "_wf32" for an f32 one (stored so, or widened from f16):
-// the suffix of the kernels that read it (rms_norm, attention prep, DeltaNet conv and scan).
-std::string vector_suffix(const DeviceTensor& t);
-// The DeltaNet conv + scan kernel for a layer's conv1d / dt_bias and A_log dtypes.
-std::string delta_scan_kernel(const DeltaNetWeights& m);
 
 // One decoder layer's weights under `prefix` (e.g. "language_model.model.layers.3."), caches unset.
 LayerWeights load_layer(const Weights& weights, const ModelDims& dims, const std::string& prefix, bool full_attention);
