@@ -140,6 +140,16 @@ def test_counters_count_three_barriers_per_moe_block(converted, device, name):
         assert (counted["dispatches_last_step"], counted["barriers_last_step"]) == want
 
 
+def test_gate_up_of_two_formats_take_separate_expert_matvecs(converted, model):
+    """Where gate_proj and up_proj differ in format (no one fused kernel reads both), decode
+    takes moe_route, a matvec per projection, silu_mul and moe_combine: more barriers, same tokens."""
+    path = converted("moe_mixed")[1]
+    m = model(path, 16, CHUNK)
+    ids = prompt(m.config.vocab_size, 12, seed=3)
+    assert m.generate(ids, max_tokens=12).tokens == expected_greedy(m, path, ids, 12)
+    assert m.counters()["barriers_last_step"] > decode_step_structure(m.config.layer_types, moe=True)[1]
+
+
 def test_weight_bytes_per_token_count_active_experts_only(converted, model):
     path = converted("moe")[1]
     ck = metalqwen.load_checkpoint(path)
