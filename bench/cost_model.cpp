@@ -78,6 +78,24 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
     return {by(p.out_dim, p.in_dim) + (rows > 1 ? " x" + std::to_string(int(rows)) : ""),
             w + rows * (p.in_dim + p.out_dim) * F, 2.0 * rows * p.out_dim * p.in_dim};
   }
+  if (starts_with(k, "moe_qmv_route_silu_")) {  // before moe_qmv_: the fused decode/verify kernels
+    const auto p = params_of<MoeRouteSiluParams>(d);
+    const double pairs = d.grid.y;  // one (row, chosen expert) each
+    const double w = 2.0 * p.out_dim * p.in_dim * weight_bytes_per_element(suffix_after(k, "moe_qmv_route_silu"));
+    // per pair its expert's gate and up, its row's x and router logits in, the activation out
+    return {by(2 * p.out_dim, p.in_dim) + " x" + std::to_string(int(pairs)) + " experts +route +silu",
+            pairs * (w + (p.in_dim + p.experts + p.out_dim) * F), 4.0 * pairs * p.out_dim * p.in_dim};
+  }
+  if (starts_with(k, "moe_qmv_combine_")) {
+    const auto p = params_of<MoeCombineQmvParams>(d);
+    const double rows = d.grid.y, pairs = rows * p.top_k;
+    const double w = double(p.out_dim) * p.in_dim * weight_bytes_per_element(suffix_after(k, "moe_qmv_combine"));
+    // per pair its expert's down, activation, id and weight in; per row the shared expert's
+    // output and gate in, the MLP output out
+    return {by(p.out_dim, p.in_dim) + " x" + std::to_string(int(pairs)) + " experts +combine",
+            pairs * (w + p.in_dim * F + 8) + rows * (2.0 * p.out_dim * F + 4),
+            2.0 * pairs * p.out_dim * p.in_dim + 2.0 * rows * (p.top_k + 1) * p.out_dim};
+  }
   if (starts_with(k, "moe_qmv_")) {
     const auto p = params_of<MoeMatmulParams>(d);
     const double pairs = d.grid.y;  // one matvec per (row, chosen expert)

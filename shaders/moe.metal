@@ -1,11 +1,15 @@
 #include <metal_stdlib>
 using namespace metal;
 #include "params.h"
-// The expert projections run quant.metal's matvec / GEMM bodies on one expert's slice.
+// The expert projections run quant.metal's matvec / GEMM bodies on one expert's slice; silu
+// of norm.metal.
 #include "quant.metal"
+#include "norm.metal"
 
 // The sparse MoE MLP of Qwen3.5-MoE layers (params/moe.h has the layouts):
-//   decode / verify: moe_route -> moe_qmv (gate, up) -> silu_mul -> moe_qmv (down) -> moe_combine
+//   decode / verify: moe_qmv_route_silu (route + gate, up, silu) -> moe_qmv_combine (down + the
+//                    weighted sum + the gated shared expert); with gate/up of different formats
+//                    moe_route -> moe_qmv (gate, up) -> silu_mul -> moe_qmv (down) -> moe_combine
 //   prefill:         moe_route -> moe_group -> moe_gather_rows -> moe_qmm (gate, up) -> silu_mul
 //                    -> moe_qmm (down) -> moe_combine
 // Expert ids never leave the GPU: the projections read them (or the grouping) from buffers.
@@ -14,6 +18,51 @@ using namespace metal;
 // Router: softmax over the experts, then top_k rounds of a SIMD-wide argmax. Lane l holds
 // experts l, l + 32, ...; a chosen expert's probability is replaced by -2 (below every
 // probability and below the -1 a lane starts its search from), so it is never chosen twice.
+// One SIMD-group routes one row (logits [experts]); every lane gets all top_k choices, most
+// probable first: ids, and weights divided by their sum when norm_top_k != 0. moe_route and
+// moe_qmv_route_silu share it, so prefill and decode route alike.
+inline void moe_route_row(device const float* l, uint experts, uint top_k, uint norm_top_k, uint lane,
+                          thread uint* ids, thread float* weights) {
+  constexpr uint PER_LANE = MQ_MOE_MAX_EXPERTS / 32;
+  float prob[PER_LANE];
+  float m = -INFINITY;
+  for (uint i = 0; i < PER_LANE; i++) {
+    const uint e = lane + 32 * i;
+    prob[i] = e < experts ? l[e] : -INFINITY;
+    m = max(m, prob[i]);
+  }
+  m = simd_max(m);
+  float sum = 0.0f;
+  for (uint i = 0; i < PER_LANE; i++) {
+    prob[i] = lane + 32 * i < experts ? exp(prob[i] - m) : 0.0f;
+    sum += prob[i];
+  }
+  sum = simd_sum(sum);
+  for (uint i = 0; i < PER_LANE; i++) prob[i] = prob[i] / sum;
+
+  float total = 0.0f;
+  for (uint k = 0; k < top_k; k++) {
+    float best = -1.0f;
+    uint best_id = experts;
+    for (uint i = 0; i < PER_LANE; i++) {  // ascending ids: a lane keeps its lowest on ties
+      if (lane + 32 * i < experts && prob[i] > best) {
+        best = prob[i];
+        best_id = lane + 32 * i;
+      }
+    }
+    const float top = simd_max(best);
+    const uint id = simd_min(best == top ? best_id : experts);
+    // No expert beats -1 only when the logits hold NaN: keep the id in range, poison the weight.
+    const bool found = id < experts;
+    ids[k] = found ? id : k % experts;
+    weights[k] = found ? top : NAN;
+    total += weights[k];
+    if (found && id % 32 == lane) prob[id / 32] = -2.0f;
+  }
+  const float scale = norm_top_k ? 1.0f / total : 1.0f;
+  for (uint k = 0; k < top_k; k++) weights[k] = norm_top_k ? weights[k] * scale : weights[k];
+}
+
 [[kernel]] void moe_route(
     device const float* logits [[buffer(0)]],  // [rows][logit_stride], first `experts` used
     device uint* ids [[buffer(1)]],            // [rows][top_k]: chosen experts, most probable first
@@ -21,50 +70,13 @@ using namespace metal;
     constant MoeRouteParams& p [[buffer(3)]],
     uint row [[threadgroup_position_in_grid]],
     uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint PER_LANE = MQ_MOE_MAX_EXPERTS / 32;
-  device const float* l = logits + (ulong)row * p.logit_stride;
-  float prob[PER_LANE];
-  float m = -INFINITY;
-  for (uint i = 0; i < PER_LANE; i++) {
-    const uint e = lane + 32 * i;
-    prob[i] = e < p.experts ? l[e] : -INFINITY;
-    m = max(m, prob[i]);
-  }
-  m = simd_max(m);
-  float sum = 0.0f;
-  for (uint i = 0; i < PER_LANE; i++) {
-    prob[i] = lane + 32 * i < p.experts ? exp(prob[i] - m) : 0.0f;
-    sum += prob[i];
-  }
-  sum = simd_sum(sum);
-  for (uint i = 0; i < PER_LANE; i++) prob[i] = prob[i] / sum;
-
-  float chosen[MQ_MOE_MAX_TOP_K];
   uint chosen_id[MQ_MOE_MAX_TOP_K];
-  float total = 0.0f;
-  for (uint k = 0; k < p.top_k; k++) {
-    float best = -1.0f;
-    uint best_id = p.experts;
-    for (uint i = 0; i < PER_LANE; i++) {  // ascending ids: a lane keeps its lowest on ties
-      if (lane + 32 * i < p.experts && prob[i] > best) {
-        best = prob[i];
-        best_id = lane + 32 * i;
-      }
-    }
-    const float top = simd_max(best);
-    const uint id = simd_min(best == top ? best_id : p.experts);
-    // No expert beats -1 only when the logits hold NaN: keep the id in range, poison the weight.
-    const bool found = id < p.experts;
-    chosen_id[k] = found ? id : k % p.experts;
-    chosen[k] = found ? top : NAN;
-    total += chosen[k];
-    if (found && id % 32 == lane) prob[id / 32] = -2.0f;
-  }
+  float chosen[MQ_MOE_MAX_TOP_K];
+  moe_route_row(logits + (ulong)row * p.logit_stride, p.experts, p.top_k, p.norm_top_k, lane, chosen_id, chosen);
   if (lane == 0) {
-    const float scale = p.norm_top_k ? 1.0f / total : 1.0f;
     for (uint k = 0; k < p.top_k; k++) {
       ids[(ulong)row * p.top_k + k] = chosen_id[k];
-      weights[(ulong)row * p.top_k + k] = p.norm_top_k ? chosen[k] * scale : chosen[k];
+      weights[(ulong)row * p.top_k + k] = chosen[k];
     }
   }
 }
@@ -184,6 +196,99 @@ template <typename Fmt>
   const float gate = 1.0f / (1.0f + exp(-shared_gate[(ulong)r * p.gate_stride]));
   device float4* out = (device float4*)(y + (ulong)r * p.y_stride + i);
   *out = acc + gate * *out;
+}
+
+// ---------------------------------------------------------------------------------------
+// The decode/verify block (params/moe.h): the experts' gate/up with the routing in front and
+// silu in the epilogue, then their down with the weighted sum and the shared expert folded in.
+// Each is quant.metal's walk over one expert's slice for one activation row, so a pair's
+// values do not depend on the step's row count.
+
+template <typename Fmt>
+[[kernel]] void moe_qmv_route_silu(
+    device const uint* gate_w [[buffer(0)]],                    // [experts][out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* gate_s [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* gate_b [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
+    device const uint* up_w [[buffer(3)]],                      // [experts][out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* up_s [[buffer(4)]],    // [experts][out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* up_b [[buffer(5)]],    // [experts][out_dim][in_dim/GROUP]
+    device const float* logits [[buffer(6)]],  // [rows][logit_stride]: router logits, first `experts` used
+    device const float* x [[buffer(7)]],       // [rows][x_stride]: the normed rows
+    device float* act [[buffer(8)]],           // [rows * top_k][act_stride], first out_dim written
+    device uint* ids [[buffer(9)]],            // [rows * top_k]: each pair's expert
+    device float* weights [[buffer(10)]],      // [rows * top_k]: its routing weight
+    constant MoeRouteSiluParams& p [[buffer(11)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
+  constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP, HALF = R / 2;
+  const uint q = tg.y, row = q / p.top_k, slot = q % p.top_k;
+  // A few hundred floats per SIMD-group: cheaper than a route dispatch and its barrier.
+  uint route_ids[MQ_MOE_MAX_TOP_K];
+  float route_weights[MQ_MOE_MAX_TOP_K];
+  moe_route_row(logits + (ulong)row * p.logit_stride, p.experts, p.top_k, p.norm_top_k, lane, route_ids,
+                route_weights);
+  const uint e = route_ids[slot];  // < experts, even for NaN logits
+  if (tg.x == 0 && sg == 0 && lane == 0) {
+    ids[q] = e;
+    weights[q] = route_weights[slot];
+  }
+  const uint row0 = qmv_first_row(tg.x, sg, HALF);
+  if (row0 >= p.out_dim) return;  // uniform over the SIMD-group (never threadgroup 0's first)
+  ulong rows[R];
+  qmv_clamped_rows<HALF>((ulong)e * p.out_dim, row0, p.out_dim, rows);
+  qmv_clamped_rows<HALF>((ulong)e * p.out_dim, row0, p.out_dim, rows + HALF);
+  float acc[R];
+  for (int i = 0; i < R; i++) acc[i] = 0.0f;
+  const QuantWeights<Fmt> gate{gate_w, gate_s, gate_b}, up{up_w, up_s, up_b};
+  PlainRows xs{x + (ulong)row * p.x_stride, 0};
+  qmv_walk<Fmt, 1, R, HALF>(gate, up, rows, p.in_dim / QBLOCK, 1, lane, xs, acc);
+  for (int i = 0; i < HALF; i++) {
+    const float g = simd_sum(acc[i]), u = simd_sum(acc[HALF + i]);
+    if (lane == 0 && row0 + i < p.out_dim) act[(ulong)q * p.act_stride + row0 + i] = mq_norm::silu(g) * u;
+  }
+}
+
+template <typename Fmt>
+[[kernel]] void moe_qmv_combine(
+    device const uint* w [[buffer(0)]],                         // [experts][out_dim][in_dim / 32 * WORDS]
+    device const typename Fmt::scale_t* scales [[buffer(1)]],  // [experts][out_dim][in_dim/GROUP]
+    device const typename Fmt::scale_t* biases [[buffer(2)]],  // [experts][out_dim][in_dim/GROUP]
+    device const uint* ids [[buffer(3)]],             // [rows * top_k]: each pair's expert
+    device const float* weights [[buffer(4)]],        // [rows * top_k]: its routing weight
+    device const float* act [[buffer(5)]],            // [rows * top_k][act_stride]: each pair's activation
+    device const float* shared_gate [[buffer(6)]],    // [rows][gate_stride]: shared_expert_gate logit
+    device float* y [[buffer(7)]],                    // [rows][y_stride]: shared expert in, MLP out
+    constant MoeCombineQmvParams& p [[buffer(8)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
+  constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
+  const uint r = tg.y;
+  const uint row0 = qmv_first_row(tg.x, sg, R);
+  if (row0 >= p.out_dim) return;  // uniform over the SIMD-group
+  const QuantWeights<Fmt> m{w, scales, biases};
+  float out[R];
+  for (int i = 0; i < R; i++) out[i] = 0.0f;
+  for (uint s = 0; s < p.top_k; s++) {  // slot order, as moe_combine sums
+    const uint q = r * p.top_k + s;
+    const ulong e = min(ids[q], p.experts - 1);  // never read past the stack
+    ulong rows[R];
+    qmv_clamped_rows<R>(e * p.out_dim, row0, p.out_dim, rows);
+    float acc[R];
+    for (int i = 0; i < R; i++) acc[i] = 0.0f;
+    PlainRows xs{act + (ulong)q * p.act_stride, 0};
+    qmv_walk<Fmt, 1, R, R>(m, m, rows, p.in_dim / QBLOCK, 1, lane, xs, acc);
+    const float weight = weights[q];
+    for (int i = 0; i < R; i++) out[i] = fma(weight, simd_sum(acc[i]), out[i]);
+  }
+  const float gate = 1.0f / (1.0f + exp(-shared_gate[(ulong)r * p.gate_stride]));
+  for (int i = 0; i < R; i++) {
+    if (lane == 0 && row0 + i < p.out_dim) {
+      device float* o = y + (ulong)r * p.y_stride + row0 + i;
+      *o = out[i] + gate * *o;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -550,3 +655,453 @@ template [[host_name("moe_qmm_b8_g64_sf32")]] [[kernel]] void moe_qmm<affine<8, 
     device const float* x [[buffer(4)]], device float* y [[buffer(5)]], constant MoeMatmulParams& p [[buffer(6)]],
     uint3 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]);
+template [[host_name("moe_qmv_route_silu_b2_g32")]] [[kernel]] void moe_qmv_route_silu<affine<2, 32>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b2_g32")]] [[kernel]] void moe_qmv_combine<affine<2, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b2_g64")]] [[kernel]] void moe_qmv_route_silu<affine<2, 64>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b2_g64")]] [[kernel]] void moe_qmv_combine<affine<2, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b2_g128")]] [[kernel]] void moe_qmv_route_silu<affine<2, 128>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b2_g128")]] [[kernel]] void moe_qmv_combine<affine<2, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b3_g32")]] [[kernel]] void moe_qmv_route_silu<affine<3, 32>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b3_g32")]] [[kernel]] void moe_qmv_combine<affine<3, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b3_g64")]] [[kernel]] void moe_qmv_route_silu<affine<3, 64>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b3_g64")]] [[kernel]] void moe_qmv_combine<affine<3, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b3_g128")]] [[kernel]] void moe_qmv_route_silu<affine<3, 128>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b3_g128")]] [[kernel]] void moe_qmv_combine<affine<3, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b4_g32")]] [[kernel]] void moe_qmv_route_silu<affine<4, 32>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b4_g32")]] [[kernel]] void moe_qmv_combine<affine<4, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b4_g64")]] [[kernel]] void moe_qmv_route_silu<affine<4, 64>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b4_g64")]] [[kernel]] void moe_qmv_combine<affine<4, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b4_g128")]] [[kernel]] void moe_qmv_route_silu<affine<4, 128>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b4_g128")]] [[kernel]] void moe_qmv_combine<affine<4, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b5_g32")]] [[kernel]] void moe_qmv_route_silu<affine<5, 32>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b5_g32")]] [[kernel]] void moe_qmv_combine<affine<5, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b5_g64")]] [[kernel]] void moe_qmv_route_silu<affine<5, 64>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b5_g64")]] [[kernel]] void moe_qmv_combine<affine<5, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b5_g128")]] [[kernel]] void moe_qmv_route_silu<affine<5, 128>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b5_g128")]] [[kernel]] void moe_qmv_combine<affine<5, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b6_g32")]] [[kernel]] void moe_qmv_route_silu<affine<6, 32>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b6_g32")]] [[kernel]] void moe_qmv_combine<affine<6, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b6_g64")]] [[kernel]] void moe_qmv_route_silu<affine<6, 64>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b6_g64")]] [[kernel]] void moe_qmv_combine<affine<6, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b6_g128")]] [[kernel]] void moe_qmv_route_silu<affine<6, 128>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b6_g128")]] [[kernel]] void moe_qmv_combine<affine<6, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b8_g32")]] [[kernel]] void moe_qmv_route_silu<affine<8, 32>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b8_g32")]] [[kernel]] void moe_qmv_combine<affine<8, 32>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b8_g64")]] [[kernel]] void moe_qmv_route_silu<affine<8, 64>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b8_g64")]] [[kernel]] void moe_qmv_combine<affine<8, 64>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b8_g128")]] [[kernel]] void moe_qmv_route_silu<affine<8, 128>>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b8_g128")]] [[kernel]] void moe_qmv_combine<affine<8, 128>>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_mxfp4")]] [[kernel]] void moe_qmv_route_silu<mxfp4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_mxfp4")]] [[kernel]] void moe_qmv_combine<mxfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_nvfp4")]] [[kernel]] void moe_qmv_route_silu<nvfp4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_nvfp4")]] [[kernel]] void moe_qmv_combine<nvfp4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_mxfp8")]] [[kernel]] void moe_qmv_route_silu<mxfp8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_mxfp8")]] [[kernel]] void moe_qmv_combine<mxfp8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_bf16")]] [[kernel]] void moe_qmv_route_silu<dense<bfloat>>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_bf16")]] [[kernel]] void moe_qmv_combine<dense<bfloat>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_f16")]] [[kernel]] void moe_qmv_route_silu<dense<half>>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_f16")]] [[kernel]] void moe_qmv_combine<dense<half>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_f32")]] [[kernel]] void moe_qmv_route_silu<dense<float>>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_f32")]] [[kernel]] void moe_qmv_combine<dense<float>>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b2_g64_sf32")]] [[kernel]] void moe_qmv_route_silu<affine<2, 64, float>>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b2_g64_sf32")]] [[kernel]] void moe_qmv_combine<affine<2, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b3_g64_sf32")]] [[kernel]] void moe_qmv_route_silu<affine<3, 64, float>>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b3_g64_sf32")]] [[kernel]] void moe_qmv_combine<affine<3, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b4_g64_sf32")]] [[kernel]] void moe_qmv_route_silu<affine<4, 64, float>>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b4_g64_sf32")]] [[kernel]] void moe_qmv_combine<affine<4, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b5_g64_sf32")]] [[kernel]] void moe_qmv_route_silu<affine<5, 64, float>>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b5_g64_sf32")]] [[kernel]] void moe_qmv_combine<affine<5, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b6_g64_sf32")]] [[kernel]] void moe_qmv_route_silu<affine<6, 64, float>>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b6_g64_sf32")]] [[kernel]] void moe_qmv_combine<affine<6, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_route_silu_b8_g64_sf32")]] [[kernel]] void moe_qmv_route_silu<affine<8, 64, float>>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* logits [[buffer(6)]], device const float* x [[buffer(7)]], device float* act [[buffer(8)]],
+    device uint* ids [[buffer(9)]], device float* weights [[buffer(10)]],
+    constant MoeRouteSiluParams& p [[buffer(11)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("moe_qmv_combine_b8_g64_sf32")]] [[kernel]] void moe_qmv_combine<affine<8, 64, float>>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
+    device const float* weights [[buffer(4)]], device const float* act [[buffer(5)]],
+    device const float* shared_gate [[buffer(6)]], device float* y [[buffer(7)]],
+    constant MoeCombineQmvParams& p [[buffer(8)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);

@@ -215,6 +215,16 @@ def _f16_predicate(path, module):
     return True
 
 
+def _moe_mixed_predicate(path, module):
+    """The experts' and the shared expert's up_proj at 8 bits / group 32 beside 4-bit gate_proj
+    (the router and shared_expert_gate at mlx-lm's 8 bits): gate/up pairs of two formats."""
+    if path.endswith(("switch_mlp.up_proj", "shared_expert.up_proj")):
+        return {"group_size": 32, "bits": 8}
+    if path.endswith(("mlp.gate", "mlp.shared_expert_gate")):
+        return {"group_size": 64, "bits": 8}
+    return True
+
+
 @dataclass(frozen=True)
 class Variant:
     """One tiny checkpoint shape: HF writer options, model dims and conversion settings."""
@@ -280,6 +290,10 @@ VARIANTS = {
     # at 8 bits group 64 by mlx-lm's quant predicate), nested config, tied.
     "moe": Variant(moe=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
                             shared_expert_intermediate_size=256, norm_topk_prob=True)),
+    # qwen3_5_moe as "moe", with gate_proj and up_proj of different formats (_moe_mixed_predicate).
+    "moe_mixed": Variant(moe=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                                  shared_expert_intermediate_size=256, norm_topk_prob=True),
+                         predicate=_moe_mixed_predicate),
     # qwen3_5_moe: 40 experts (more than a SIMD-group's lanes), top-3 not renormalised,
     # 8-bit group 32, flat config, untied, 6 layers alternating.
     "moe_top3_b8": Variant(

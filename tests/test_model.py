@@ -160,23 +160,37 @@ def layer_dispatches(kind: str, split: bool = False) -> int:
 
 
 MLP_DISPATCHES = 2  # post norm + residual + gate/up + silu, down_proj
+# The sparse MoE block on the matvec path, as (dispatches, barriers): (1) the shared expert's
+# gate/up + silu with the post norm, beside the post norm's router + shared_expert_gate (one
+# dispatch: mlx-lm quantizes both alike); (2) each (row, expert) pair's routing + gate/up + silu,
+# beside the shared expert's down_proj; (3) the experts' down_proj + the weighted sum + the gated
+# shared expert.
+MOE_MLP = (5, 3)
 
 
-def decode_step_structure(layer_types: list[str], split: bool = False) -> tuple[int, int]:
+def mlp_structure(moe: bool) -> tuple[int, int]:
+    return MOE_MLP if moe else (MLP_DISPATCHES, MLP_DISPATCHES)
+
+
+def decode_step_structure(layer_types: list[str], split: bool = False, moe: bool = False) -> tuple[int, int]:
     """(dispatches, barriers) of a greedy one-row decode step, as Engine::encode_step encodes
-    it: embed, the layers, the final norm fused into the lm_head, argmax partial and final;
-    nothing overlaps. Change these when the structure changes, on purpose."""
-    dispatches = 1 + sum(layer_dispatches(k, split) + MLP_DISPATCHES for k in layer_types) + 1 + 2
-    return dispatches, dispatches - 1
+    it: embed, the layers (with MoE blocks when `moe`), the final norm fused into the lm_head,
+    argmax partial and final; nothing overlaps but inside a MoE block. Change these when the
+    structure changes, on purpose."""
+    mlp_dispatches, mlp_barriers = mlp_structure(moe)
+    dispatches = 1 + sum(layer_dispatches(k, split) + mlp_dispatches for k in layer_types) + 1 + 2
+    return dispatches, dispatches - 1 - len(layer_types) * (mlp_dispatches - mlp_barriers)
 
 
-def verify_step_structure(layer_types: list[str]) -> tuple[int, int]:
+def verify_step_structure(layer_types: list[str], moe: bool = False) -> tuple[int, int]:
     """(dispatches, barriers) of a greedy verify step with host drafts (2..8 rows): the layers
     as decode's, the lm_head over every row, argmax over the rows, spec_accept, and each
     DeltaNet layer's rollback (all after one barrier)."""
     linear = sum(k == "linear_attention" for k in layer_types)
-    dispatches = 1 + sum(layer_dispatches(k) + MLP_DISPATCHES for k in layer_types) + 1 + 2 + 1 + linear
-    return dispatches, dispatches - 1 - max(linear - 1, 0)
+    mlp_dispatches, mlp_barriers = mlp_structure(moe)
+    dispatches = 1 + sum(layer_dispatches(k) + mlp_dispatches for k in layer_types) + 1 + 2 + 1 + linear
+    overlapped = max(linear - 1, 0) + len(layer_types) * (mlp_dispatches - mlp_barriers)
+    return dispatches, dispatches - 1 - overlapped
 
 
 def test_counters_count_the_dispatches_and_barriers_of_a_decode_step(demo, model):

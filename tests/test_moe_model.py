@@ -20,7 +20,8 @@ import pytest
 import metalqwen
 import model_fixtures as mf
 from metalqwen import CheckpointError
-from test_model import assert_logits_close, logit_tolerance, model, prompt  # noqa: F401 (model: a fixture)
+from test_model import (assert_logits_close, decode_step_structure, logit_tolerance, model,  # noqa: F401 (model: a fixture)
+                        prompt, verify_step_structure)
 
 MOE = ["moe", "moe_top3_b8"]
 # The expert tests run prefill in chunks of 16 (grouped GEMM with several experts per chunk).
@@ -114,6 +115,39 @@ def test_a_decode_that_uses_every_expert_matches_mlx_lm(converted, model):
     routes = reference_decode_routes(path, ids, 20)
     assert all(len(r) == m.config.num_experts for r in routes), routes  # the test's premise
     assert m.generate(ids, max_tokens=20).tokens == expected_greedy(m, path, ids, 20)
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_counters_count_three_barriers_per_moe_block(converted, device, name):
+    """Decode (1 row) and verify (2 and 8 rows) steps: each MoE block is 5 dispatches after 3
+    barriers (test_model.MOE_MLP), whatever the row count."""
+    path = converted(name)[1]
+    m = metalqwen.load(path, device=device, max_context=160, kv_bits=16, progress=False, speculative="lookup",
+                       draft_depth=7)
+    engine = m._engine
+    engine.prefill([5, 6, 7])
+    engine.decode_begin(2)
+    while engine.decode_next() is not None:
+        pass
+    engine.decode_end()
+    counted = m.counters()
+    want = decode_step_structure(m.config.layer_types, moe=True)
+    assert (counted["dispatches_last_step"], counted["barriers_last_step"]) == want
+    for drafts in (1, 7):
+        engine.verify([8] * drafts)
+        counted = m.counters()
+        want = verify_step_structure(m.config.layer_types, moe=True)
+        assert (counted["dispatches_last_step"], counted["barriers_last_step"]) == want
+
+
+def test_gate_up_of_two_formats_take_separate_expert_matvecs(converted, model):
+    """Where gate_proj and up_proj differ in format (no one fused kernel reads both), decode
+    takes moe_route, a matvec per projection, silu_mul and moe_combine: more barriers, same tokens."""
+    path = converted("moe_mixed")[1]
+    m = model(path, 16, CHUNK)
+    ids = prompt(m.config.vocab_size, 12, seed=3)
+    assert m.generate(ids, max_tokens=12).tokens == expected_greedy(m, path, ids, 12)
+    assert m.counters()["barriers_last_step"] > decode_step_structure(m.config.layer_types, moe=True)[1]
 
 
 def test_weight_bytes_per_token_count_active_experts_only(converted, model):

@@ -188,7 +188,14 @@ class Engine {
   // fused where it can be); or the sparse MoE block (routing stays on the GPU).
   void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate,
                   const Norm* post_norm = nullptr);
+  // act = silu(gate(u)) * up(u), u = rms(x + mix) * norm, in one matvec dispatch; with `writes_h`
+  // it writes x + mix to x_next and u to xn too (the caller swaps x and x_next).
+  void encode_normed_gate_up(Encoder& enc, const MlpWeights& mlp, const Norm& norm, uint32_t rows,
+                             uint32_t intermediate, bool writes_h);
   void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
+  // The MoE block of matvec steps in three barrier intervals (forward.cpp), when each gate/up
+  // pair (experts, shared expert) shares a format.
+  void encode_moe_mlp_fused(Encoder& enc, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
   void encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
                          uint32_t y_stride, uint32_t rows, bool overlap = false);
   // xn = rms(x) * w, after x += residual when asked (then the norm's kernel is rms_norm_residual's).
@@ -201,9 +208,9 @@ class Engine {
     uint32_t y_stride;
   };
   // y = W (rms(x (+ mix)) * norm) for each member (forward.cpp); leaves x (+ mix) in x, the
-  // normed rows in xn.
+  // normed rows in xn. `overlap`: no barrier before the first dispatch either (matvec steps).
   void encode_normed_projections(Encoder& enc, const Norm& norm, bool add_mix,
-                                 std::initializer_list<NormedOutput> members, uint32_t rows);
+                                 std::initializer_list<NormedOutput> members, uint32_t rows, bool overlap = false);
   void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
   // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
   void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);

@@ -53,9 +53,10 @@ void Engine::encode_norm(Encoder& enc, const Norm& norm, uint32_t rows, bool add
 // y_m = W_m (rms(x (+ mix)) * norm) for every member, x (+ mix) staying the residual stream
 // and xn the normed rows. Matvec steps fold the norm into the projections: one dispatch over
 // the members' rows when they share a format (else one each, overlapped); prefill steps
-// dispatch the norm, then the projections.
+// dispatch the norm, then the projections. `overlap` (matvec steps only): the first dispatch
+// too runs beside the previous one.
 void Engine::encode_normed_projections(Encoder& enc, const Norm& norm, bool add_mix,
-                                       std::initializer_list<NormedOutput> members, uint32_t rows) {
+                                       std::initializer_list<NormedOutput> members, uint32_t rows, bool overlap) {
   const uint32_t H = uint32_t(model_.dims.hidden);
   Workspace& w = *ws_;
   if (!matvec_) {
@@ -96,7 +97,7 @@ void Engine::encode_normed_projections(Encoder& enc, const Norm& norm, bool add_
     enc.dispatch(rows == 1 ? *k.qmv_norm : *k.qmv_norm_rows,
                  {wt[0], wt[1], wt[2], wt[3], sc[0], sc[1], sc[2], sc[3], bi[0], bi[1], bi[2], bi[3], w.x, w.mix,
                   at(norm.weight), w.x_next, w.xn, y[0], y[1], y[2], y[3], Arg::value(p)},
-                 {groups}, {MQ_QMV_THREADS}, begin != members.begin());
+                 {groups}, {MQ_QMV_THREADS}, overlap || begin != members.begin());
     begin = stop;
   }
   // From here on the residual stream is h (encoding order is execution order).
@@ -184,6 +185,24 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     encode_mlp(enc, *l.mlp, rows, uint32_t(d.intermediate), &post_norm);
 }
 
+// act = silu(gate(u)) * up(u), u = rms(x + mix) * norm, as one matvec kernel (qmv_norm_silu; gate
+// and up of one format); with `writes_h` it also writes x + mix to x_next and u to xn.
+void Engine::encode_normed_gate_up(Encoder& enc, const MlpWeights& m, const Norm& norm, uint32_t rows, uint32_t I,
+                                   bool writes_h) {
+  Workspace& w = *ws_;
+  QmvNormParams p = qmv_norm_params(model_.dims, norm.weight, true, rows);
+  if (!writes_h) p.flags &= ~uint32_t(MQ_QMV_WRITE_H | MQ_QMV_WRITE_XN);
+  p.members = 1;
+  p.out_dim[0] = I;
+  p.y_stride[0] = p.tg_end[0] = I;
+  const ProjectionKernels& k = m.gate_proj.kernels;
+  enc.dispatch(rows == 1 ? *k.qmv_norm_silu : *k.qmv_norm_silu_rows,
+               {at(m.gate_proj.weight), scales_of(m.gate_proj), biases_of(m.gate_proj), at(m.up_proj.weight),
+                scales_of(m.up_proj), biases_of(m.up_proj), w.x, w.mix, at(norm.weight), w.x_next, w.xn, w.act,
+                Arg::value(p)},
+               {ceil_div(I, MQ_QMV_SILU_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS});
+}
+
 // mix = down(silu(gate(u)) * up(u)), u = xn, or with `post_norm` u = rms(x + mix) * post_norm
 // (x + mix becoming the residual stream). Matvec steps with one gate/up format run gate, up,
 // the norm and the activation as one kernel (qmv_norm_silu) and down reads its product.
@@ -191,16 +210,7 @@ void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(model_.dims.hidden);
   if (post_norm && matvec_ && m.gate_proj.format == m.up_proj.format) {
-    QmvNormParams p = qmv_norm_params(model_.dims, post_norm->weight, true, rows);
-    p.members = 1;
-    p.out_dim[0] = I;
-    p.y_stride[0] = p.tg_end[0] = I;
-    const ProjectionKernels& k = m.gate_proj.kernels;
-    enc.dispatch(rows == 1 ? *k.qmv_norm_silu : *k.qmv_norm_silu_rows,
-                 {at(m.gate_proj.weight), scales_of(m.gate_proj), biases_of(m.gate_proj), at(m.up_proj.weight),
-                  scales_of(m.up_proj), biases_of(m.up_proj), w.x, w.mix, at(post_norm->weight), w.x_next, w.xn, w.act,
-                  Arg::value(p)},
-                 {ceil_div(I, MQ_QMV_SILU_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS});
+    encode_normed_gate_up(enc, m, *post_norm, rows, I, true);
     std::swap(w.x, w.x_next);
   } else {
     if (post_norm) {
@@ -217,8 +227,12 @@ void Engine::encode_mlp(Encoder& enc, const MlpWeights& m, uint32_t rows, uint32
 
 // mix = sum over the chosen experts e of weight_e * expert_e(xn) + sigmoid(shared_expert_gate(xn)) *
 // shared_expert(xn) (shaders/moe.metal). Decode and verify rows gather each (row, expert) pair's
-// matvec; prefill groups the pairs by expert on the GPU and runs one GEMM per expert.
+// matvec (encode_moe_mlp_fused where gate/up formats allow); prefill groups the pairs by expert
+// on the GPU and runs one GEMM per expert.
 void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const Norm& post_norm, uint32_t rows) {
+  if (matvec_ && m.gate_proj.format == m.up_proj.format &&
+      m.shared_expert.gate_proj.format == m.shared_expert.up_proj.format)
+    return encode_moe_mlp_fused(enc, m, post_norm, rows);
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), E = uint32_t(d.experts), K = uint32_t(d.experts_per_token);
@@ -260,6 +274,35 @@ void Engine::encode_moe_mlp(Encoder& enc, const MoeWeights& m, const Norm& post_
   const MoeCombineParams cp{H, rows, K, grouped ? 1u : 0u, H, H, 1};
   enc.dispatch_threads(*k_.moe_combine, {w.expert_out, w.expert_slot, w.route_weights, w.shared_gate, w.mix, Arg::value(cp)},
                        {H / 4, rows});
+}
+
+// The MoE block of a matvec step in three barrier intervals (x, mix in; mix out, x the stream):
+//   1. the shared expert's gate/up + silu with the post norm (qmv_norm_silu) into act, beside the
+//      post norm's router and shared_expert_gate (qmv_norm), which alone writes h and xn;
+//   2. per (row, slot) pair its routing, its expert's gate/up and silu (moe_qmv_route_silu) into
+//      expert_act (+ route_ids/weights), beside the shared expert's down into mix;
+//   3. the experts' down, weighted, plus the gated shared expert (moe_qmv_combine) into mix.
+void Engine::encode_moe_mlp_fused(Encoder& enc, const MoeWeights& m, const Norm& post_norm, uint32_t rows) {
+  const ModelDims& d = model_.dims;
+  Workspace& w = *ws_;
+  const uint32_t H = uint32_t(d.hidden), E = uint32_t(d.experts), K = uint32_t(d.experts_per_token);
+  const uint32_t I = uint32_t(d.moe_intermediate), shared_I = uint32_t(d.shared_intermediate);
+  // Encoded first: it reads x, which the router's dispatch leaves alone but the swap renames.
+  encode_normed_gate_up(enc, m.shared_expert, post_norm, rows, shared_I, false);
+  encode_normed_projections(enc, post_norm, true,
+                            {{&m.gate, w.router_logits, E}, {&m.shared_expert_gate, w.shared_gate, 1}}, rows, true);
+  const QuantLinear &gate = m.gate_proj, &up = m.up_proj, &down = m.down_proj;
+  const MoeRouteSiluParams rp{H, I, E, K, d.norm_top_k ? 1u : 0u, E, H, I};
+  enc.dispatch(*gate.kernels.moe_qmv_route_silu,
+               {at(gate.weight), scales_of(gate), biases_of(gate), at(up.weight), scales_of(up), biases_of(up),
+                w.router_logits, w.xn, w.expert_act, w.route_ids, w.route_weights, Arg::value(rp)},
+               {ceil_div(I, MQ_QMV_SILU_ROWS_PER_THREADGROUP), rows * K}, {MQ_QMV_THREADS});
+  encode_projection(enc, m.shared_expert.down_proj, w.act, shared_I, w.mix, H, rows, true);
+  const MoeCombineQmvParams cp{I, H, E, K, I, 1, H};
+  enc.dispatch(*down.kernels.moe_qmv_combine,
+               {at(down.weight), scales_of(down), biases_of(down), w.route_ids, w.route_weights, w.expert_act,
+                w.shared_gate, w.mix, Arg::value(cp)},
+               {ceil_div(H, MQ_QMV_ROWS_PER_THREADGROUP), rows}, {MQ_QMV_THREADS});
 }
 
 // out[r] = embed_tokens[ids[first + r]], r < rows: [rows][hidden].

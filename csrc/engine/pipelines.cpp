@@ -75,7 +75,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
     LayerKernels& k = l.kernels;
     MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
     for (QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
-    if (!l.moe) {  // gate and up with the post norm and the activation (one format)
+    {  // gate and up with the post norm and the activation (one format)
       const std::string format = quant_suffix(mlp.gate_proj);
       plan.need(mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu" + format, exactly(MQ_QMV_THREADS));
       plan.need(mlp.gate_proj.kernels.qmv_norm_silu_rows, "qmv_norm_silu_rows" + format, exactly(MQ_QMV_THREADS));
@@ -91,6 +91,11 @@ void Engine::plan_kernels(KernelPlan& plan) {
         plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
         plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
       }
+      // The fused decode/verify block: routing + gate/up + silu, down + the weighted sum.
+      plan.need(m.gate_proj.kernels.moe_qmv_route_silu, "moe_qmv_route_silu" + quant_suffix(m.gate_proj),
+                exactly(MQ_QMV_THREADS));
+      plan.need(m.down_proj.kernels.moe_qmv_combine, "moe_qmv_combine" + quant_suffix(m.down_proj),
+                exactly(MQ_QMV_THREADS));
       plan.need(k_.moe_route, "moe_route", exactly(MQ_MOE_ROUTE_THREADS));
       plan.need(k_.moe_group, "moe_group", up_to(MQ_MOE_GROUP_THREADS));
       plan.need(k_.moe_gather_rows, "moe_gather_rows", up_to(kMoeRowThreads));

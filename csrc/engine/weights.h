@@ -33,6 +33,8 @@ struct ProjectionKernels {
   const Pipeline *qmv_norm = nullptr, *qmv_norm_rows = nullptr;        // norm-fused (shaders/qmv_norm.metal)
   const Pipeline *qmv_norm_silu = nullptr, *qmv_norm_silu_rows = nullptr;  // gate_proj's: gate, up and silu
   const Pipeline *moe_qmv = nullptr, *moe_qmm = nullptr;               // a stack of experts
+  const Pipeline* moe_qmv_route_silu = nullptr;  // the experts' gate_proj's: routing, gate, up and silu
+  const Pipeline* moe_qmv_combine = nullptr;     // the experts' down_proj's: down and the weighted sum
   const Pipeline* embed = nullptr;                                     // the embedding table
 };
 

@@ -47,6 +47,41 @@ struct MoeGatherParams {
   uint dst_stride;
 };
 
+// The decode/verify MoE block in three barrier intervals (forward.cpp, encode_moe_mlp); rows
+// 1..MQ_QMV_MAX_ROWS, and a pair's (or a row's) arithmetic never depends on how many rows
+// there are, so a verify row is bit-identical to a decode row:
+//   moe_qmv_route_silu: pair q = tg.y routes its row r = q / top_k as moe_route does (every
+//     SIMD-group recomputes the softmax + top-k from the router logits: no route dispatch and
+//     no barrier before the experts), then act[q][j] = silu(gate_e . x[r]) * (up_e . x[r]),
+//     e = the pair's expert, j < out_dim; threadgroup (0, q) writes ids[q] and weights[q] for
+//     moe_qmv_combine. Dispatch threadgroups (ceil(out_dim / MQ_QMV_SILU_ROWS_PER_THREADGROUP),
+//     rows * top_k) of MQ_QMV_THREADS threads.
+struct MoeRouteSiluParams {
+  uint in_dim;        // hidden size: multiple of the group size
+  uint out_dim;       // moe_intermediate: rows of each expert's gate and up
+  uint experts;       // 1 .. MQ_MOE_MAX_EXPERTS
+  uint top_k;         // 1 .. min(experts, MQ_MOE_MAX_TOP_K)
+  uint norm_top_k;    // 0 or 1 (config norm_topk_prob)
+  uint logit_stride;  // floats from one row of router logits to the next
+  uint x_stride;      // floats from one x row to the next (multiple of 4)
+  uint act_stride;    // floats from one act row (pair) to the next
+};
+
+//   moe_qmv_combine: y[r][j] = sum_s weights[q] * (down_{ids[q]} . act[q])_j
+//                              + sigmoid(shared_gate[r * gate_stride]) * y[r][j],
+//     q = r * top_k + s in slot order (moe_combine's arithmetic), y holding the shared expert's
+//     output on entry; each y element is read and written by one thread (no atomics).
+//     Dispatch threadgroups (ceil(out_dim / MQ_QMV_ROWS_PER_THREADGROUP), rows) of MQ_QMV_THREADS.
+struct MoeCombineQmvParams {
+  uint in_dim;       // moe_intermediate: multiple of the group size
+  uint out_dim;      // hidden size
+  uint experts;      // of the stacked down weight
+  uint top_k;
+  uint act_stride;   // floats from one act row (pair) to the next (multiple of 4)
+  uint gate_stride;  // floats from one row's shared gate logit to the next
+  uint y_stride;
+};
+
 // Expert projections, y = W[e] x for each pair:
 //   moe_qmv (decode and verify rows): pair q = tg.y uses expert ids[q] and x row
 //     q / x_pairs; dispatch threadgroups (ceil(out_dim / MQ_QMV_ROWS_PER_THREADGROUP), pairs)

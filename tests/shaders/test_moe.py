@@ -25,7 +25,7 @@ GROUP_THREADS = C["MQ_MOE_GROUP_THREADS"]
 @pytest.fixture(scope="module")
 def lib(shaders):
     require("mlx.core")  # the expert weights are quantized by mlx
-    return shaders("moe.metal", "quant.metal")
+    return shaders("moe.metal", "norm.metal", "quant.metal")
 
 
 def u32(*values) -> np.ndarray:
@@ -234,3 +234,171 @@ def test_combine(dev, lib, grouped):
     want = routed + shared[:, :dim] / (1 + np.exp(-gate[:, :1].astype(np.float64)))
     ref.assert_close(got[:, :dim], want, 1e-6, "combined")
     assert np.array_equal(got[:, dim:], shared[:, dim:])
+
+
+# ---------------------------------------------------------------------------
+# The fused decode/verify block: routing + gate/up + silu per pair, down + combine per row
+
+
+SILU_ROWS_PER_TG = header_constants("quant")["MQ_QMV_SILU_ROWS_PER_THREADGROUP"]
+MAX_ROWS = header_constants("quant")["MQ_QMV_MAX_ROWS"]
+
+
+def run_route_silu(dev, lib, fmt, gate, up, logits, x, k, norm, out_dim, lib_dev=None):
+    """moe_qmv_route_silu over every (row, slot) pair: (act [pairs][out_dim], ids, weights)."""
+    rows, experts = logits.shape
+    in_dim = x.shape[1]
+    logit_stride, x_stride, act_stride = experts + 3, in_dim + 4, out_dim + 5
+    lp = np.full((rows, logit_stride), np.nan, np.float32)
+    lp[:, :experts] = logits
+    xp = np.full((rows, x_stride), np.nan, np.float32)
+    xp[:, :in_dim] = x
+    pairs = rows * k
+    act = nan_buffer(dev, pairs, act_stride)
+    ids = dev.buffer(np.full(pairs, 0xFFFFFFFF, np.uint32))
+    w = nan_buffer(dev, pairs)
+    lib.kernel(f"moe_qmv_route_silu_{fmt}").dispatch(
+        {0: gate[0], 1: gate[1], 2: gate[2], 3: up[0], 4: up[1], 5: up[2], 6: dev.buffer(lp), 7: dev.buffer(xp),
+         8: act, 9: ids, 10: w, 11: u32(in_dim, out_dim, experts, k, norm, logit_stride, x_stride, act_stride)},
+        threadgroups=(cdiv(out_dim, SILU_ROWS_PER_TG), pairs), threads=(QMV_THREADS,))
+    got = act.numpy(np.float32, (pairs, act_stride))
+    ref.assert_untouched(got[:, out_dim:], "act row padding")
+    return got[:, :out_dim], ids.numpy(np.uint32, (pairs,)), w.numpy(np.float32, (pairs,))
+
+
+ROUTE_SILU_CASES = [("b4_g64", 1, 8, 2, 1), ("b8_g32", 3, 40, 3, 0), ("mxfp4", 8, 9, 4, 1), ("nvfp4", 2, 33, 8, 0),
+                    ("bf16", 5, 16, 1, 1), ("b3_g128", 7, 12, 5, 1), ("b6_g64_sf32", 4, 8, 2, 0),
+                    ("mxfp8", 1, 512, 10, 1), ("f32", 2, 64, 16, 1)]
+
+
+@pytest.mark.parametrize("fmt,rows,experts,k,norm", ROUTE_SILU_CASES,
+                         ids=[f"{f}-{r}rows-{e}top{k}-n{n}" for f, r, e, k, n in ROUTE_SILU_CASES])
+def test_route_silu(dev, lib, fmt, rows, experts, k, norm):
+    """Each pair routes its row exactly as moe_route (ids, weights) and gets silu(gate_e x) * (up_e x)."""
+    out_dim, in_dim = 37, 384  # 37: a partial last threadgroup (8 rows of gate/up pairs each)
+    rng = seeded("moe_route_silu", fmt, rows, experts, k, norm)
+    # Only the chosen experts are read: quantize a few distinct ones and repeat them over the stack.
+    distinct = min(experts, 6)
+    gate_parts = [format_weights(rng, fmt, out_dim, in_dim) for _ in range(distinct)]
+    up_parts = [format_weights(rng, fmt, out_dim, in_dim) for _ in range(distinct)]
+
+    def stack(parts):
+        words = dev.buffer(np.stack([parts[e % distinct][0] for e in range(experts)]))
+        return [words] + [dev.buffer(np.stack([parts[e % distinct][i] for e in range(experts)]))
+                          if parts[0][i] is not None else words for i in (1, 2)]
+
+    gate, up = stack(gate_parts), stack(up_parts)
+    logits = (rng.standard_normal((rows, experts)) * 3).astype(np.float32)
+    x = activations(rng, rows, in_dim)
+    act, ids, w = run_route_silu(dev, lib, fmt, gate, up, logits, x, k, norm, out_dim)
+    want_ids, want_w = route_reference(logits, k, norm)
+    np.testing.assert_array_equal(ids.reshape(rows, k), want_ids)
+    ref.assert_close(w.reshape(rows, k), want_w, 1e-6, "routing weights")
+    # The route is moe_route's, bit for bit.
+    route_ids, route_w = run_route(dev, lib, logits, k, norm)
+    assert np.array_equal(ids, route_ids.reshape(-1)) and np.array_equal(w.view(np.uint32), route_w.reshape(-1).view(np.uint32))
+    for q, e in enumerate(ids):
+        g, g_typ = matmul_ref(gate_parts[e % distinct][3], x[q // k])
+        u, u_typ = matmul_ref(up_parts[e % distinct][3], x[q // k])
+        want = g / (1.0 + np.exp(-g)) * u
+        # Each factor carries a dot product's rounding; silu' <= 1.1 bounds how silu passes its share on.
+        ref.assert_close(act[q], want[0], 2.2 * tol_f32_dot(in_dim), f"pair {q} (expert {e})", scale=g_typ * u_typ)
+
+
+def run_combine_qmv(dev, lib, fmt, down, ids, weights, act, shared_gate, shared):
+    """moe_qmv_combine over every row: the MLP output [rows][out_dim]."""
+    rows, k = ids.shape
+    in_dim, out_dim, experts = act.shape[1], shared.shape[1], down[3]
+    act_stride, gate_stride, y_stride = in_dim + 4, 3, out_dim + 2
+    ap = np.full((rows * k, act_stride), np.nan, np.float32)
+    ap[:, :in_dim] = act
+    gp = np.full((rows, gate_stride), np.nan, np.float32)
+    gp[:, 0] = shared_gate
+    yp = np.full((rows, y_stride), np.nan, np.float32)
+    yp[:, :out_dim] = shared
+    y = dev.buffer(yp)
+    lib.kernel(f"moe_qmv_combine_{fmt}").dispatch(
+        {0: down[0], 1: down[1], 2: down[2], 3: dev.buffer(ids.astype(np.uint32).reshape(-1)),
+         4: dev.buffer(weights.astype(np.float32).reshape(-1)), 5: dev.buffer(ap), 6: dev.buffer(gp), 7: y,
+         8: u32(in_dim, out_dim, experts, k, act_stride, gate_stride, y_stride)},
+        threadgroups=(cdiv(out_dim, QMV_ROWS_PER_TG), rows), threads=(QMV_THREADS,))
+    got = y.numpy(np.float32, (rows, y_stride))
+    ref.assert_untouched(got[:, out_dim:], "y row padding")
+    return got[:, :out_dim]
+
+
+COMBINE_CASES = [("b4_g64", 1, 2), ("b8_g32", 3, 3), ("mxfp4", 8, 4), ("nvfp4", 2, 8), ("bf16", 5, 1),
+                 ("b5_g128", 7, 2), ("b2_g64_sf32", 4, 3), ("mxfp8", 1, 10), ("f16", 6, 2)]
+
+
+@pytest.mark.parametrize("fmt,rows,k", COMBINE_CASES, ids=[f"{f}-{r}rows-top{k}" for f, r, k in COMBINE_CASES])
+def test_combine_qmv(dev, lib, fmt, rows, k):
+    """y[r] = sum_s w[r,s] down_{e[r,s]} act[r*k+s] + sigmoid(gate[r]) shared[r]."""
+    experts, out_dim, in_dim = 11, 45, 256  # 45: a partial last threadgroup
+    rng = seeded("moe_combine_qmv", fmt, rows, k)
+    weights_dev, values = stacked_experts(dev, rng, fmt, experts, out_dim, in_dim)
+    down = (weights_dev[0], weights_dev[1], weights_dev[2], experts)
+    ids = np.stack([rng.choice(experts, k, replace=False) for _ in range(rows)])
+    w = rng.uniform(0, 1, (rows, k)).astype(np.float32)
+    act = activations(rng, rows * k, in_dim)
+    gate = (rng.standard_normal(rows) * 3).astype(np.float32)
+    shared = rng.standard_normal((rows, out_dim)).astype(np.float32)
+    got = run_combine_qmv(dev, lib, fmt, down, ids, w, act, gate, shared)
+    for r in range(rows):
+        routed, typical = np.zeros(out_dim), 0.0
+        for s in range(k):
+            y, t = matmul_ref(values[ids[r, s]], act[r * k + s])
+            routed += w[r, s] * y[0]
+            typical = max(typical, t)
+        want = routed + shared[r].astype(np.float64) / (1 + np.exp(-np.float64(gate[r])))
+        ref.assert_close(got[r], want, k * tol_f32_dot(in_dim), f"row {r}", scale=typical)
+
+
+@pytest.mark.parametrize("fmt", ["b4_g64", "b8_g32", "mxfp4", "nvfp4", "bf16", "b6_g64_sf32"])
+def test_fused_block_rows_match_one_row_bitwise(dev, lib, fmt):
+    """A verify step's rows (2..8) get exactly what a one-row decode step gives each of them, in
+    routing, activations and the combined output (speculative decoding reproduces greedy)."""
+    rows, experts, k, inter, hidden = MAX_ROWS, 12, 3, 128, 128
+    rng = seeded("moe_fused_bitwise", fmt)
+    gate, _ = stacked_experts(dev, rng, fmt, experts, inter, hidden)
+    up, _ = stacked_experts(dev, rng, fmt, experts, inter, hidden)
+    down_w, _ = stacked_experts(dev, rng, fmt, experts, hidden, inter)
+    down = (down_w[0], down_w[1], down_w[2], experts)
+    logits = (rng.standard_normal((rows, experts)) * 2).astype(np.float32)
+    x = activations(rng, rows, hidden)
+    shared_gate = rng.standard_normal(rows).astype(np.float32)
+    shared = rng.standard_normal((rows, hidden)).astype(np.float32)
+    gate_l, up_l = [gate[i] for i in range(3)], [up[i] for i in range(3)]
+    act, ids, w = run_route_silu(dev, lib, fmt, gate_l, up_l, logits, x, k, 1, inter)
+    out = run_combine_qmv(dev, lib, fmt, down, ids.reshape(rows, k), w.reshape(rows, k), act, shared_gate, shared)
+    for r in range(rows):
+        one = slice(r, r + 1)
+        a1, i1, w1 = run_route_silu(dev, lib, fmt, gate_l, up_l, logits[one], x[one], k, 1, inter)
+        assert np.array_equal(i1, ids[r * k:(r + 1) * k]), f"row {r}: ids differ"
+        assert np.array_equal(w1.view(np.uint32), w[r * k:(r + 1) * k].view(np.uint32)), f"row {r}: weights differ"
+        assert np.array_equal(a1.view(np.uint32), act[r * k:(r + 1) * k].view(np.uint32)), f"row {r}: act differs"
+        o1 = run_combine_qmv(dev, lib, fmt, down, i1.reshape(1, k), w1.reshape(1, k), a1, shared_gate[one],
+                             shared[one])
+        assert np.array_equal(o1.view(np.uint32), out[one].view(np.uint32)), f"row {r}: combined output differs"
+
+
+def test_fused_block_has_no_races_or_stray_accesses():
+    """Under the CPU runtime's race and bounds checks: one threadgroup per pair writes its route,
+    every threadgroup of a pair recomputes it; each output element has one writer."""
+    from metalqwen import gpu
+
+    from .conftest import _compiled
+
+    dev = gpu.Device("cpu", checks=("races", "bounds"))
+    lib = _compiled(dev, ("moe.metal", "norm.metal", "quant.metal"))
+    rng = seeded("moe_fused_checks")
+    rows, experts, k, inter, hidden = 3, 40, 3, 32, 64
+    gate, _ = stacked_experts(dev, rng, "b4_g32", experts, inter, hidden)
+    up, _ = stacked_experts(dev, rng, "b4_g32", experts, inter, hidden)
+    down_w, _ = stacked_experts(dev, rng, "b4_g32", experts, hidden, inter)
+    logits = rng.standard_normal((rows, experts)).astype(np.float32)
+    act, ids, w = run_route_silu(dev, lib, "b4_g32", [gate[i] for i in range(3)], [up[i] for i in range(3)], logits,
+                                 activations(rng, rows, hidden), k, 0, inter)
+    out = run_combine_qmv(dev, lib, "b4_g32", (down_w[0], down_w[1], down_w[2], experts), ids.reshape(rows, k),
+                          w.reshape(rows, k), act, np.zeros(rows, np.float32), np.ones((rows, hidden), np.float32))
+    assert np.isfinite(out).all()
