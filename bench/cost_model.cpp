@@ -42,6 +42,19 @@ double weight_bytes_per_element(const std::string& format) {
 
 std::string suffix_after(const std::string& kernel, const char* op) { return kernel.substr(std::strlen(op) + 1); }
 
+// A decode/verify matvec's name "<op>_r<R>_<format>" (shaders/params/quant.h): its format, and
+// " r<R>" for the sizes column (the variant the engine picked for the shape).
+struct MatvecName {
+  std::string format, variant;
+};
+MatvecName matvec_name(const std::string& kernel, const char* op) {
+  const std::string rest = suffix_after(kernel, op);  // "r<R>_<format>"
+  const size_t cut = rest.find('_');
+  if (rest.empty() || rest[0] != 'r' || cut == std::string::npos)
+    throw std::runtime_error("[bench] " + kernel + ": not <op>_r<R>_<format>");
+  return {rest.substr(cut + 1), " " + rest.substr(0, cut)};
+}
+
 std::string by(uint32_t out, uint32_t in) { return std::to_string(out) + "x" + std::to_string(in); }
 
 double vector_bytes(const std::string& kernel) { return contains(kernel, "_wf32") ? 4 : 2; }
@@ -62,20 +75,22 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
     double out = 0;
     for (uint32_t m = 0; m < p.members; ++m) out += p.out_dim[m];
     const double weights_out = silu ? 2 * out : out;  // gate and up rows
-    const double w = weights_out * p.in_dim * weight_bytes_per_element(suffix_after(k, op));
+    const MatvecName name = matvec_name(k, op);
+    const double w = weights_out * p.in_dim * weight_bytes_per_element(name.format);
     const double mix = (p.flags & MQ_QMV_ADD_MIX) ? 1 : 0;
     // x (+ mix) in, h and xn out (one threadgroup), y out; the norm weight once
     const double act = p.rows * (p.in_dim * F * (1 + mix) + p.in_dim * F * (1 + mix) + out * F);
     return {by(uint32_t(weights_out), p.in_dim) + (p.rows > 1 ? " x" + std::to_string(p.rows) : "") +
-                (silu ? " +silu" : "") + " +norm",
+                (silu ? " +silu" : "") + " +norm" + name.variant,
             w + act + p.in_dim * F, 2.0 * p.rows * weights_out * p.in_dim};
   }
   if (starts_with(k, "qmv_rows_") || starts_with(k, "qmv_") || starts_with(k, "qmm_")) {
     const auto p = params_of<QuantMatmulParams>(d);
     const char* op = starts_with(k, "qmv_rows_") ? "qmv_rows" : starts_with(k, "qmv_") ? "qmv" : "qmm";
     const double rows = std::strcmp(op, "qmv") == 0 ? 1 : p.rows;
-    const double w = double(p.out_dim) * p.in_dim * weight_bytes_per_element(suffix_after(k, op));
-    return {by(p.out_dim, p.in_dim) + (rows > 1 ? " x" + std::to_string(int(rows)) : ""),
+    const MatvecName name = std::strcmp(op, "qmm") == 0 ? MatvecName{suffix_after(k, op), ""} : matvec_name(k, op);
+    const double w = double(p.out_dim) * p.in_dim * weight_bytes_per_element(name.format);
+    return {by(p.out_dim, p.in_dim) + (rows > 1 ? " x" + std::to_string(int(rows)) : "") + name.variant,
             w + rows * (p.in_dim + p.out_dim) * F, 2.0 * rows * p.out_dim * p.in_dim};
   }
   if (starts_with(k, "moe_qmv_route_silu_")) {  // before moe_qmv_: the fused decode/verify kernels

@@ -83,9 +83,10 @@ inline void normed_rows_write(thread const NormedRows<M>& xs, thread const float
 
 // ---------------------------------------------------------------------------------------
 // y_m[r] = W_m (rms(h[r]) * norm_w) for the members m < p.members of a group. Threadgroups
-// [tg_end[m-1], tg_end[m]) (tg_end[-1] = 0) serve member m, MQ_QMV_ROWS_PER_THREADGROUP of
-// its rows each, exactly as qmv's threadgroups would. M: 1 (qmv_norm) or MQ_QMV_MAX_ROWS.
-template <typename Fmt, int M>
+// [tg_end[m-1], tg_end[m]) (tg_end[-1] = 0) serve member m, MQ_QMV_SIMDGROUPS * R of its rows
+// each, exactly as qmv's threadgroups would. M: 1 (qmv_norm) or MQ_QMV_MAX_ROWS; R: rows per
+// SIMD-group, one variant for the whole group (params/quant.h).
+template <typename Fmt, int M, int R>
 [[kernel]] void qmv_norm(
     device const uint* w0 [[buffer(0)]],  // member m: [out_dim[m]][in_dim / 32 * WORDS]
     device const uint* w1 [[buffer(1)]],  //   (members past p.members: bind anything)
@@ -112,7 +113,6 @@ template <typename Fmt, int M>
     uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
   uint m = 0;
   while (m + 1 < p.members && tg >= p.tg_end[m]) m++;
   const QuantWeights<Fmt> wm{m == 0 ? w0 : m == 1 ? w1 : m == 2 ? w2 : w3, m == 0 ? s0 : m == 1 ? s1 : m == 2 ? s2 : s3,
@@ -143,11 +143,11 @@ template <typename Fmt, int M>
 
 // ---------------------------------------------------------------------------------------
 // out[r][j] = silu(gate_j . u_r) * (up_j . u_r), u_r = rms(h[r]) * norm_w: the MLP's gate and
-// up projections (one format) with the activation in the epilogue. Each SIMD-group walks
-// MQ_QMV_ROWS_PER_SIMDGROUP / 2 rows of gate and the same rows of up (one weight stream of
-// MQ_QMV_ROWS_PER_SIMDGROUP rows, as qmv); dispatch ceil(out_dim[0] /
-// MQ_QMV_SILU_ROWS_PER_THREADGROUP) threadgroups. p.members is 1; out_dim[0], y_stride[0] are out's.
-template <typename Fmt, int M>
+// up projections (one format) with the activation in the epilogue. Each SIMD-group walks R / 2
+// rows of gate and the same rows of up (one weight stream of R rows, as qmv's R variant);
+// dispatch ceil(out_dim[0] / (MQ_QMV_SIMDGROUPS * R / 2)) threadgroups. p.members is 1;
+// out_dim[0], y_stride[0] are out's.
+template <typename Fmt, int M, int R>
 [[kernel]] void qmv_norm_silu(
     device const uint* gate_w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
     device const typename Fmt::scale_t* gate_s [[buffer(1)]],       // [out_dim][in_dim/GROUP]
@@ -165,7 +165,7 @@ template <typename Fmt, int M>
     uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP, HALF = R / 2;
+  constexpr int HALF = R / 2;
   const uint out_dim = p.out_dim[0];
   const uint row0 = qmv_first_row(tg, sg, HALF);
   if (row0 >= out_dim) return;  // uniform over the SIMD-group (never threadgroup 0's first)
@@ -192,11 +192,11 @@ template <typename Fmt, int M>
 }
 
 // ---------------------------------------------------------------------------------------
-// Instantiations: qmv_norm[_rows]_<format>, qmv_norm_silu[_rows]_<format> for every format of
-// quant.metal. Written out (not macro-generated): the CPU runtime reads kernel signatures
+// Instantiations: qmv_norm[_rows]_r<R>_<format>, qmv_norm_silu[_rows]_r<R>_<format> (R = 2, 4,
+// 8 rows per SIMD-group) for every format of quant.metal. Written out (not macro-generated): the CPU runtime reads kernel signatures
 // before preprocessing.
 
-template [[host_name("qmv_norm_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, 1>(
+template [[host_name("qmv_norm_r2_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -209,7 +209,7 @@ template [[host_name("qmv_norm_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -222,25 +222,7 @@ template [[host_name("qmv_norm_rows_b2_g32")]] [[kernel]] void qmv_norm<affine<2
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, 1>(
+template [[host_name("qmv_norm_r8_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -253,7 +235,7 @@ template [[host_name("qmv_norm_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -266,25 +248,7 @@ template [[host_name("qmv_norm_rows_b2_g64")]] [[kernel]] void qmv_norm<affine<2
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, 1>(
+template [[host_name("qmv_norm_rows_r4_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -297,7 +261,7 @@ template [[host_name("qmv_norm_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 12
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_b2_g32")]] [[kernel]] void qmv_norm<affine<2, 32>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -310,7 +274,7 @@ template [[host_name("qmv_norm_rows_b2_g128")]] [[kernel]] void qmv_norm<affine<
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, 1>(
+template [[host_name("qmv_norm_silu_r2_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -319,7 +283,7 @@ template [[host_name("qmv_norm_silu_b2_g128")]] [[kernel]] void qmv_norm_silu<af
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -328,7 +292,43 @@ template [[host_name("qmv_norm_silu_rows_b2_g128")]] [[kernel]] void qmv_norm_si
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, 1>(
+template [[host_name("qmv_norm_silu_r8_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b2_g32")]] [[kernel]] void qmv_norm_silu<affine<2, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -341,7 +341,7 @@ template [[host_name("qmv_norm_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -354,25 +354,7 @@ template [[host_name("qmv_norm_rows_b3_g32")]] [[kernel]] void qmv_norm<affine<3
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, 1>(
+template [[host_name("qmv_norm_r8_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -385,7 +367,7 @@ template [[host_name("qmv_norm_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -398,25 +380,7 @@ template [[host_name("qmv_norm_rows_b3_g64")]] [[kernel]] void qmv_norm<affine<3
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, 1>(
+template [[host_name("qmv_norm_rows_r4_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -429,7 +393,7 @@ template [[host_name("qmv_norm_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 12
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_b2_g64")]] [[kernel]] void qmv_norm<affine<2, 64>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -442,7 +406,7 @@ template [[host_name("qmv_norm_rows_b3_g128")]] [[kernel]] void qmv_norm<affine<
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, 1>(
+template [[host_name("qmv_norm_silu_r2_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -451,7 +415,7 @@ template [[host_name("qmv_norm_silu_b3_g128")]] [[kernel]] void qmv_norm_silu<af
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -460,7 +424,43 @@ template [[host_name("qmv_norm_silu_rows_b3_g128")]] [[kernel]] void qmv_norm_si
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, 1>(
+template [[host_name("qmv_norm_silu_r8_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b2_g64")]] [[kernel]] void qmv_norm_silu<affine<2, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -473,7 +473,7 @@ template [[host_name("qmv_norm_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -486,25 +486,7 @@ template [[host_name("qmv_norm_rows_b4_g32")]] [[kernel]] void qmv_norm<affine<4
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, 1>(
+template [[host_name("qmv_norm_r8_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -517,7 +499,7 @@ template [[host_name("qmv_norm_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -530,25 +512,7 @@ template [[host_name("qmv_norm_rows_b4_g64")]] [[kernel]] void qmv_norm<affine<4
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, 1>(
+template [[host_name("qmv_norm_rows_r4_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -561,7 +525,7 @@ template [[host_name("qmv_norm_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 12
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_b2_g128")]] [[kernel]] void qmv_norm<affine<2, 128>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -574,7 +538,7 @@ template [[host_name("qmv_norm_rows_b4_g128")]] [[kernel]] void qmv_norm<affine<
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, 1>(
+template [[host_name("qmv_norm_silu_r2_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -583,7 +547,7 @@ template [[host_name("qmv_norm_silu_b4_g128")]] [[kernel]] void qmv_norm_silu<af
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -592,7 +556,43 @@ template [[host_name("qmv_norm_silu_rows_b4_g128")]] [[kernel]] void qmv_norm_si
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, 1>(
+template [[host_name("qmv_norm_silu_r8_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b2_g128")]] [[kernel]] void qmv_norm_silu<affine<2, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -605,7 +605,7 @@ template [[host_name("qmv_norm_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -618,25 +618,7 @@ template [[host_name("qmv_norm_rows_b5_g32")]] [[kernel]] void qmv_norm<affine<5
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, 1>(
+template [[host_name("qmv_norm_r8_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -649,7 +631,7 @@ template [[host_name("qmv_norm_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -662,25 +644,7 @@ template [[host_name("qmv_norm_rows_b5_g64")]] [[kernel]] void qmv_norm<affine<5
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, 1>(
+template [[host_name("qmv_norm_rows_r4_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -693,7 +657,7 @@ template [[host_name("qmv_norm_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 12
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_b3_g32")]] [[kernel]] void qmv_norm<affine<3, 32>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -706,7 +670,7 @@ template [[host_name("qmv_norm_rows_b5_g128")]] [[kernel]] void qmv_norm<affine<
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, 1>(
+template [[host_name("qmv_norm_silu_r2_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -715,7 +679,7 @@ template [[host_name("qmv_norm_silu_b5_g128")]] [[kernel]] void qmv_norm_silu<af
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -724,7 +688,43 @@ template [[host_name("qmv_norm_silu_rows_b5_g128")]] [[kernel]] void qmv_norm_si
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, 1>(
+template [[host_name("qmv_norm_silu_r8_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b3_g32")]] [[kernel]] void qmv_norm_silu<affine<3, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -737,7 +737,7 @@ template [[host_name("qmv_norm_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -750,25 +750,7 @@ template [[host_name("qmv_norm_rows_b6_g32")]] [[kernel]] void qmv_norm<affine<6
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, 1>(
+template [[host_name("qmv_norm_r8_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -781,7 +763,7 @@ template [[host_name("qmv_norm_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -794,25 +776,7 @@ template [[host_name("qmv_norm_rows_b6_g64")]] [[kernel]] void qmv_norm<affine<6
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, 1>(
+template [[host_name("qmv_norm_rows_r4_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -825,7 +789,7 @@ template [[host_name("qmv_norm_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 12
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_b3_g64")]] [[kernel]] void qmv_norm<affine<3, 64>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -838,7 +802,7 @@ template [[host_name("qmv_norm_rows_b6_g128")]] [[kernel]] void qmv_norm<affine<
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, 1>(
+template [[host_name("qmv_norm_silu_r2_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -847,7 +811,7 @@ template [[host_name("qmv_norm_silu_b6_g128")]] [[kernel]] void qmv_norm_silu<af
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -856,7 +820,43 @@ template [[host_name("qmv_norm_silu_rows_b6_g128")]] [[kernel]] void qmv_norm_si
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, 1>(
+template [[host_name("qmv_norm_silu_r8_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b3_g64")]] [[kernel]] void qmv_norm_silu<affine<3, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -869,7 +869,7 @@ template [[host_name("qmv_norm_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -882,25 +882,7 @@ template [[host_name("qmv_norm_rows_b8_g32")]] [[kernel]] void qmv_norm<affine<8
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, 1>(
+template [[host_name("qmv_norm_r8_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -913,7 +895,7 @@ template [[host_name("qmv_norm_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -926,25 +908,7 @@ template [[host_name("qmv_norm_rows_b8_g64")]] [[kernel]] void qmv_norm<affine<8
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
-    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, 1>(
+template [[host_name("qmv_norm_rows_r4_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -957,7 +921,7 @@ template [[host_name("qmv_norm_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 12
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_b3_g128")]] [[kernel]] void qmv_norm<affine<3, 128>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
@@ -970,7 +934,7 @@ template [[host_name("qmv_norm_rows_b8_g128")]] [[kernel]] void qmv_norm<affine<
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, 1>(
+template [[host_name("qmv_norm_silu_r2_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -979,7 +943,7 @@ template [[host_name("qmv_norm_silu_b8_g128")]] [[kernel]] void qmv_norm_silu<af
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
     device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
@@ -988,7 +952,1627 @@ template [[host_name("qmv_norm_silu_rows_b8_g128")]] [[kernel]] void qmv_norm_si
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, 1>(
+template [[host_name("qmv_norm_silu_r8_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b3_g128")]] [[kernel]] void qmv_norm_silu<affine<3, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b4_g32")]] [[kernel]] void qmv_norm<affine<4, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b4_g32")]] [[kernel]] void qmv_norm_silu<affine<4, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b4_g64")]] [[kernel]] void qmv_norm<affine<4, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b4_g64")]] [[kernel]] void qmv_norm_silu<affine<4, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b4_g128")]] [[kernel]] void qmv_norm<affine<4, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b4_g128")]] [[kernel]] void qmv_norm_silu<affine<4, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b5_g32")]] [[kernel]] void qmv_norm<affine<5, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b5_g32")]] [[kernel]] void qmv_norm_silu<affine<5, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b5_g64")]] [[kernel]] void qmv_norm<affine<5, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b5_g64")]] [[kernel]] void qmv_norm_silu<affine<5, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b5_g128")]] [[kernel]] void qmv_norm<affine<5, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b5_g128")]] [[kernel]] void qmv_norm_silu<affine<5, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b6_g32")]] [[kernel]] void qmv_norm<affine<6, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b6_g32")]] [[kernel]] void qmv_norm_silu<affine<6, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b6_g64")]] [[kernel]] void qmv_norm<affine<6, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b6_g64")]] [[kernel]] void qmv_norm_silu<affine<6, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b6_g128")]] [[kernel]] void qmv_norm<affine<6, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b6_g128")]] [[kernel]] void qmv_norm_silu<affine<6, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b8_g32")]] [[kernel]] void qmv_norm<affine<8, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b8_g32")]] [[kernel]] void qmv_norm_silu<affine<8, 32>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b8_g64")]] [[kernel]] void qmv_norm<affine<8, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b8_g64")]] [[kernel]] void qmv_norm_silu<affine<8, 64>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b8_g128")]] [[kernel]] void qmv_norm<affine<8, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const bfloat* s0 [[buffer(4)]], device const bfloat* s1 [[buffer(5)]],
+    device const bfloat* s2 [[buffer(6)]], device const bfloat* s3 [[buffer(7)]],
+    device const bfloat* b0 [[buffer(8)]], device const bfloat* b1 [[buffer(9)]],
+    device const bfloat* b2 [[buffer(10)]], device const bfloat* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b8_g128")]] [[kernel]] void qmv_norm_silu<affine<8, 128>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const bfloat* gate_s [[buffer(1)]],
+    device const bfloat* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const bfloat* up_s [[buffer(4)]], device const bfloat* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1001,7 +2585,7 @@ template [[host_name("qmv_norm_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, 1>(
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1014,25 +2598,7 @@ template [[host_name("qmv_norm_rows_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, MQ
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, 1>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, 1>(
+template [[host_name("qmv_norm_r8_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1045,7 +2611,7 @@ template [[host_name("qmv_norm_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, 1>(
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1058,25 +2624,7 @@ template [[host_name("qmv_norm_rows_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, MQ
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, 1>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, 1>(
+template [[host_name("qmv_norm_rows_r4_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1089,7 +2637,7 @@ template [[host_name("qmv_norm_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, 1>(
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_mxfp4")]] [[kernel]] void qmv_norm<mxfp4, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1102,7 +2650,7 @@ template [[host_name("qmv_norm_rows_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, MQ
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, 1>(
+template [[host_name("qmv_norm_silu_r2_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
     device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
@@ -1111,7 +2659,7 @@ template [[host_name("qmv_norm_silu_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
     device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
@@ -1120,7 +2668,43 @@ template [[host_name("qmv_norm_silu_rows_mxfp8")]] [[kernel]] void qmv_norm_silu
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, 1>(
+template [[host_name("qmv_norm_silu_r8_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_mxfp4")]] [[kernel]] void qmv_norm_silu<mxfp4, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1133,7 +2717,7 @@ template [[host_name("qmv_norm_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, 
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1146,25 +2730,7 @@ template [[host_name("qmv_norm_rows_bf16")]] [[kernel]] void qmv_norm<dense<bflo
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_f16")]] [[kernel]] void qmv_norm<dense<half>, 1>(
+template [[host_name("qmv_norm_r8_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1177,7 +2743,7 @@ template [[host_name("qmv_norm_f16")]] [[kernel]] void qmv_norm<dense<half>, 1>(
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_f16")]] [[kernel]] void qmv_norm<dense<half>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1190,25 +2756,7 @@ template [[host_name("qmv_norm_rows_f16")]] [[kernel]] void qmv_norm<dense<half>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
-    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_f32")]] [[kernel]] void qmv_norm<dense<float>, 1>(
+template [[host_name("qmv_norm_rows_r4_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1221,7 +2769,7 @@ template [[host_name("qmv_norm_f32")]] [[kernel]] void qmv_norm<dense<float>, 1>
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_f32")]] [[kernel]] void qmv_norm<dense<float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_nvfp4")]] [[kernel]] void qmv_norm<nvfp4, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
@@ -1234,7 +2782,7 @@ template [[host_name("qmv_norm_rows_f32")]] [[kernel]] void qmv_norm<dense<float
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, 1>(
+template [[host_name("qmv_norm_silu_r2_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
     device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
@@ -1243,7 +2791,7 @@ template [[host_name("qmv_norm_silu_f32")]] [[kernel]] void qmv_norm_silu<dense<
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
     device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
@@ -1252,7 +2800,571 @@ template [[host_name("qmv_norm_silu_rows_f32")]] [[kernel]] void qmv_norm_silu<d
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, 1>(
+template [[host_name("qmv_norm_silu_r8_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_nvfp4")]] [[kernel]] void qmv_norm_silu<nvfp4, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_mxfp8")]] [[kernel]] void qmv_norm<mxfp8, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_mxfp8")]] [[kernel]] void qmv_norm_silu<mxfp8, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_bf16")]] [[kernel]] void qmv_norm<dense<bfloat>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_bf16")]] [[kernel]] void qmv_norm_silu<dense<bfloat>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_f16")]] [[kernel]] void qmv_norm<dense<half>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_f16")]] [[kernel]] void qmv_norm<dense<half>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_f16")]] [[kernel]] void qmv_norm<dense<half>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_f16")]] [[kernel]] void qmv_norm<dense<half>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_f16")]] [[kernel]] void qmv_norm<dense<half>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_f16")]] [[kernel]] void qmv_norm<dense<half>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_f16")]] [[kernel]] void qmv_norm_silu<dense<half>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_f32")]] [[kernel]] void qmv_norm<dense<float>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_f32")]] [[kernel]] void qmv_norm<dense<float>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_f32")]] [[kernel]] void qmv_norm<dense<float>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_f32")]] [[kernel]] void qmv_norm<dense<float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_f32")]] [[kernel]] void qmv_norm<dense<float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_f32")]] [[kernel]] void qmv_norm<dense<float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const uchar* s0 [[buffer(4)]], device const uchar* s1 [[buffer(5)]],
+    device const uchar* s2 [[buffer(6)]], device const uchar* s3 [[buffer(7)]],
+    device const uchar* b0 [[buffer(8)]], device const uchar* b1 [[buffer(9)]],
+    device const uchar* b2 [[buffer(10)]], device const uchar* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_f32")]] [[kernel]] void qmv_norm_silu<dense<float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const uchar* gate_s [[buffer(1)]],
+    device const uchar* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const uchar* up_s [[buffer(4)]], device const uchar* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1265,7 +3377,7 @@ template [[host_name("qmv_norm_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1278,7 +3390,59 @@ template [[host_name("qmv_norm_rows_b2_g64_sf32")]] [[kernel]] void qmv_norm<aff
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, 1>(
+template [[host_name("qmv_norm_r8_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b2_g64_sf32")]] [[kernel]] void qmv_norm<affine<2, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
     device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
@@ -1287,7 +3451,7 @@ template [[host_name("qmv_norm_silu_b2_g64_sf32")]] [[kernel]] void qmv_norm_sil
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
     device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
@@ -1296,7 +3460,43 @@ template [[host_name("qmv_norm_silu_rows_b2_g64_sf32")]] [[kernel]] void qmv_nor
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, 1>(
+template [[host_name("qmv_norm_silu_r8_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b2_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<2, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1309,7 +3509,7 @@ template [[host_name("qmv_norm_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1322,25 +3522,7 @@ template [[host_name("qmv_norm_rows_b3_g64_sf32")]] [[kernel]] void qmv_norm<aff
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
-    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
-    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, 1>(
+template [[host_name("qmv_norm_r8_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1353,7 +3535,7 @@ template [[host_name("qmv_norm_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1366,25 +3548,7 @@ template [[host_name("qmv_norm_rows_b4_g64_sf32")]] [[kernel]] void qmv_norm<aff
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
-    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
-    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, 1>(
+template [[host_name("qmv_norm_rows_r4_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, MQ_QMV_MAX_ROWS, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1397,7 +3561,7 @@ template [[host_name("qmv_norm_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r8_b3_g64_sf32")]] [[kernel]] void qmv_norm<affine<3, 64, float>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1410,7 +3574,7 @@ template [[host_name("qmv_norm_rows_b5_g64_sf32")]] [[kernel]] void qmv_norm<aff
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, 1>(
+template [[host_name("qmv_norm_silu_r2_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
     device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
@@ -1419,7 +3583,7 @@ template [[host_name("qmv_norm_silu_b5_g64_sf32")]] [[kernel]] void qmv_norm_sil
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, 1, 4>(
     device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
     device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
@@ -1428,7 +3592,43 @@ template [[host_name("qmv_norm_silu_rows_b5_g64_sf32")]] [[kernel]] void qmv_nor
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, 1>(
+template [[host_name("qmv_norm_silu_r8_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b3_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<3, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, 1, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1441,7 +3641,7 @@ template [[host_name("qmv_norm_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_r4_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, 1, 4>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1454,25 +3654,7 @@ template [[host_name("qmv_norm_rows_b6_g64_sf32")]] [[kernel]] void qmv_norm<aff
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, 1>(
-    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
-    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, MQ_QMV_MAX_ROWS>(
-    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
-    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
-    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
-    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
-    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
-    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
-    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, 1>(
+template [[host_name("qmv_norm_r8_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, 1, 8>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1485,7 +3667,7 @@ template [[host_name("qmv_norm_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_rows_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_rows_r2_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, MQ_QMV_MAX_ROWS, 2>(
     device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
     device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
     device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
@@ -1498,7 +3680,33 @@ template [[host_name("qmv_norm_rows_b8_g64_sf32")]] [[kernel]] void qmv_norm<aff
     device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
     constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, 1>(
+template [[host_name("qmv_norm_rows_r4_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b4_g64_sf32")]] [[kernel]] void qmv_norm<affine<4, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, 1, 2>(
     device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
     device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
@@ -1507,7 +3715,439 @@ template [[host_name("qmv_norm_silu_b8_g64_sf32")]] [[kernel]] void qmv_norm_sil
     device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
     constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_norm_silu_rows_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, MQ_QMV_MAX_ROWS>(
+template [[host_name("qmv_norm_silu_r4_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b4_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<4, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b5_g64_sf32")]] [[kernel]] void qmv_norm<affine<5, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b5_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<5, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b6_g64_sf32")]] [[kernel]] void qmv_norm<affine<6, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b6_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<6, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r2_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, 1, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r4_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, 1, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_r8_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, 1, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r2_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r4_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_rows_r8_b8_g64_sf32")]] [[kernel]] void qmv_norm<affine<8, 64, float>, MQ_QMV_MAX_ROWS, 8>(
+    device const uint* w0 [[buffer(0)]], device const uint* w1 [[buffer(1)]],
+    device const uint* w2 [[buffer(2)]], device const uint* w3 [[buffer(3)]],
+    device const float* s0 [[buffer(4)]], device const float* s1 [[buffer(5)]],
+    device const float* s2 [[buffer(6)]], device const float* s3 [[buffer(7)]],
+    device const float* b0 [[buffer(8)]], device const float* b1 [[buffer(9)]],
+    device const float* b2 [[buffer(10)]], device const float* b3 [[buffer(11)]],
+    device const float* x [[buffer(12)]], device const float* mix [[buffer(13)]],
+    device const uchar* norm_w [[buffer(14)]], device float* x_out [[buffer(15)]],
+    device float* xn [[buffer(16)]], device float* y0 [[buffer(17)]],
+    device float* y1 [[buffer(18)]], device float* y2 [[buffer(19)]], device float* y3 [[buffer(20)]],
+    constant QmvNormParams& p [[buffer(21)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r2_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, 1, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r4_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, 1, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_r8_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, 1, 8>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r2_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, MQ_QMV_MAX_ROWS, 2>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r4_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, MQ_QMV_MAX_ROWS, 4>(
+    device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
+    device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
+    device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],
+    device const float* x [[buffer(6)]], device const float* mix [[buffer(7)]],
+    device const uchar* norm_w [[buffer(8)]], device float* x_out [[buffer(9)]],
+    device float* xn [[buffer(10)]], device float* out [[buffer(11)]],
+    constant QmvNormParams& p [[buffer(12)]], uint tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_norm_silu_rows_r8_b8_g64_sf32")]] [[kernel]] void qmv_norm_silu<affine<8, 64, float>, MQ_QMV_MAX_ROWS, 8>(
     device const uint* gate_w [[buffer(0)]], device const float* gate_s [[buffer(1)]],
     device const float* gate_b [[buffer(2)]], device const uint* up_w [[buffer(3)]],
     device const float* up_s [[buffer(4)]], device const float* up_b [[buffer(5)]],

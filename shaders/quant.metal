@@ -28,12 +28,25 @@ inline float load_x(device const float* x, thread float4* xv) {
 // ---------------------------------------------------------------------------------------
 // The matvec block walk, shared by every matvec family (qmv, qmv_rows, moe_qmv, and the
 // norm-fused kernels of qmv_norm.metal).
-// Each SIMD-group owns R output rows; lane l takes blocks l, l+32, ... of every one of them
-// (the whole SIMD-group streams 32 contiguous blocks of a row at a time), loads each weight
-// block once and applies it to the M activation rows in order.
+// Each SIMD-group owns R weight rows (R a template parameter: the engine picks the variant per
+// projection shape, params/quant.h); lane l takes blocks l, l+32, ... of every one of them (the
+// whole SIMD-group streams 32 contiguous blocks of a row at a time), loads each weight block
+// once and applies it to the M activation rows in order.
+// Loads in flight: a lane issues the loads of U = MQ_QMV_BLOCKS_IN_FLIGHT / R of its
+// consecutive steps (R x U blocks) before the math that needs them, so every variant keeps
+// MQ_QMV_BLOCKS_IN_FLIGHT weight loads per lane in flight on rows of at least U lane-steps
+// (32 U blocks) and R x (its steps) on shorter ones; the weight registers are the same for
+// every R.
 // Per (activation row, weight row): acc = Fmt::dot(block, x, acc) over the lane's blocks in
-// order, then simd_sum. Every family keeps exactly this order per row, so a verify row is
-// bit-identical to the decode result for the same x (with the same compiler settings).
+// increasing order, then simd_sum. Neither R nor U changes that order, and every family keeps
+// it, so a verify row is bit-identical to the decode result for the same x whichever variants
+// run them (with the same compiler settings).
+// x is read from device memory by each SIMD-group, not staged in threadgroup memory: those reads
+// hit the cache (one vector every threadgroup shares) and add no DRAM bytes, staging would only
+// halve the cache requests of a threadgroup's two SIMD-groups, and the rows do not fit 32 KB
+// (one 17408-wide row is 68 KB, 8 verify rows of 5120 are 160 KB): K-chunks would need two
+// barriers each, draining the loads in flight. What cuts x reads per weight byte is R (an x block
+// serves R rows). The byte count: shaders/README.md, "Decode and verify matvecs".
 
 // One weight matrix of a projection: the format's words, scales and biases (quant_formats.h).
 template <typename Fmt>
@@ -57,16 +70,28 @@ struct PlainRows {
 template <typename Fmt, int M, int R, int SPLIT, typename X>
 inline void qmv_walk(QuantWeights<Fmt> a, QuantWeights<Fmt> b, thread const ulong* rows, uint nblk, uint nrows,
                      uint lane, thread X& xs, thread float* acc) {
-  for (uint blk = lane; blk < nblk; blk += 32) {
-    typename Fmt::Block wb[R];
-    for (int i = 0; i < R; i++)
-      wb[i] = i < SPLIT ? Fmt::load(a.w, a.scales, a.biases, rows[i], blk, nblk)
-                        : Fmt::load(b.w, b.scales, b.biases, rows[i], blk, nblk);
-    for (int r = 0; r < M; r++) {
-      if ((uint)r >= nrows) break;  // uniform
-      float4 xv[QBLOCK / 4];
-      const float sum = xs.load(r, blk, xv);
-      for (int i = 0; i < R; i++) acc[r * R + i] = Fmt::dot(wb[i], xv, sum, acc[r * R + i]);
+  constexpr int U = MQ_QMV_BLOCKS_IN_FLIGHT / R;
+  static_assert(U >= 1 && U * R == MQ_QMV_BLOCKS_IN_FLIGHT, "R must divide MQ_QMV_BLOCKS_IN_FLIGHT");
+  for (uint first = lane; first < nblk; first += 32 * U) {
+    // Every load of the next U steps first (a lane's steps past the row's end load nothing)...
+    typename Fmt::Block wb[U][R];
+    for (int u = 0; u < U; u++) {
+      const uint blk = first + 32 * u;
+      if (blk >= nblk) break;  // lane-divergent: only at the row's end
+      for (int i = 0; i < R; i++)
+        wb[u][i] = i < SPLIT ? Fmt::load(a.w, a.scales, a.biases, rows[i], blk, nblk)
+                             : Fmt::load(b.w, b.scales, b.biases, rows[i], blk, nblk);
+    }
+    // ... then the dots, step by step in block order.
+    for (int u = 0; u < U; u++) {
+      const uint blk = first + 32 * u;
+      if (blk >= nblk) break;
+      for (int r = 0; r < M; r++) {
+        if ((uint)r >= nrows) break;  // uniform
+        float4 xv[QBLOCK / 4];
+        const float sum = xs.load(r, blk, xv);
+        for (int i = 0; i < R; i++) acc[r * R + i] = Fmt::dot(wb[u][i], xv, sum, acc[r * R + i]);
+      }
     }
   }
 }
@@ -85,11 +110,11 @@ inline void qmv_clamped_rows(ulong row_base, uint row0, uint out_dim, thread ulo
 // Decode matvec: y = W x for one activation row.
 // The body of qmv over rows row_base .. row_base + out_dim of w (a stack of matrices, e.g.
 // MoE experts [experts][out_dim][..], is addressed by its first row); y gets out_dim values.
-template <typename Fmt>
+// moe_qmv uses the default R (its grid already has a threadgroup row per (token, expert) pair).
+template <typename Fmt, int R = MQ_QMV_ROWS_PER_SIMDGROUP>
 inline void qmv_body(device const uint* w, device const typename Fmt::scale_t* scales,
                      device const typename Fmt::scale_t* biases, device const float* x, device float* y,
                      uint in_dim, uint out_dim, ulong row_base, uint tg, uint sg, uint lane) {
-  constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
   const uint row0 = qmv_first_row(tg, sg, R);
   if (row0 >= out_dim) return;  // uniform over the SIMD-group
   ulong rows[R];
@@ -105,7 +130,7 @@ inline void qmv_body(device const uint* w, device const typename Fmt::scale_t* s
   }
 }
 
-template <typename Fmt>
+template <typename Fmt, int R>
 [[kernel]] void qmv(
     device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
     device const typename Fmt::scale_t* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
@@ -116,13 +141,13 @@ template <typename Fmt>
     uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  qmv_body<Fmt>(w, scales, biases, x, y, p.in_dim, p.out_dim, 0, tg, sg, lane);
+  qmv_body<Fmt, R>(w, scales, biases, x, y, p.in_dim, p.out_dim, 0, tg, sg, lane);
 }
 
 // ---------------------------------------------------------------------------------------
 // Verify matvec: y[r] = W x[r] for r < p.rows (1..MQ_QMV_MAX_ROWS) with ONE weight
 // stream: each weight block is loaded once and applied to every x row (qmv_walk).
-template <typename Fmt>
+template <typename Fmt, int R>
 [[kernel]] void qmv_rows(
     device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
     device const typename Fmt::scale_t* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
@@ -133,7 +158,6 @@ template <typename Fmt>
     uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  constexpr int R = MQ_QMV_ROWS_PER_SIMDGROUP;
   constexpr int M = MQ_QMV_MAX_ROWS;
   const uint row0 = qmv_first_row(tg, sg, R);
   if (row0 >= p.out_dim) return;  // uniform over the SIMD-group
@@ -309,17 +333,42 @@ template <typename Fmt>
 }
 
 // ---------------------------------------------------------------------------------------
-// Instantiations: <op>_<format> with format b<bits>_g<group> (affine, bf16 scales),
-// b<bits>_g64_sf32 (affine, float scales), mxfp4, nvfp4, mxfp8, bf16, f16, f32. Written out (not macro-generated): the CPU runtime reads kernel
-// signatures before preprocessing.
+// Instantiations: qmv_r<R>_<format>, qmv_rows_r<R>_<format> (R = 2, 4, 8 rows per SIMD-group),
+// qmm_<format>, embed_<format>, with format b<bits>_g<group> (affine, bf16 scales),
+// b<bits>_g64_sf32 (affine, float scales), mxfp4, nvfp4, mxfp8, bf16, f16, f32. Written out (not
+// macro-generated): the CPU runtime reads kernel signatures before preprocessing.
 
-template [[host_name("qmv_b2_g32")]] [[kernel]] void qmv<affine<2, 32>>(
+template [[host_name("qmv_r2_b2_g32")]] [[kernel]] void qmv<affine<2, 32>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b2_g32")]] [[kernel]] void qmv_rows<affine<2, 32>>(
+template [[host_name("qmv_r4_b2_g32")]] [[kernel]] void qmv<affine<2, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b2_g32")]] [[kernel]] void qmv<affine<2, 32>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b2_g32")]] [[kernel]] void qmv_rows<affine<2, 32>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b2_g32")]] [[kernel]] void qmv_rows<affine<2, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b2_g32")]] [[kernel]] void qmv_rows<affine<2, 32>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -336,13 +385,37 @@ template [[host_name("embed_b2_g32")]] [[kernel]] void embed<affine<2, 32>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b2_g64")]] [[kernel]] void qmv<affine<2, 64>>(
+template [[host_name("qmv_r2_b2_g64")]] [[kernel]] void qmv<affine<2, 64>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b2_g64")]] [[kernel]] void qmv_rows<affine<2, 64>>(
+template [[host_name("qmv_r4_b2_g64")]] [[kernel]] void qmv<affine<2, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b2_g64")]] [[kernel]] void qmv<affine<2, 64>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b2_g64")]] [[kernel]] void qmv_rows<affine<2, 64>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b2_g64")]] [[kernel]] void qmv_rows<affine<2, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b2_g64")]] [[kernel]] void qmv_rows<affine<2, 64>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -359,13 +432,37 @@ template [[host_name("embed_b2_g64")]] [[kernel]] void embed<affine<2, 64>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b2_g128")]] [[kernel]] void qmv<affine<2, 128>>(
+template [[host_name("qmv_r2_b2_g128")]] [[kernel]] void qmv<affine<2, 128>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b2_g128")]] [[kernel]] void qmv_rows<affine<2, 128>>(
+template [[host_name("qmv_r4_b2_g128")]] [[kernel]] void qmv<affine<2, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b2_g128")]] [[kernel]] void qmv<affine<2, 128>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b2_g128")]] [[kernel]] void qmv_rows<affine<2, 128>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b2_g128")]] [[kernel]] void qmv_rows<affine<2, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b2_g128")]] [[kernel]] void qmv_rows<affine<2, 128>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -382,13 +479,37 @@ template [[host_name("embed_b2_g128")]] [[kernel]] void embed<affine<2, 128>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b3_g32")]] [[kernel]] void qmv<affine<3, 32>>(
+template [[host_name("qmv_r2_b3_g32")]] [[kernel]] void qmv<affine<3, 32>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b3_g32")]] [[kernel]] void qmv_rows<affine<3, 32>>(
+template [[host_name("qmv_r4_b3_g32")]] [[kernel]] void qmv<affine<3, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b3_g32")]] [[kernel]] void qmv<affine<3, 32>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b3_g32")]] [[kernel]] void qmv_rows<affine<3, 32>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b3_g32")]] [[kernel]] void qmv_rows<affine<3, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b3_g32")]] [[kernel]] void qmv_rows<affine<3, 32>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -405,13 +526,37 @@ template [[host_name("embed_b3_g32")]] [[kernel]] void embed<affine<3, 32>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b3_g64")]] [[kernel]] void qmv<affine<3, 64>>(
+template [[host_name("qmv_r2_b3_g64")]] [[kernel]] void qmv<affine<3, 64>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b3_g64")]] [[kernel]] void qmv_rows<affine<3, 64>>(
+template [[host_name("qmv_r4_b3_g64")]] [[kernel]] void qmv<affine<3, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b3_g64")]] [[kernel]] void qmv<affine<3, 64>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b3_g64")]] [[kernel]] void qmv_rows<affine<3, 64>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b3_g64")]] [[kernel]] void qmv_rows<affine<3, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b3_g64")]] [[kernel]] void qmv_rows<affine<3, 64>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -428,13 +573,37 @@ template [[host_name("embed_b3_g64")]] [[kernel]] void embed<affine<3, 64>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b3_g128")]] [[kernel]] void qmv<affine<3, 128>>(
+template [[host_name("qmv_r2_b3_g128")]] [[kernel]] void qmv<affine<3, 128>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b3_g128")]] [[kernel]] void qmv_rows<affine<3, 128>>(
+template [[host_name("qmv_r4_b3_g128")]] [[kernel]] void qmv<affine<3, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b3_g128")]] [[kernel]] void qmv<affine<3, 128>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b3_g128")]] [[kernel]] void qmv_rows<affine<3, 128>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b3_g128")]] [[kernel]] void qmv_rows<affine<3, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b3_g128")]] [[kernel]] void qmv_rows<affine<3, 128>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -451,13 +620,37 @@ template [[host_name("embed_b3_g128")]] [[kernel]] void embed<affine<3, 128>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b4_g32")]] [[kernel]] void qmv<affine<4, 32>>(
+template [[host_name("qmv_r2_b4_g32")]] [[kernel]] void qmv<affine<4, 32>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b4_g32")]] [[kernel]] void qmv_rows<affine<4, 32>>(
+template [[host_name("qmv_r4_b4_g32")]] [[kernel]] void qmv<affine<4, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b4_g32")]] [[kernel]] void qmv<affine<4, 32>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b4_g32")]] [[kernel]] void qmv_rows<affine<4, 32>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b4_g32")]] [[kernel]] void qmv_rows<affine<4, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b4_g32")]] [[kernel]] void qmv_rows<affine<4, 32>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -474,13 +667,37 @@ template [[host_name("embed_b4_g32")]] [[kernel]] void embed<affine<4, 32>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b4_g64")]] [[kernel]] void qmv<affine<4, 64>>(
+template [[host_name("qmv_r2_b4_g64")]] [[kernel]] void qmv<affine<4, 64>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b4_g64")]] [[kernel]] void qmv_rows<affine<4, 64>>(
+template [[host_name("qmv_r4_b4_g64")]] [[kernel]] void qmv<affine<4, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b4_g64")]] [[kernel]] void qmv<affine<4, 64>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b4_g64")]] [[kernel]] void qmv_rows<affine<4, 64>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b4_g64")]] [[kernel]] void qmv_rows<affine<4, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b4_g64")]] [[kernel]] void qmv_rows<affine<4, 64>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -497,13 +714,37 @@ template [[host_name("embed_b4_g64")]] [[kernel]] void embed<affine<4, 64>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b4_g128")]] [[kernel]] void qmv<affine<4, 128>>(
+template [[host_name("qmv_r2_b4_g128")]] [[kernel]] void qmv<affine<4, 128>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b4_g128")]] [[kernel]] void qmv_rows<affine<4, 128>>(
+template [[host_name("qmv_r4_b4_g128")]] [[kernel]] void qmv<affine<4, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b4_g128")]] [[kernel]] void qmv<affine<4, 128>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b4_g128")]] [[kernel]] void qmv_rows<affine<4, 128>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b4_g128")]] [[kernel]] void qmv_rows<affine<4, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b4_g128")]] [[kernel]] void qmv_rows<affine<4, 128>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -520,13 +761,37 @@ template [[host_name("embed_b4_g128")]] [[kernel]] void embed<affine<4, 128>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b5_g32")]] [[kernel]] void qmv<affine<5, 32>>(
+template [[host_name("qmv_r2_b5_g32")]] [[kernel]] void qmv<affine<5, 32>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b5_g32")]] [[kernel]] void qmv_rows<affine<5, 32>>(
+template [[host_name("qmv_r4_b5_g32")]] [[kernel]] void qmv<affine<5, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b5_g32")]] [[kernel]] void qmv<affine<5, 32>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b5_g32")]] [[kernel]] void qmv_rows<affine<5, 32>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b5_g32")]] [[kernel]] void qmv_rows<affine<5, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b5_g32")]] [[kernel]] void qmv_rows<affine<5, 32>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -543,13 +808,37 @@ template [[host_name("embed_b5_g32")]] [[kernel]] void embed<affine<5, 32>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b5_g64")]] [[kernel]] void qmv<affine<5, 64>>(
+template [[host_name("qmv_r2_b5_g64")]] [[kernel]] void qmv<affine<5, 64>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b5_g64")]] [[kernel]] void qmv_rows<affine<5, 64>>(
+template [[host_name("qmv_r4_b5_g64")]] [[kernel]] void qmv<affine<5, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b5_g64")]] [[kernel]] void qmv<affine<5, 64>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b5_g64")]] [[kernel]] void qmv_rows<affine<5, 64>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b5_g64")]] [[kernel]] void qmv_rows<affine<5, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b5_g64")]] [[kernel]] void qmv_rows<affine<5, 64>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -566,13 +855,37 @@ template [[host_name("embed_b5_g64")]] [[kernel]] void embed<affine<5, 64>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b5_g128")]] [[kernel]] void qmv<affine<5, 128>>(
+template [[host_name("qmv_r2_b5_g128")]] [[kernel]] void qmv<affine<5, 128>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b5_g128")]] [[kernel]] void qmv_rows<affine<5, 128>>(
+template [[host_name("qmv_r4_b5_g128")]] [[kernel]] void qmv<affine<5, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b5_g128")]] [[kernel]] void qmv<affine<5, 128>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b5_g128")]] [[kernel]] void qmv_rows<affine<5, 128>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b5_g128")]] [[kernel]] void qmv_rows<affine<5, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b5_g128")]] [[kernel]] void qmv_rows<affine<5, 128>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -589,13 +902,37 @@ template [[host_name("embed_b5_g128")]] [[kernel]] void embed<affine<5, 128>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b6_g32")]] [[kernel]] void qmv<affine<6, 32>>(
+template [[host_name("qmv_r2_b6_g32")]] [[kernel]] void qmv<affine<6, 32>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b6_g32")]] [[kernel]] void qmv_rows<affine<6, 32>>(
+template [[host_name("qmv_r4_b6_g32")]] [[kernel]] void qmv<affine<6, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b6_g32")]] [[kernel]] void qmv<affine<6, 32>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b6_g32")]] [[kernel]] void qmv_rows<affine<6, 32>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b6_g32")]] [[kernel]] void qmv_rows<affine<6, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b6_g32")]] [[kernel]] void qmv_rows<affine<6, 32>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -612,13 +949,37 @@ template [[host_name("embed_b6_g32")]] [[kernel]] void embed<affine<6, 32>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b6_g64")]] [[kernel]] void qmv<affine<6, 64>>(
+template [[host_name("qmv_r2_b6_g64")]] [[kernel]] void qmv<affine<6, 64>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b6_g64")]] [[kernel]] void qmv_rows<affine<6, 64>>(
+template [[host_name("qmv_r4_b6_g64")]] [[kernel]] void qmv<affine<6, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b6_g64")]] [[kernel]] void qmv<affine<6, 64>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b6_g64")]] [[kernel]] void qmv_rows<affine<6, 64>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b6_g64")]] [[kernel]] void qmv_rows<affine<6, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b6_g64")]] [[kernel]] void qmv_rows<affine<6, 64>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -635,13 +996,37 @@ template [[host_name("embed_b6_g64")]] [[kernel]] void embed<affine<6, 64>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b6_g128")]] [[kernel]] void qmv<affine<6, 128>>(
+template [[host_name("qmv_r2_b6_g128")]] [[kernel]] void qmv<affine<6, 128>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b6_g128")]] [[kernel]] void qmv_rows<affine<6, 128>>(
+template [[host_name("qmv_r4_b6_g128")]] [[kernel]] void qmv<affine<6, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b6_g128")]] [[kernel]] void qmv<affine<6, 128>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b6_g128")]] [[kernel]] void qmv_rows<affine<6, 128>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b6_g128")]] [[kernel]] void qmv_rows<affine<6, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b6_g128")]] [[kernel]] void qmv_rows<affine<6, 128>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -658,13 +1043,37 @@ template [[host_name("embed_b6_g128")]] [[kernel]] void embed<affine<6, 128>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b8_g32")]] [[kernel]] void qmv<affine<8, 32>>(
+template [[host_name("qmv_r2_b8_g32")]] [[kernel]] void qmv<affine<8, 32>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b8_g32")]] [[kernel]] void qmv_rows<affine<8, 32>>(
+template [[host_name("qmv_r4_b8_g32")]] [[kernel]] void qmv<affine<8, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b8_g32")]] [[kernel]] void qmv<affine<8, 32>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b8_g32")]] [[kernel]] void qmv_rows<affine<8, 32>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b8_g32")]] [[kernel]] void qmv_rows<affine<8, 32>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b8_g32")]] [[kernel]] void qmv_rows<affine<8, 32>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -681,13 +1090,37 @@ template [[host_name("embed_b8_g32")]] [[kernel]] void embed<affine<8, 32>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b8_g64")]] [[kernel]] void qmv<affine<8, 64>>(
+template [[host_name("qmv_r2_b8_g64")]] [[kernel]] void qmv<affine<8, 64>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b8_g64")]] [[kernel]] void qmv_rows<affine<8, 64>>(
+template [[host_name("qmv_r4_b8_g64")]] [[kernel]] void qmv<affine<8, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b8_g64")]] [[kernel]] void qmv<affine<8, 64>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b8_g64")]] [[kernel]] void qmv_rows<affine<8, 64>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b8_g64")]] [[kernel]] void qmv_rows<affine<8, 64>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b8_g64")]] [[kernel]] void qmv_rows<affine<8, 64>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -704,13 +1137,37 @@ template [[host_name("embed_b8_g64")]] [[kernel]] void embed<affine<8, 64>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b8_g128")]] [[kernel]] void qmv<affine<8, 128>>(
+template [[host_name("qmv_r2_b8_g128")]] [[kernel]] void qmv<affine<8, 128>, 2>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b8_g128")]] [[kernel]] void qmv_rows<affine<8, 128>>(
+template [[host_name("qmv_r4_b8_g128")]] [[kernel]] void qmv<affine<8, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b8_g128")]] [[kernel]] void qmv<affine<8, 128>, 8>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b8_g128")]] [[kernel]] void qmv_rows<affine<8, 128>, 2>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b8_g128")]] [[kernel]] void qmv_rows<affine<8, 128>, 4>(
+    device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
+    device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b8_g128")]] [[kernel]] void qmv_rows<affine<8, 128>, 8>(
     device const uint* w [[buffer(0)]], device const bfloat* scales [[buffer(1)]],
     device const bfloat* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -727,13 +1184,37 @@ template [[host_name("embed_b8_g128")]] [[kernel]] void embed<affine<8, 128>>(
     device const bfloat* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_mxfp4")]] [[kernel]] void qmv<mxfp4>(
+template [[host_name("qmv_r2_mxfp4")]] [[kernel]] void qmv<mxfp4, 2>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_mxfp4")]] [[kernel]] void qmv_rows<mxfp4>(
+template [[host_name("qmv_r4_mxfp4")]] [[kernel]] void qmv<mxfp4, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_mxfp4")]] [[kernel]] void qmv<mxfp4, 8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_mxfp4")]] [[kernel]] void qmv_rows<mxfp4, 2>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_mxfp4")]] [[kernel]] void qmv_rows<mxfp4, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_mxfp4")]] [[kernel]] void qmv_rows<mxfp4, 8>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -750,13 +1231,37 @@ template [[host_name("embed_mxfp4")]] [[kernel]] void embed<mxfp4>(
     device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_nvfp4")]] [[kernel]] void qmv<nvfp4>(
+template [[host_name("qmv_r2_nvfp4")]] [[kernel]] void qmv<nvfp4, 2>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_nvfp4")]] [[kernel]] void qmv_rows<nvfp4>(
+template [[host_name("qmv_r4_nvfp4")]] [[kernel]] void qmv<nvfp4, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_nvfp4")]] [[kernel]] void qmv<nvfp4, 8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_nvfp4")]] [[kernel]] void qmv_rows<nvfp4, 2>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_nvfp4")]] [[kernel]] void qmv_rows<nvfp4, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_nvfp4")]] [[kernel]] void qmv_rows<nvfp4, 8>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -773,13 +1278,37 @@ template [[host_name("embed_nvfp4")]] [[kernel]] void embed<nvfp4>(
     device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_mxfp8")]] [[kernel]] void qmv<mxfp8>(
+template [[host_name("qmv_r2_mxfp8")]] [[kernel]] void qmv<mxfp8, 2>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_mxfp8")]] [[kernel]] void qmv_rows<mxfp8>(
+template [[host_name("qmv_r4_mxfp8")]] [[kernel]] void qmv<mxfp8, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_mxfp8")]] [[kernel]] void qmv<mxfp8, 8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_mxfp8")]] [[kernel]] void qmv_rows<mxfp8, 2>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_mxfp8")]] [[kernel]] void qmv_rows<mxfp8, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_mxfp8")]] [[kernel]] void qmv_rows<mxfp8, 8>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -796,13 +1325,37 @@ template [[host_name("embed_mxfp8")]] [[kernel]] void embed<mxfp8>(
     device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_bf16")]] [[kernel]] void qmv<dense<bfloat>>(
+template [[host_name("qmv_r2_bf16")]] [[kernel]] void qmv<dense<bfloat>, 2>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_bf16")]] [[kernel]] void qmv_rows<dense<bfloat>>(
+template [[host_name("qmv_r4_bf16")]] [[kernel]] void qmv<dense<bfloat>, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_bf16")]] [[kernel]] void qmv<dense<bfloat>, 8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_bf16")]] [[kernel]] void qmv_rows<dense<bfloat>, 2>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_bf16")]] [[kernel]] void qmv_rows<dense<bfloat>, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_bf16")]] [[kernel]] void qmv_rows<dense<bfloat>, 8>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -819,13 +1372,37 @@ template [[host_name("embed_bf16")]] [[kernel]] void embed<dense<bfloat>>(
     device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_f16")]] [[kernel]] void qmv<dense<half>>(
+template [[host_name("qmv_r2_f16")]] [[kernel]] void qmv<dense<half>, 2>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_f16")]] [[kernel]] void qmv_rows<dense<half>>(
+template [[host_name("qmv_r4_f16")]] [[kernel]] void qmv<dense<half>, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_f16")]] [[kernel]] void qmv<dense<half>, 8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_f16")]] [[kernel]] void qmv_rows<dense<half>, 2>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_f16")]] [[kernel]] void qmv_rows<dense<half>, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_f16")]] [[kernel]] void qmv_rows<dense<half>, 8>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -842,13 +1419,37 @@ template [[host_name("embed_f16")]] [[kernel]] void embed<dense<half>>(
     device const uchar* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_f32")]] [[kernel]] void qmv<dense<float>>(
+template [[host_name("qmv_r2_f32")]] [[kernel]] void qmv<dense<float>, 2>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_f32")]] [[kernel]] void qmv_rows<dense<float>>(
+template [[host_name("qmv_r4_f32")]] [[kernel]] void qmv<dense<float>, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_f32")]] [[kernel]] void qmv<dense<float>, 8>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_f32")]] [[kernel]] void qmv_rows<dense<float>, 2>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_f32")]] [[kernel]] void qmv_rows<dense<float>, 4>(
+    device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
+    device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_f32")]] [[kernel]] void qmv_rows<dense<float>, 8>(
     device const uint* w [[buffer(0)]], device const uchar* scales [[buffer(1)]],
     device const uchar* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -870,13 +1471,37 @@ template [[host_name("embed_f32")]] [[kernel]] void embed<dense<float>>(
 // compile time): checkpoints whose scales are f32 (used as stored) or f16 (widened to f32
 // copies at load).
 
-template [[host_name("qmv_b2_g64_sf32")]] [[kernel]] void qmv<affine<2, 64, float>>(
+template [[host_name("qmv_r2_b2_g64_sf32")]] [[kernel]] void qmv<affine<2, 64, float>, 2>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b2_g64_sf32")]] [[kernel]] void qmv_rows<affine<2, 64, float>>(
+template [[host_name("qmv_r4_b2_g64_sf32")]] [[kernel]] void qmv<affine<2, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b2_g64_sf32")]] [[kernel]] void qmv<affine<2, 64, float>, 8>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b2_g64_sf32")]] [[kernel]] void qmv_rows<affine<2, 64, float>, 2>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b2_g64_sf32")]] [[kernel]] void qmv_rows<affine<2, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b2_g64_sf32")]] [[kernel]] void qmv_rows<affine<2, 64, float>, 8>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -893,13 +1518,37 @@ template [[host_name("embed_b2_g64_sf32")]] [[kernel]] void embed<affine<2, 64, 
     device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b3_g64_sf32")]] [[kernel]] void qmv<affine<3, 64, float>>(
+template [[host_name("qmv_r2_b3_g64_sf32")]] [[kernel]] void qmv<affine<3, 64, float>, 2>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b3_g64_sf32")]] [[kernel]] void qmv_rows<affine<3, 64, float>>(
+template [[host_name("qmv_r4_b3_g64_sf32")]] [[kernel]] void qmv<affine<3, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b3_g64_sf32")]] [[kernel]] void qmv<affine<3, 64, float>, 8>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b3_g64_sf32")]] [[kernel]] void qmv_rows<affine<3, 64, float>, 2>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b3_g64_sf32")]] [[kernel]] void qmv_rows<affine<3, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b3_g64_sf32")]] [[kernel]] void qmv_rows<affine<3, 64, float>, 8>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -916,13 +1565,37 @@ template [[host_name("embed_b3_g64_sf32")]] [[kernel]] void embed<affine<3, 64, 
     device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b4_g64_sf32")]] [[kernel]] void qmv<affine<4, 64, float>>(
+template [[host_name("qmv_r2_b4_g64_sf32")]] [[kernel]] void qmv<affine<4, 64, float>, 2>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b4_g64_sf32")]] [[kernel]] void qmv_rows<affine<4, 64, float>>(
+template [[host_name("qmv_r4_b4_g64_sf32")]] [[kernel]] void qmv<affine<4, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b4_g64_sf32")]] [[kernel]] void qmv<affine<4, 64, float>, 8>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b4_g64_sf32")]] [[kernel]] void qmv_rows<affine<4, 64, float>, 2>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b4_g64_sf32")]] [[kernel]] void qmv_rows<affine<4, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b4_g64_sf32")]] [[kernel]] void qmv_rows<affine<4, 64, float>, 8>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -939,13 +1612,37 @@ template [[host_name("embed_b4_g64_sf32")]] [[kernel]] void embed<affine<4, 64, 
     device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b5_g64_sf32")]] [[kernel]] void qmv<affine<5, 64, float>>(
+template [[host_name("qmv_r2_b5_g64_sf32")]] [[kernel]] void qmv<affine<5, 64, float>, 2>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b5_g64_sf32")]] [[kernel]] void qmv_rows<affine<5, 64, float>>(
+template [[host_name("qmv_r4_b5_g64_sf32")]] [[kernel]] void qmv<affine<5, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b5_g64_sf32")]] [[kernel]] void qmv<affine<5, 64, float>, 8>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b5_g64_sf32")]] [[kernel]] void qmv_rows<affine<5, 64, float>, 2>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b5_g64_sf32")]] [[kernel]] void qmv_rows<affine<5, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b5_g64_sf32")]] [[kernel]] void qmv_rows<affine<5, 64, float>, 8>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -962,13 +1659,37 @@ template [[host_name("embed_b5_g64_sf32")]] [[kernel]] void embed<affine<5, 64, 
     device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b6_g64_sf32")]] [[kernel]] void qmv<affine<6, 64, float>>(
+template [[host_name("qmv_r2_b6_g64_sf32")]] [[kernel]] void qmv<affine<6, 64, float>, 2>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b6_g64_sf32")]] [[kernel]] void qmv_rows<affine<6, 64, float>>(
+template [[host_name("qmv_r4_b6_g64_sf32")]] [[kernel]] void qmv<affine<6, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b6_g64_sf32")]] [[kernel]] void qmv<affine<6, 64, float>, 8>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b6_g64_sf32")]] [[kernel]] void qmv_rows<affine<6, 64, float>, 2>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b6_g64_sf32")]] [[kernel]] void qmv_rows<affine<6, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b6_g64_sf32")]] [[kernel]] void qmv_rows<affine<6, 64, float>, 8>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
@@ -985,13 +1706,37 @@ template [[host_name("embed_b6_g64_sf32")]] [[kernel]] void embed<affine<6, 64, 
     device const float* biases [[buffer(2)]], device const uint* ids [[buffer(3)]],
     device float* hidden [[buffer(4)]], constant QuantEmbedParams& p [[buffer(5)]],
     uint2 gid [[thread_position_in_grid]]);
-template [[host_name("qmv_b8_g64_sf32")]] [[kernel]] void qmv<affine<8, 64, float>>(
+template [[host_name("qmv_r2_b8_g64_sf32")]] [[kernel]] void qmv<affine<8, 64, float>, 2>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
     uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("qmv_rows_b8_g64_sf32")]] [[kernel]] void qmv_rows<affine<8, 64, float>>(
+template [[host_name("qmv_r4_b8_g64_sf32")]] [[kernel]] void qmv<affine<8, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_r8_b8_g64_sf32")]] [[kernel]] void qmv<affine<8, 64, float>, 8>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r2_b8_g64_sf32")]] [[kernel]] void qmv_rows<affine<8, 64, float>, 2>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r4_b8_g64_sf32")]] [[kernel]] void qmv_rows<affine<8, 64, float>, 4>(
+    device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
+    device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
+    device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],
+    uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("qmv_rows_r8_b8_g64_sf32")]] [[kernel]] void qmv_rows<affine<8, 64, float>, 8>(
     device const uint* w [[buffer(0)]], device const float* scales [[buffer(1)]],
     device const float* biases [[buffer(2)]], device const float* x [[buffer(3)]],
     device float* y [[buffer(4)]], constant QuantMatmulParams& p [[buffer(5)]],

@@ -31,9 +31,9 @@ void Engine::encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x,
   const QuantMatmulParams p{l.in, l.out, rows, x_stride, y_stride};
   if (matvec_) {
     // One row streams the weights at full width; 2..8 verify rows share one stream.
-    enc.dispatch(rows == 1 ? *l.kernels.qmv : *l.kernels.qmv_rows,
-                 {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
-                 {ceil_div(l.out, MQ_QMV_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS}, overlap);
+    const QmvVariant& v = l.kernels.qmv;
+    enc.dispatch(v.pipeline(rows), {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
+                 {v.threadgroups(l.out)}, {MQ_QMV_THREADS}, overlap);
   } else {
     enc.dispatch(*l.kernels.qmm, {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT)}, {MQ_QMM_THREADS}, overlap);
@@ -79,6 +79,7 @@ void Engine::encode_normed_projections(Encoder& enc, const Norm& norm, bool add_
       p.flags &= ~uint32_t(MQ_QMV_WRITE_H | MQ_QMV_WRITE_XN);
     p.members = uint32_t(stop - begin);
     std::vector<Arg> wt, sc, bi, y;
+    const QmvVariant& v = begin->l->kernels.qmv_norm;  // one R for the whole group (plan_kernels)
     uint32_t groups = 0;
     for (uint32_t m = 0; m < MQ_QMV_GROUP_MAX; ++m) {
       const NormedOutput& o = begin[std::min(m, p.members - 1)];  // slots past the members repeat the last
@@ -87,14 +88,13 @@ void Engine::encode_normed_projections(Encoder& enc, const Norm& norm, bool add_
       bi.push_back(biases_of(*o.l));
       y.push_back(o.y);
       if (m < p.members) {
-        groups += ceil_div(o.l->out, MQ_QMV_ROWS_PER_THREADGROUP);
+        groups += v.threadgroups(o.l->out);
         p.out_dim[m] = o.l->out;
         p.y_stride[m] = o.y_stride;
         p.tg_end[m] = groups;
       }
     }
-    const ProjectionKernels& k = begin->l->kernels;
-    enc.dispatch(rows == 1 ? *k.qmv_norm : *k.qmv_norm_rows,
+    enc.dispatch(v.pipeline(rows),
                  {wt[0], wt[1], wt[2], wt[3], sc[0], sc[1], sc[2], sc[3], bi[0], bi[1], bi[2], bi[3], w.x, w.mix,
                   at(norm.weight), w.x_next, w.xn, y[0], y[1], y[2], y[3], Arg::value(p)},
                  {groups}, {MQ_QMV_THREADS}, overlap || begin != members.begin());
@@ -195,12 +195,12 @@ void Engine::encode_normed_gate_up(Encoder& enc, const MlpWeights& m, const Norm
   p.members = 1;
   p.out_dim[0] = I;
   p.y_stride[0] = p.tg_end[0] = I;
-  const ProjectionKernels& k = m.gate_proj.kernels;
-  enc.dispatch(rows == 1 ? *k.qmv_norm_silu : *k.qmv_norm_silu_rows,
+  const QmvVariant& v = m.gate_proj.kernels.qmv_norm_silu;
+  enc.dispatch(v.pipeline(rows),
                {at(m.gate_proj.weight), scales_of(m.gate_proj), biases_of(m.gate_proj), at(m.up_proj.weight),
                 scales_of(m.up_proj), biases_of(m.up_proj), w.x, w.mix, at(norm.weight), w.x_next, w.xn, w.act,
                 Arg::value(p)},
-               {ceil_div(I, MQ_QMV_SILU_ROWS_PER_THREADGROUP)}, {MQ_QMV_THREADS});
+               {v.threadgroups(2 * I)}, {MQ_QMV_THREADS});  // gate and up rows
 }
 
 // mix = down(silu(gate(u)) * up(u)), u = xn, or with `post_norm` u = rms(x + mix) * post_norm
@@ -296,7 +296,7 @@ void Engine::encode_moe_mlp_fused(Encoder& enc, const MoeWeights& m, const Norm&
   enc.dispatch(*gate.kernels.moe_qmv_route_silu,
                {at(gate.weight), scales_of(gate), biases_of(gate), at(up.weight), scales_of(up), biases_of(up),
                 w.router_logits, w.xn, w.expert_act, w.route_ids, w.route_weights, Arg::value(rp)},
-               {ceil_div(I, MQ_QMV_SILU_ROWS_PER_THREADGROUP), rows * K}, {MQ_QMV_THREADS});
+               {ceil_div(I, MQ_MOE_SILU_ROWS_PER_THREADGROUP), rows * K}, {MQ_QMV_THREADS});
   encode_projection(enc, m.shared_expert.down_proj, w.act, shared_I, w.mix, H, rows, true);
   const MoeCombineQmvParams cp{I, H, E, K, I, 1, H};
   enc.dispatch(*down.kernels.moe_qmv_combine,

@@ -3,6 +3,7 @@
 // inside a step) and fails there if the GPU cannot run one, then resolves each into the slot
 // a step dispatches it from (no name lookups while encoding). Sizes: shaders/params/*.h.
 #include <algorithm>
+#include <initializer_list>
 
 #include "mtp.h"
 #include "workspace.h"
@@ -30,16 +31,35 @@ std::string delta_scan_kernel(const DeltaNetWeights& m) {
 
 }  // namespace
 
+uint32_t qmv_rows_per_simdgroup(uint64_t weight_rows, uint32_t gpu_cores) {
+  const uint64_t wanted = uint64_t(MQ_QMV_THREADGROUPS_PER_CORE) * gpu_cores;
+  for (uint32_t r : {8u, 4u})
+    if ((weight_rows + MQ_QMV_SIMDGROUPS * r - 1) / (MQ_QMV_SIMDGROUPS * r) >= wanted) return r;
+  return 2;
+}
+
 void Engine::plan_kernels(KernelPlan& plan) {
-  // Per format: plain and norm-fused matvecs, the GEMM.
-  auto projection = [&](QuantLinear& l) {
+  // The R variant of a matvec family for `weight_rows` rows (shaders/params/quant.h).
+  auto matvec = [&](QmvVariant& v, const std::string& op, const QuantLinear& l, uint64_t weight_rows) {
+    v.r = qmv_rows_per_simdgroup(weight_rows, device_->gpu_cores());
+    const std::string variant = "_r" + std::to_string(v.r) + quant_suffix(l);
+    plan.need(v.one, op + variant, exactly(MQ_QMV_THREADS));
+    plan.need(v.rows, op + "_rows" + variant, exactly(MQ_QMV_THREADS));
+  };
+  // Per format: plain and norm-fused matvecs (the latter for a group of `normed_rows` rows in
+  // all, the members' sum where forward.cpp normalises the input of several projections at
+  // once), the GEMM.
+  auto projection = [&](QuantLinear& l, uint64_t normed_rows = 0) {
     ProjectionKernels& k = l.kernels;
-    const std::string format = quant_suffix(l);
-    plan.need(k.qmv, "qmv" + format, exactly(MQ_QMV_THREADS));
-    plan.need(k.qmv_rows, "qmv_rows" + format, exactly(MQ_QMV_THREADS));
-    plan.need(k.qmv_norm, "qmv_norm" + format, exactly(MQ_QMV_THREADS));
-    plan.need(k.qmv_norm_rows, "qmv_norm_rows" + format, exactly(MQ_QMV_THREADS));
-    plan.need(k.qmm, "qmm" + format, exactly(MQ_QMM_THREADS));
+    matvec(k.qmv, "qmv", l, l.out);
+    matvec(k.qmv_norm, "qmv_norm", l, normed_rows ? normed_rows : l.out);
+    plan.need(k.qmm, "qmm" + quant_suffix(l), exactly(MQ_QMM_THREADS));
+  };
+  // The members of one encode_normed_projections call.
+  auto normed_group = [&](std::initializer_list<QuantLinear*> members) {
+    uint64_t rows = 0;
+    for (const QuantLinear* p : members) rows += p->out;
+    for (QuantLinear* p : members) projection(*p, rows);
   };
   plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
   projection(lm_head_);
@@ -74,19 +94,17 @@ void Engine::plan_kernels(KernelPlan& plan) {
     LayerWeights& l = *layer;
     LayerKernels& k = l.kernels;
     MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
-    for (QuantLinear* p : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) projection(*p);
-    {  // gate and up with the post norm and the activation (one format)
-      const std::string format = quant_suffix(mlp.gate_proj);
-      plan.need(mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu" + format, exactly(MQ_QMV_THREADS));
-      plan.need(mlp.gate_proj.kernels.qmv_norm_silu_rows, "qmv_norm_silu_rows" + format, exactly(MQ_QMV_THREADS));
-    }
+    normed_group({&mlp.gate_proj, &mlp.up_proj});
+    projection(mlp.down_proj);
+    // gate and up with the post norm and the activation (one format)
+    matvec(mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu", mlp.gate_proj,
+             uint64_t(mlp.gate_proj.out) + mlp.up_proj.out);
     plan.need(k.input_norm, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
     plan.need(k.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
     plan.need(k.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
     if (l.moe) {
       MoeWeights& m = *l.moe;
-      projection(m.gate);
-      projection(m.shared_expert_gate);
+      normed_group({&m.gate, &m.shared_expert_gate});
       for (QuantLinear* p : {&m.gate_proj, &m.up_proj, &m.down_proj}) {
         plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
         plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
@@ -103,12 +121,14 @@ void Engine::plan_kernels(KernelPlan& plan) {
     }
     if (l.delta) {
       DeltaNetWeights& m = *l.delta;
-      for (QuantLinear* p : {&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a, &m.out_proj}) projection(*p);
+      normed_group({&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a});
+      projection(m.out_proj);
       plan.need(k.conv_scan, delta_scan_kernel(m), up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS));
       plan.need(k.norm_history, "delta_norm_history" + vector_suffix(m.norm), up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
     } else {
       AttentionWeights& m = *l.attn;
-      for (QuantLinear* p : {&m.q_proj, &m.k_proj, &m.v_proj, &m.o_proj}) projection(*p);
+      normed_group({&m.q_proj, &m.k_proj, &m.v_proj});
+      projection(m.o_proj);
       const std::string vectors = vector_suffix(m.q_norm);
       plan.need(k.attn_prep, "attn_qk_norm_rope_append_" + cache + vectors, up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS));
       // One SIMD-group per query head of a kv head, as many as the kernels take.

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../shaders/params.h"
 #include "gpu/device.h"
 #include "model_desc.h"
 
@@ -26,16 +27,31 @@ struct DeviceTensor {
 
 struct Pipeline;
 
+// A decode/verify matvec family's variant for one projection (or norm-fused group): its one-row
+// and 2..8-row pipelines and their rows per SIMD-group R (shaders/params/quant.h), chosen from
+// the shape at load (Engine::plan_kernels, qmv_rows_per_simdgroup).
+struct QmvVariant {
+  const Pipeline *one = nullptr, *rows = nullptr;
+  uint32_t r = 0;
+  const Pipeline& pipeline(uint32_t activation_rows) const { return activation_rows == 1 ? *one : *rows; }
+  // Threadgroups over `weight_rows` rows: the grid of every matvec dispatch.
+  uint32_t threadgroups(uint32_t weight_rows) const {
+    const uint32_t per_threadgroup = MQ_QMV_SIMDGROUPS * r;
+    return (weight_rows + per_threadgroup - 1) / per_threadgroup;
+  }
+};
+
 // The pipelines of a projection's format that the model's steps use (Engine::plan_kernels);
 // null for the others.
 struct ProjectionKernels {
-  const Pipeline *qmv = nullptr, *qmv_rows = nullptr, *qmm = nullptr;  // y = W x: 1 row, 2..8 rows, prefill
-  const Pipeline *qmv_norm = nullptr, *qmv_norm_rows = nullptr;        // norm-fused (shaders/qmv_norm.metal)
-  const Pipeline *qmv_norm_silu = nullptr, *qmv_norm_silu_rows = nullptr;  // gate_proj's: gate, up and silu
-  const Pipeline *moe_qmv = nullptr, *moe_qmm = nullptr;               // a stack of experts
-  const Pipeline* moe_qmv_route_silu = nullptr;  // the experts' gate_proj's: routing, gate, up and silu
-  const Pipeline* moe_qmv_combine = nullptr;     // the experts' down_proj's: down and the weighted sum
-  const Pipeline* embed = nullptr;                                     // the embedding table
+  QmvVariant qmv;                                          // y = W x: 1 row, 2..8 verify rows
+  QmvVariant qmv_norm;                                     // norm-fused (shaders/qmv_norm.metal), R per group
+  QmvVariant qmv_norm_silu;                                // gate_proj's: gate, up and silu
+  const Pipeline* qmm = nullptr;                           // prefill
+  const Pipeline *moe_qmv = nullptr, *moe_qmm = nullptr;  // a stack of experts
+  const Pipeline* moe_qmv_route_silu = nullptr;           // the experts' gate_proj's: routing, gate, up and silu
+  const Pipeline* moe_qmv_combine = nullptr;              // the experts' down_proj's: down and the weighted sum
+  const Pipeline* embed = nullptr;                         // the embedding table
 };
 
 // A linear layer (or embedding table): y = W x with W [out][in] in one of the weight

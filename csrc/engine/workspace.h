@@ -134,6 +134,10 @@ inline Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biase
 // (kv heads x head blocks x row groups): splits of >= 128 positions, enough of them to give
 // each of the GPU's cores a few threadgroups, at most max_splits (Workspace::max_splits).
 uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits);
+// Rows per SIMD-group R of the decode/verify matvec variant streaming `weight_rows` weight rows
+// (a norm-fused group: all its members'; gate + up: both): the largest of 8, 4 whose grid gives
+// each of the GPU's cores MQ_QMV_THREADGROUPS_PER_CORE threadgroups, else 2 (shaders/params/quant.h).
+uint32_t qmv_rows_per_simdgroup(uint64_t weight_rows, uint32_t gpu_cores);
 // Bytes of one attention layer's K (or V) cache at max_context.
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.

@@ -54,8 +54,10 @@ struct MoeGatherParams {
 //     SIMD-group recomputes the softmax + top-k from the router logits: no route dispatch and
 //     no barrier before the experts), then act[q][j] = silu(gate_e . x[r]) * (up_e . x[r]),
 //     e = the pair's expert, j < out_dim; threadgroup (0, q) writes ids[q] and weights[q] for
-//     moe_qmv_combine. Dispatch threadgroups (ceil(out_dim / MQ_QMV_SILU_ROWS_PER_THREADGROUP),
+//     moe_qmv_combine. A SIMD-group walks MQ_QMV_ROWS_PER_SIMDGROUP / 2 rows of gate and the
+//     same rows of up: dispatch threadgroups (ceil(out_dim / MQ_MOE_SILU_ROWS_PER_THREADGROUP),
 //     rows * top_k) of MQ_QMV_THREADS threads.
+#define MQ_MOE_SILU_ROWS_PER_THREADGROUP (MQ_QMV_ROWS_PER_THREADGROUP / 2)
 struct MoeRouteSiluParams {
   uint in_dim;        // hidden size: multiple of the group size
   uint out_dim;       // moe_intermediate: rows of each expert's gate and up

@@ -21,24 +21,34 @@
 // Weights per block: one lane-step of the matvecs, one K-step of the GEMM, one embed thread.
 #define MQ_QUANT_BLOCK 32
 
-// qmv / qmv_rows (decode and verify matvecs): one threadgroup of
-// MQ_QMV_SIMDGROUPS SIMD-groups owns MQ_QMV_SIMDGROUPS * MQ_QMV_ROWS_PER_SIMDGROUP
-// consecutive output rows; dispatch ceil(out_dim / MQ_QMV_ROWS_PER_THREADGROUP)
-// threadgroups of MQ_QMV_THREADS threads.
+// Decode and verify matvecs (qmv[_rows], qmv_norm[_rows], qmv_norm_silu[_rows]; moe_qmv): a
+// threadgroup is MQ_QMV_SIMDGROUPS SIMD-groups (MQ_QMV_THREADS threads); each SIMD-group owns R
+// consecutive weight rows, R = 2, 4 or 8 (host names <op>_r<R>_<format>), so a threadgroup
+// owns MQ_QMV_SIMDGROUPS * R weight rows: dispatch ceil(out_dim / (MQ_QMV_SIMDGROUPS * R))
+// threadgroups (qmv_norm_silu: R / 2 gate and R / 2 up rows per SIMD-group, so
+// ceil(out_dim / (MQ_QMV_SIMDGROUPS * R / 2))). The result does not depend on R.
+// Each lane keeps MQ_QMV_BLOCKS_IN_FLIGHT weight blocks in flight: R rows x
+// MQ_QMV_BLOCKS_IN_FLIGHT / R of its consecutive steps (fewer on rows under that many steps).
+// The engine picks R per projection (a norm-fused group: per group) at load, from the weight rows
+// it streams and the GPU's core count: the largest R whose grid still gives every core
+// MQ_QMV_THREADGROUPS_PER_CORE threadgroups, else 2. Larger R reuses each x block over more rows
+// (x bytes read per weight byte fall as 1/R) and keeps more loads in flight on short rows,
+// where a lane has fewer steps than MQ_QMV_BLOCKS_IN_FLIGHT / R; smaller R spreads a small
+// matrix over every core.
 #define MQ_QMV_SIMDGROUPS 2
+#define MQ_QMV_THREADS (MQ_QMV_SIMDGROUPS * 32)
+#define MQ_QMV_BLOCKS_IN_FLIGHT 8
+#define MQ_QMV_THREADGROUPS_PER_CORE 4
+// moe_qmv's fixed R: its grid already has a row of threadgroups per (token, expert) pair.
 #define MQ_QMV_ROWS_PER_SIMDGROUP 4
 #define MQ_QMV_ROWS_PER_THREADGROUP (MQ_QMV_SIMDGROUPS * MQ_QMV_ROWS_PER_SIMDGROUP)
-#define MQ_QMV_THREADS (MQ_QMV_SIMDGROUPS * 32)
 // qmv_rows takes 1..MQ_QMV_MAX_ROWS activation rows (the engine must not pass more).
 #define MQ_QMV_MAX_ROWS 8
 
 // qmv_norm[_rows] (qmv_norm.metal): the norm-fused matvec over a group of up to
 // MQ_QMV_GROUP_MAX projections reading the same input, each member's rows in its own range of
-// threadgroups (ceil(out_dim[m] / MQ_QMV_ROWS_PER_THREADGROUP) each), MQ_QMV_THREADS threads.
+// threadgroups (ceil(out_dim[m] / (MQ_QMV_SIMDGROUPS * R)) each), MQ_QMV_THREADS threads.
 #define MQ_QMV_GROUP_MAX 4
-// qmv_norm_silu[_rows]: a SIMD-group walks MQ_QMV_ROWS_PER_SIMDGROUP / 2 rows of gate and the
-// same rows of up; dispatch ceil(out_dim / MQ_QMV_SILU_ROWS_PER_THREADGROUP) threadgroups.
-#define MQ_QMV_SILU_ROWS_PER_THREADGROUP (MQ_QMV_ROWS_PER_THREADGROUP / 2)
 // QmvNormParams::flags: ADD_MIX: h = x + mix (the residual add), else h = x; WRITE_H:
 // threadgroup 0 writes h to x_out (a buffer other than x); WRITE_XN: threadgroup 0 writes
 // xn = rms(h) * norm_w; NORM_F32: the norm weight is f32, else bf16.

@@ -22,7 +22,10 @@ FORMATS = ([f"b{bits}_g{group}" for bits, group in VARIANTS] + [f"b{bits}_g64_sf
 
 
 C = header_constants("quant")
-QMV_ROWS_PER_TG = C["MQ_QMV_ROWS_PER_THREADGROUP"]
+QMV_ROWS_PER_TG = C["MQ_QMV_ROWS_PER_THREADGROUP"]  # moe_qmv's (fixed R)
+QMV_SIMDGROUPS = C["MQ_QMV_SIMDGROUPS"]
+# Rows per SIMD-group of the decode/verify matvec variants (host names <op>_r<R>_<format>).
+QMV_R = (2, 4, 8)
 QMV_THREADS = C["MQ_QMV_THREADS"]
 QMV_MAX_ROWS = C["MQ_QMV_MAX_ROWS"]
 QMM_TILE_ROWS = C["MQ_QMM_TILE_ROWS"]

@@ -240,7 +240,7 @@ def test_combine(dev, lib, grouped):
 # The fused decode/verify block: routing + gate/up + silu per pair, down + combine per row
 
 
-SILU_ROWS_PER_TG = header_constants("quant")["MQ_QMV_SILU_ROWS_PER_THREADGROUP"]
+SILU_ROWS_PER_TG = header_constants("moe")["MQ_MOE_SILU_ROWS_PER_THREADGROUP"]
 MAX_ROWS = header_constants("quant")["MQ_QMV_MAX_ROWS"]
 
 

@@ -5,8 +5,9 @@ projections (separate weights, one dispatch, threadgroup ranges per member);
 qmv_norm_silu[_rows]: out = silu(W_gate u) * (W_up u). Both also leave h (x_out) and u (xn)
 from threadgroup 0. References are float64 numpy from the definitions; weights are mlx-quantized
 as in test_quant.py. Outputs start as NaN with guard rows and stride padding (unwritten and
-stray writes fail); out sizes are odd and straddle the kernels' row edges; one-row and
-verify-row kernels agree bit for bit (speculative decoding relies on it).
+stray writes fail); out sizes are odd and straddle the kernels' row edges; every variant of rows
+per SIMD-group R (2, 4, 8) runs, and one-row and verify-row kernels of any R agree bit for bit
+(speculative decoding relies on it).
 """
 
 import numpy as np
@@ -16,12 +17,11 @@ from .. import reference as ref
 from ..conftest import require
 from .params import header_constants
 from .quant_reference import (
-    FORMATS, QMV_MAX_ROWS, QMV_ROWS_PER_TG, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)
+    FORMATS, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)
 from .test_quant import Weights, nan_buffer
 
 C = header_constants("quant")
 GROUP_MAX = C["MQ_QMV_GROUP_MAX"]
-SILU_ROWS_PER_TG = C["MQ_QMV_SILU_ROWS_PER_THREADGROUP"]
 ADD_MIX, WRITE_H, WRITE_XN, NORM_F32 = (C[f"MQ_QMV_{n}"] for n in ("ADD_MIX", "WRITE_H", "WRITE_XN", "NORM_F32"))
 EPS = 1e-6
 
@@ -87,13 +87,13 @@ class Inputs:
         ref.assert_untouched(xn[rows:], f"{what}: xn past the rows")
 
 
-def run_qmv_norm(dev, lib, members, inp, flags=None, y_pad=3):
-    """qmv_norm (one row) or qmv_norm_rows over `members` (Weights of one format); returns each
-    member's y [rows][out_dim] after checking its guard row and stride padding."""
+def run_qmv_norm(dev, lib, members, inp, flags=None, y_pad=3, r=4):
+    """qmv_norm_r<r> (one row) or qmv_norm_rows_r<r> over `members` (Weights of one format);
+    returns each member's y [rows][out_dim] after checking its guard row and stride padding."""
     rows, in_dim = inp.x.shape
     outs = [m.value.shape[0] for m in members]
     strides = [o + y_pad for o in outs]
-    ends = list(np.cumsum([cdiv(o, QMV_ROWS_PER_TG) for o in outs]))
+    ends = list(np.cumsum([cdiv(o, QMV_SIMDGROUPS * r) for o in outs]))
     ys = [nan_buffer(dev, rows + 1, s) for s in strides]
     args = {}
     for m in range(GROUP_MAX):
@@ -103,7 +103,7 @@ def run_qmv_norm(dev, lib, members, inp, flags=None, y_pad=3):
     args.update({12: inp.bufs["x"], 13: inp.bufs["mix"], 14: inp.bufs["norm"], 15: inp.bufs["x_out"],
                  16: inp.bufs["xn"],
                  21: norm_params(in_dim, rows, inp.flags if flags is None else flags, outs, strides, ends)})
-    name = ("qmv_norm" if rows == 1 else "qmv_norm_rows") + "_" + members[0].fmt
+    name = ("qmv_norm" if rows == 1 else "qmv_norm_rows") + f"_r{r}_" + members[0].fmt
     lib.kernel(name).dispatch(args, threadgroups=(int(ends[-1]),), threads=(QMV_THREADS,))
     got = []
     for y, o, s in zip(ys, outs, strides):
@@ -114,30 +114,30 @@ def run_qmv_norm(dev, lib, members, inp, flags=None, y_pad=3):
     return got
 
 
-GROUP_CASES = [  # (format, rows, in_dim, out dims of the members)
-    ("b4_g64", 1, 256, (37, 5, 1, 3)),
-    ("b8_g32", 3, 384, (9, 16)),
-    ("b3_g128", 8, 1280, (33,)),
-    ("b6_g64_sf32", 2, 128, (7, 1, 8)),
-    ("mxfp4", 1, 640, (31, 2, 2, 17)),
-    ("nvfp4", 5, 256, (8, 9)),
-    ("mxfp8", 8, 128, (1, 1, 1, 1)),
-    ("bf16", 4, 384, (13, 64)),
-    ("f16", 1, 128, (40,)),
-    ("f32", 7, 256, (3, 29, 5)),
-    ("b2_g32", 6, 512, (12, 4, 20, 1)),
-    ("b5_g64", 1, 1024, (25, 7)),
+GROUP_CASES = [  # (format, rows, in_dim, out dims of the members, R)
+    ("b4_g64", 1, 256, (37, 5, 1, 3), 2),
+    ("b8_g32", 3, 384, (9, 16), 4),
+    ("b3_g128", 8, 1280, (33,), 8),
+    ("b6_g64_sf32", 2, 128, (7, 1, 8), 2),
+    ("mxfp4", 1, 640, (31, 2, 2, 17), 8),
+    ("nvfp4", 5, 256, (8, 9), 4),
+    ("mxfp8", 8, 128, (1, 1, 1, 1), 8),
+    ("bf16", 4, 384, (13, 64), 2),
+    ("f16", 1, 128, (40,), 4),
+    ("f32", 7, 256, (3, 29, 5), 8),
+    ("b2_g32", 6, 512, (12, 4, 20, 1), 4),
+    ("b5_g64", 1, 1024, (25, 7), 2),
 ]
 
 
 @pytest.mark.parametrize("add_mix", [True, False], ids=["residual", "no-residual"])
-@pytest.mark.parametrize("fmt,rows,in_dim,outs", GROUP_CASES,
-                         ids=[f"{f}-{r}x{i}-{'_'.join(map(str, o))}" for f, r, i, o in GROUP_CASES])
-def test_qmv_norm_group(dev, lib, fmt, rows, in_dim, outs, add_mix):
+@pytest.mark.parametrize("fmt,rows,in_dim,outs,r", GROUP_CASES,
+                         ids=[f"{f}-{n}x{i}-{'_'.join(map(str, o))}-r{r}" for f, n, i, o, r in GROUP_CASES])
+def test_qmv_norm_group(dev, lib, fmt, rows, in_dim, outs, r, add_mix):
     rng = seeded("qmv_norm", fmt, rows, in_dim, outs, add_mix)
     members = [Weights.make(rng, fmt, o, in_dim) for o in outs]
     inp = Inputs.random(dev, rng, rows, in_dim, add_mix, f32_norm=len(outs) % 2 == 1)
-    got = run_qmv_norm(dev, lib, members, inp)
+    got = run_qmv_norm(dev, lib, members, inp, r=r)
     for i, (m, y) in enumerate(zip(members, got)):
         want, typical = matmul_ref(m.value, inp.u)
         ref.assert_close(y, want, tol_f32_dot(in_dim), f"qmv_norm_{fmt} member {i}", scale=typical)
@@ -157,14 +157,14 @@ def test_qmv_norm_writes_nothing_else_when_asked(dev, lib):
     ref.assert_untouched(inp.bufs["xn"].numpy(np.float32, (3, 256)), "xn")
 
 
-def run_qmv_norm_silu(dev, lib, gate, up, inp, y_pad=5):
+def run_qmv_norm_silu(dev, lib, gate, up, inp, y_pad=5, r=4):
     rows, in_dim = inp.x.shape
     out_dim = gate.value.shape[0]
     stride = out_dim + y_pad
     y = nan_buffer(dev, rows + 1, stride)
     g, u = gate.buffers(dev), up.buffers(dev)
-    groups = cdiv(out_dim, SILU_ROWS_PER_TG)
-    name = ("qmv_norm_silu" if rows == 1 else "qmv_norm_silu_rows") + "_" + gate.fmt
+    groups = cdiv(out_dim, QMV_SIMDGROUPS * r // 2)  # r / 2 gate and r / 2 up rows per SIMD-group
+    name = ("qmv_norm_silu" if rows == 1 else "qmv_norm_silu_rows") + f"_r{r}_" + gate.fmt
     lib.kernel(name).dispatch(
         {0: g[0], 1: g[1], 2: g[2], 3: u[0], 4: u[1], 5: u[2], 6: inp.bufs["x"], 7: inp.bufs["mix"],
          8: inp.bufs["norm"], 9: inp.bufs["x_out"], 10: inp.bufs["xn"], 11: y,
@@ -176,17 +176,18 @@ def run_qmv_norm_silu(dev, lib, gate, up, inp, y_pad=5):
     return a[:rows, :out_dim]
 
 
-SILU_CASES = [("b4_g64", 1, 256, 37), ("b8_g128", 8, 384, 9), ("nvfp4", 3, 128, 1), ("bf16", 2, 640, 64),
-              ("b3_g32", 1, 512, 129), ("mxfp8", 5, 256, 3), ("f32", 7, 128, 20), ("b5_g64_sf32", 4, 1280, 6)]
+SILU_CASES = [("b4_g64", 1, 256, 37, 8), ("b8_g128", 8, 384, 9, 2), ("nvfp4", 3, 128, 1, 4),
+              ("bf16", 2, 640, 64, 8), ("b3_g32", 1, 512, 129, 2), ("mxfp8", 5, 256, 3, 8), ("f32", 7, 128, 20, 4),
+              ("b5_g64_sf32", 4, 1280, 6, 2)]
 
 
-@pytest.mark.parametrize("fmt,rows,in_dim,out_dim", SILU_CASES,
-                         ids=[f"{f}-{r}x{i}-{o}" for f, r, i, o in SILU_CASES])
-def test_qmv_norm_silu(dev, lib, fmt, rows, in_dim, out_dim):
+@pytest.mark.parametrize("fmt,rows,in_dim,out_dim,r", SILU_CASES,
+                         ids=[f"{f}-{n}x{i}-{o}-r{r}" for f, n, i, o, r in SILU_CASES])
+def test_qmv_norm_silu(dev, lib, fmt, rows, in_dim, out_dim, r):
     rng = seeded("qmv_norm_silu", fmt, rows, in_dim, out_dim)
     gate, up = Weights.make(rng, fmt, out_dim, in_dim), Weights.make(rng, fmt, out_dim, in_dim)
     inp = Inputs.random(dev, rng, rows, in_dim, True, f32_norm=rows % 2 == 0)
-    got = run_qmv_norm_silu(dev, lib, gate, up, inp)
+    got = run_qmv_norm_silu(dev, lib, gate, up, inp, r=r)
     g, g_typ = matmul_ref(gate.value, inp.u)
     u, u_typ = matmul_ref(up.value, inp.u)
     want = g / (1.0 + np.exp(-g)) * u
@@ -195,27 +196,44 @@ def test_qmv_norm_silu(dev, lib, fmt, rows, in_dim, out_dim):
     inp.check_rows(True, f"qmv_norm_silu_{fmt}")
 
 
-@pytest.mark.parametrize("fmt", ["b4_g64", "b8_g32", "mxfp4", "nvfp4", "bf16", "f16", "b6_g64_sf32"])
+# (in_dim, rows of the verify step): short rows (a lane's steps fewer than its blocks in flight)
+# and a row with a partial last step; the members' and gate's row counts straddle every
+# variant's threadgroup.
+BITWISE_SHAPES = [(1024, QMV_MAX_ROWS), (384, 2), (2176, 5)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_verify_rows_match_one_row_bitwise(dev, lib, fmt):
-    """qmv_norm_rows / qmv_norm_silu_rows give each row exactly what the one-row kernels give it
-    (a speculative verify step reproduces greedy decode bit for bit)."""
-    rows, in_dim = QMV_MAX_ROWS, 384
-    rng = seeded("qmv_norm_bitwise", fmt)
-    members = [Weights.make(rng, fmt, o, in_dim) for o in (21, 3)]
-    gate, up = Weights.make(rng, fmt, 11, in_dim), Weights.make(rng, fmt, 11, in_dim)
-    wn, wn64 = norm_weight(rng, in_dim, False)
-    inp = Inputs(dev, activations(rng, rows, in_dim), activations(rng, rows, in_dim), wn, wn64, False)
-    many = run_qmv_norm(dev, lib, members, inp)
-    many_silu = run_qmv_norm_silu(dev, lib, gate, up, inp)
-    many_xn = inp.bufs["xn"].numpy(np.float32, (rows + 1, in_dim))[:rows]
-    for r in range(rows):
-        one = Inputs(dev, inp.x[r:r + 1], inp.mix[r:r + 1], wn, wn64, False)
-        for a, b in zip(run_qmv_norm(dev, lib, members, one), many):
-            assert np.array_equal(a[0].view(np.uint32), b[r].view(np.uint32)), f"row {r}: qmv_norm differs"
-        xn = one.bufs["xn"].numpy(np.float32, (2, in_dim))[0]
-        assert np.array_equal(xn.view(np.uint32), many_xn[r].view(np.uint32)), f"row {r}: xn differs"
-        silu = run_qmv_norm_silu(dev, lib, gate, up, one)
-        assert np.array_equal(silu[0].view(np.uint32), many_silu[r].view(np.uint32)), f"row {r}: silu differs"
+    """qmv_norm_rows / qmv_norm_silu_rows of every R variant give each row exactly what the
+    one-row kernels (R = 4) give it, and so do the one-row kernels of every R (a speculative
+    verify step reproduces greedy decode bit for bit whichever variants the engine picked)."""
+    for in_dim, rows in BITWISE_SHAPES:
+        rng = seeded("qmv_norm_bitwise", fmt, in_dim)
+        members = [Weights.make(rng, fmt, o, in_dim) for o in (21, 3)]
+        gate, up = Weights.make(rng, fmt, 17, in_dim), Weights.make(rng, fmt, 17, in_dim)
+        wn, wn64 = norm_weight(rng, in_dim, False)
+        x, mix = activations(rng, rows, in_dim), activations(rng, rows, in_dim)
+        ones = [Inputs(dev, x[i:i + 1], mix[i:i + 1], wn, wn64, False) for i in range(rows)]
+        single = [run_qmv_norm(dev, lib, members, one) for one in ones]
+        single_silu = [run_qmv_norm_silu(dev, lib, gate, up, one) for one in ones]
+        single_xn = [one.bufs["xn"].numpy(np.float32, (2, in_dim))[0] for one in ones]
+        for r in QMV_R:
+            what = f"r{r} {rows}x{in_dim}"
+            one = Inputs(dev, x[:1], mix[:1], wn, wn64, False)
+            for a, b in zip(run_qmv_norm(dev, lib, members, one, r=r), single[0]):
+                assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{what}: qmv_norm one row differs"
+            silu = run_qmv_norm_silu(dev, lib, gate, up, one, r=r)
+            assert np.array_equal(silu.view(np.uint32), single_silu[0].view(np.uint32)), f"{what}: silu one row"
+            inp = Inputs(dev, x, mix, wn, wn64, False)
+            many = run_qmv_norm(dev, lib, members, inp, r=r)
+            many_silu = run_qmv_norm_silu(dev, lib, gate, up, inp, r=r)
+            many_xn = inp.bufs["xn"].numpy(np.float32, (rows + 1, in_dim))[:rows]
+            for i in range(rows):
+                for a, b in zip(single[i], many):
+                    assert np.array_equal(a[0].view(np.uint32), b[i].view(np.uint32)), f"{what} row {i}: qmv_norm"
+                assert np.array_equal(single_xn[i].view(np.uint32), many_xn[i].view(np.uint32)), f"{what} row {i}: xn"
+                assert np.array_equal(single_silu[i][0].view(np.uint32), many_silu[i].view(np.uint32)), \
+                    f"{what} row {i}: silu"
 
 
 def test_qmv_norm_27b_input_group(dev, lib):
@@ -243,5 +261,6 @@ def test_qmv_norm_has_no_races_or_stray_accesses():
     rng = seeded("qmv_norm_checks")
     members = [Weights.make(rng, "b4_g32", o, 256) for o in (9, 1, 17)]
     inp = Inputs.random(dev, rng, 3, 256, True, f32_norm=False)
-    run_qmv_norm(dev, lib, members, inp)
-    run_qmv_norm_silu(dev, lib, *members[0:1] * 2, inp)
+    for r in QMV_R:
+        run_qmv_norm(dev, lib, members, inp, r=r)
+        run_qmv_norm_silu(dev, lib, *members[0:1] * 2, inp, r=r)

@@ -6,7 +6,8 @@ mxfp4, nvfp4, mxfp8, bf16, f16, f32), on weights
 quantized by mlx's own ``mx.quantize``; the numpy decoders are first shown to reproduce
 ``mx.dequantize`` bit for bit, so the kernels read mlx's packing. Outputs start as NaN and sit
 between NaN guard rows/columns (so unwritten and stray writes both fail); sizes straddle the
-SIMD width and the kernels' row/tile edges; each 27B projection runs once through the decode
+SIMD width and the kernels' row/tile edges; the matvecs run in every variant of rows per
+SIMD-group R (2, 4, 8), which must all give the same bits; each 27B projection runs once through the decode
 matvec on a slice of its rows, dispatched at a buffer offset. Tolerances: `tol_f32_dot`
 (f32 accumulation, see quant_reference.py); the embedding gather is exact.
 """
@@ -17,8 +18,8 @@ import pytest
 from .. import reference as ref
 from ..conftest import require
 from .quant_reference import (
-    EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_MAX_ROWS, QMV_ROWS_PER_TG,
-    QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params, format_weights, matmul_params,
+    EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_MAX_ROWS, QMV_R,
+    QMV_SIMDGROUPS, QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params, format_weights, matmul_params,
     matmul_ref, random_quantized, seeded, tol_f32_dot)
 
 
@@ -55,14 +56,15 @@ def nan_buffer(dev, *shape):
     return dev.buffer(np.full(shape, np.nan, dtype=np.float32))
 
 
-def run_qmv(dev, lib, wt, x):
-    """qmv on one x row; y has a NaN guard row after out_dim elements."""
+def run_qmv(dev, lib, wt, x, r=4):
+    """qmv_r<r> on one x row; y has a NaN guard of a threadgroup's rows after out_dim elements."""
     out_dim, in_dim = wt.value.shape
-    y = nan_buffer(dev, out_dim + QMV_ROWS_PER_TG)
-    lib.kernel(f"qmv_{wt.fmt}").dispatch(
+    per_tg = QMV_SIMDGROUPS * r
+    y = nan_buffer(dev, out_dim + per_tg)
+    lib.kernel(f"qmv_r{r}_{wt.fmt}").dispatch(
         {**wt.buffers(dev), 3: dev.buffer(x.reshape(-1)), 4: y, 5: matmul_params(in_dim, out_dim)},
-        threadgroups=(cdiv(out_dim, QMV_ROWS_PER_TG),), threads=(QMV_THREADS,))
-    got = y.numpy(np.float32, (out_dim + QMV_ROWS_PER_TG,))
+        threadgroups=(cdiv(out_dim, per_tg),), threads=(QMV_THREADS,))
+    got = y.numpy(np.float32, (out_dim + per_tg,))
     ref.assert_untouched(got[out_dim:], "y past out_dim")
     return got[:out_dim]
 
@@ -117,18 +119,19 @@ QMV_SHAPES = [  # (out_dim, in_dim): in_dim a multiple of 128 so every group siz
 ]
 
 
-# Every format on a few shapes, the common 4-bit formats on all of them.
+# Every format on a few shapes, the common 4-bit formats on all of them; the R variants in turn.
 SHAPE_CASES = ([(fmt, shape) for fmt in FORMATS for shape in QMV_SHAPES[::3]]
                + [(fmt, shape) for fmt in ("b4_g64", "mxfp4") for shape in QMV_SHAPES if shape not in QMV_SHAPES[::3]])
+SHAPE_CASES = [(fmt, shape, QMV_R[i % len(QMV_R)]) for i, (fmt, shape) in enumerate(SHAPE_CASES)]
 
 
-@pytest.mark.parametrize("fmt,shape", SHAPE_CASES, ids=[f"{f}-{o}x{i}" for f, (o, i) in SHAPE_CASES])
-def test_qmv(dev, lib, fmt, shape):
+@pytest.mark.parametrize("fmt,shape,r", SHAPE_CASES, ids=[f"{f}-{o}x{i}-r{r}" for f, (o, i), r in SHAPE_CASES])
+def test_qmv(dev, lib, fmt, shape, r):
     out_dim, in_dim = shape
     rng = seeded("qmv", fmt, out_dim, in_dim)
     wt = Weights.make(rng, fmt, out_dim, in_dim)
     x = activations(rng, 1, in_dim)
-    check_matmul(run_qmv(dev, lib, wt, x), wt, x, f"qmv_{fmt} {out_dim}x{in_dim}")
+    check_matmul(run_qmv(dev, lib, wt, x, r), wt, x, f"qmv_r{r}_{fmt} {out_dim}x{in_dim}")
 
 
 @pytest.mark.parametrize("fmt", ["b3_g32", "b8_g128", "nvfp4", "bf16"])
@@ -138,7 +141,8 @@ def test_qmv_smallest_row(dev, lib, fmt):
     rng = seeded("qmv-small", fmt)
     wt = Weights.make(rng, fmt, 9, in_dim)
     x = activations(rng, 1, in_dim)
-    check_matmul(run_qmv(dev, lib, wt, x), wt, x, "qmv one group")
+    for r in QMV_R:
+        check_matmul(run_qmv(dev, lib, wt, x, r), wt, x, f"qmv_r{r} one group")
 
 
 # The 27B projections (DESIGN.md "Real sizes"): (in_dim, out_dim of the whole matrix).
@@ -160,11 +164,13 @@ def test_qmv_27b(dev, lib, in_dim, full_out, rows_stored, rows_run):
     wt = weights_from_codes(bits, group, *random_quantized(rng, rows_stored, in_dim, bits, group))
     x = activations(rng, 1, in_dim)
     first = rows_stored - rows_run
-    y = nan_buffer(dev, rows_stored + QMV_ROWS_PER_TG)
-    lib.kernel(f"qmv_{wt.fmt}").dispatch(
+    r = 8  # the engine's pick for these matrices on chips of up to 80 cores (plan_kernels)
+    per_tg = QMV_SIMDGROUPS * r
+    y = nan_buffer(dev, rows_stored + per_tg)
+    lib.kernel(f"qmv_r{r}_{wt.fmt}").dispatch(
         {**wt.buffers(dev, first), 3: dev.buffer(x.reshape(-1)), 4: (y, first * 4), 5: matmul_params(in_dim, rows_run)},
-        threadgroups=(cdiv(rows_run, QMV_ROWS_PER_TG),), threads=(QMV_THREADS,))
-    got = y.numpy(np.float32, (rows_stored + QMV_ROWS_PER_TG,))
+        threadgroups=(cdiv(rows_run, per_tg),), threads=(QMV_THREADS,))
+    got = y.numpy(np.float32, (rows_stored + per_tg,))
     ref.assert_untouched(got[:first], "y before the slice")
     ref.assert_untouched(got[rows_stored:], "y past the slice")
     tail = Weights(wt.fmt, None, None, None, wt.value[first:])
@@ -177,15 +183,15 @@ def test_qmv_27b_widest_row(dev, lib, fmt):
     rng = seeded("qmv27b-wide", fmt)
     wt = Weights.make(rng, fmt, 40, 17408)
     x = activations(rng, 1, 17408)
-    check_matmul(run_qmv(dev, lib, wt, x), wt, x, f"qmv_{fmt} 17408")
+    check_matmul(run_qmv(dev, lib, wt, x, 2), wt, x, f"qmv_r2_{fmt} 17408")
 
 
 # ---------------------------------------------------------------------------
 # Verify matvec
 
 
-def run_qmv_rows(dev, lib, wt, x, x_stride=None, y_stride=None):
-    """qmv_rows over the rows of x; returns y [rows][y_stride] plus a NaN guard row."""
+def run_qmv_rows(dev, lib, wt, x, x_stride=None, y_stride=None, r=4):
+    """qmv_rows_r<r> over the rows of x; returns y [rows][y_stride] plus a NaN guard row."""
     rows, in_dim = x.shape
     out_dim = wt.value.shape[0]
     x_stride = in_dim if x_stride is None else x_stride
@@ -193,9 +199,9 @@ def run_qmv_rows(dev, lib, wt, x, x_stride=None, y_stride=None):
     xs = np.full((rows, x_stride), np.nan, np.float32)  # stride padding is NaN: must be ignored
     xs[:, :in_dim] = x
     y = nan_buffer(dev, rows + 1, y_stride)
-    lib.kernel(f"qmv_rows_{wt.fmt}").dispatch(
+    lib.kernel(f"qmv_rows_r{r}_{wt.fmt}").dispatch(
         {**wt.buffers(dev), 3: dev.buffer(xs), 4: y, 5: matmul_params(in_dim, out_dim, rows, x_stride, y_stride)},
-        threadgroups=(cdiv(out_dim, QMV_ROWS_PER_TG),), threads=(QMV_THREADS,))
+        threadgroups=(cdiv(out_dim, QMV_SIMDGROUPS * r),), threads=(QMV_THREADS,))
     got = y.numpy(np.float32, (rows + 1, y_stride))
     ref.assert_untouched(got[rows:], "y past the last row")
     ref.assert_untouched(got[:rows, out_dim:], "y stride padding")
@@ -204,17 +210,18 @@ def run_qmv_rows(dev, lib, wt, x, x_stride=None, y_stride=None):
 
 QMV_ROWS_SHAPES = [(1, 33, 384), (2, 7, 128), (3, 129, 640), (4, 8, 1280),
                    (5, 31, 256), (6, 1, 384), (7, 32, 128), (8, 127, 1280)]
-ROWS_CASES = [(fmt, QMV_ROWS_SHAPES[i % len(QMV_ROWS_SHAPES)]) for i, fmt in enumerate(FORMATS)] + \
-             [(fmt, QMV_ROWS_SHAPES[(i + 4) % len(QMV_ROWS_SHAPES)]) for i, fmt in enumerate(FORMATS)]
+ROWS_CASES = [(fmt, QMV_ROWS_SHAPES[i % len(QMV_ROWS_SHAPES)], QMV_R[i % len(QMV_R)]) for i, fmt in enumerate(FORMATS)] + \
+             [(fmt, QMV_ROWS_SHAPES[(i + 4) % len(QMV_ROWS_SHAPES)], QMV_R[(i + 1) % len(QMV_R)])
+              for i, fmt in enumerate(FORMATS)]
 
 
-@pytest.mark.parametrize("fmt,shape", ROWS_CASES, ids=[f"{f}-{r}x{o}x{i}" for f, (r, o, i) in ROWS_CASES])
-def test_qmv_rows(dev, lib, fmt, shape):
+@pytest.mark.parametrize("fmt,shape,r", ROWS_CASES, ids=[f"{f}-{n}x{o}x{i}-r{r}" for f, (n, o, i), r in ROWS_CASES])
+def test_qmv_rows(dev, lib, fmt, shape, r):
     rows, out_dim, in_dim = shape
     rng = seeded("qmv_rows", fmt, rows, out_dim, in_dim)
     wt = Weights.make(rng, fmt, out_dim, in_dim)
     x = activations(rng, rows, in_dim)
-    check_matmul(run_qmv_rows(dev, lib, wt, x), wt, x, f"qmv_rows_{fmt} {rows}x{out_dim}x{in_dim}")
+    check_matmul(run_qmv_rows(dev, lib, wt, x, r=r), wt, x, f"qmv_rows_r{r}_{fmt} {rows}x{out_dim}x{in_dim}")
 
 
 @pytest.mark.parametrize("fmt", ["b4_g64", "b8_g32", "b5_g128", "mxfp4", "nvfp4", "mxfp8", "bf16", "f32"])
@@ -230,6 +237,51 @@ def test_qmv_rows_match_decode_bitwise(dev, lib, fmt):
     for r in range(rows):
         single = run_qmv(dev, lib, wt, x[r])
         assert np.array_equal(got[r].view(np.uint32), single.view(np.uint32)), f"row {r} differs from qmv"
+
+
+# Short rows (a lane has fewer steps than the blocks it keeps in flight: the lane-divergent tail
+# of the walk) and a row of 68 blocks (two full lane-steps plus 4 lanes with a third); out
+# sizes straddle every variant's threadgroup (4, 8, 16 rows) and stay under one.
+VARIANT_SHAPES = [(33, 1024), (7, 384), (19, 2176)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_qmv_variants_agree_bitwise(dev, lib, fmt):
+    """Every R variant of qmv and of qmv_rows (1..8 rows) gives each row exactly the bits of
+    qmv_r4 on that row (the engine picks R per shape; speculative verify relies on the bits), and
+    qmv_r4 matches numpy."""
+    for out_dim, in_dim in VARIANT_SHAPES:
+        rng = seeded("qmv_variants", fmt, out_dim, in_dim)
+        wt = Weights.make(rng, fmt, out_dim, in_dim)
+        x = activations(rng, QMV_MAX_ROWS, in_dim)
+        singles = [run_qmv(dev, lib, wt, x[i]) for i in range(QMV_MAX_ROWS)]
+        check_matmul(singles[0], wt, x[:1], f"qmv_r4_{fmt} {out_dim}x{in_dim}")
+        for k, r in enumerate(QMV_R):
+            one = run_qmv(dev, lib, wt, x[0], r)
+            assert np.array_equal(one.view(np.uint32), singles[0].view(np.uint32)), f"qmv_r{r} {out_dim}x{in_dim}"
+            for rows in (1, 2 + 3 * k, QMV_MAX_ROWS):  # 1, then 2, 5 and 8 rows over the variants
+                got = run_qmv_rows(dev, lib, wt, x[:rows], r=r)
+                for i in range(rows):
+                    assert np.array_equal(got[i].view(np.uint32), singles[i].view(np.uint32)), \
+                        f"qmv_rows_r{r} ({rows} rows) row {i} {out_dim}x{in_dim}"
+
+
+def test_qmv_has_no_races_or_stray_accesses():
+    """Under the CPU runtime's race and bounds checks, every R variant on a short row and a row
+    with a partial last step, the out edge inside a threadgroup."""
+    from metalqwen import gpu
+
+    from .conftest import _compiled
+
+    dev = gpu.Device("cpu", checks=("races", "bounds"))
+    checked = _compiled(dev, ("norm.metal", "qmv_norm.metal", "quant.metal"))  # test_qmv_norm.py's, compiled once
+    rng = seeded("qmv_checks")
+    for out_dim, in_dim in ((13, 1024), (5, 2176)):
+        wt = Weights.make(rng, "b4_g64", out_dim, in_dim)
+        x = activations(rng, 3, in_dim)
+        for r in QMV_R:
+            check_matmul(run_qmv(dev, checked, wt, x[0], r), wt, x[:1], f"qmv_r{r} checked")
+            check_matmul(run_qmv_rows(dev, checked, wt, x, r=r), wt, x, f"qmv_rows_r{r} checked")
 
 
 def test_qmv_rows_27b(dev, lib):
