@@ -27,6 +27,24 @@ P params_of(const RecordedDispatch& d) {
   throw std::runtime_error("[bench] " + d.kernel + " has no parameter struct");
 }
 
+// The step's segments (params/common.h): the setBytes argument just before the parameters of
+// the kernels that index per-sequence memory.
+StepSegments segments_of(const RecordedDispatch& d) {
+  for (const auto& a : d.args)
+    if (a.bytes.size() == sizeof(StepSegments)) {
+      StepSegments s;
+      std::memcpy(&s, a.bytes.data(), sizeof(s));
+      return s;
+    }
+  throw std::runtime_error("[bench] " + d.kernel + " has no step segments");
+}
+
+uint32_t step_rows(const StepSegments& s) {
+  uint32_t rows = 0;
+  for (uint32_t i = 0; i < s.count; ++i) rows += s.seg[i].rows;
+  return rows;
+}
+
 // Bytes per weight of a projection format (the kernel-name suffix after "<op>_").
 double weight_bytes_per_element(const std::string& format) {
   if (format == "bf16" || format == "f16") return 2;
@@ -102,21 +120,24 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
   }
   if (starts_with(k, "delta_conv_scan")) {
     const auto p = params_of<DeltaScanParams>(d);
-    const double D = MQ_DELTA_HEAD_DIM, state = p.n_v * D * D * F;
+    const StepSegments segs = segments_of(d);
+    const double D = MQ_DELTA_HEAD_DIM, state = p.n_v * D * D * F, rows = step_rows(segs);
     const double C = (2.0 * p.n_k + p.n_v) * D;
-    // the f32 state read and written once; per row raw inputs, a/b in and y out; the
-    // history and taps (the q/k conv repeats per SIMD-group, from cache: counted once)
-    const double bytes = 2 * state + p.rows * (C * F + 2 * p.n_v * F + p.n_v * D * F) + (p.ksize - 1) * C * F +
-                         C * p.ksize * vector_bytes(k);
-    return {std::to_string(p.n_v) + " heads", bytes, p.rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize)};
+    // per sequence, the f32 state read and written once and its history; per row raw inputs,
+    // a/b in and y out; the taps (the q/k conv repeats per SIMD-group, from cache: counted once)
+    const double bytes = segs.count * (2 * state + (p.ksize - 1) * C * F) +
+                         rows * (C * F + 2 * p.n_v * F + p.n_v * D * F) + C * p.ksize * vector_bytes(k);
+    return {std::to_string(p.n_v) + " heads", bytes, rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize)};
   }
   if (starts_with(k, "delta_norm_history")) {
     const auto p = params_of<DeltaNormParams>(d);
-    const double D = MQ_DELTA_HEAD_DIM, C = (2.0 * p.n_k + p.n_v) * D;
-    const double stored = std::min<double>(p.rows, p.hist_slots);
+    const StepSegments segs = segments_of(d);
+    const double D = MQ_DELTA_HEAD_DIM, C = (2.0 * p.n_k + p.n_v) * D, rows = step_rows(segs);
+    double stored = 0;  // per sequence, its last rows into its history ring
+    for (uint32_t i = 0; i < segs.count; ++i) stored += std::min(segs.seg[i].rows, p.hist_slots);
     // y and z in, the normalised y out; raw inputs copied into the history ring
-    return {std::to_string(p.n_v) + " heads", p.rows * 3 * p.n_v * D * F + 2 * stored * C * F + D * vector_bytes(k),
-            p.rows * p.n_v * D * 8.0};
+    return {std::to_string(p.n_v) + " heads", rows * 3 * p.n_v * D * F + 2 * stored * C * F + D * vector_bytes(k),
+            rows * p.n_v * D * 8.0};
   }
   if (starts_with(k, "attn_qk_norm_rope_append")) {
     const auto p = params_of<AttnPrepParams>(d);

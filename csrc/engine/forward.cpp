@@ -11,6 +11,15 @@ namespace {
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
+// The step's rows as one sequence in slot 0 (params/common.h), for the kernels that index
+// per-sequence memory by segment.
+StepSegments single_segment(uint32_t rows, uint32_t position) {
+  StepSegments s{};
+  s.count = 1;
+  s.seg[0] = {0, 0, rows, position};
+  return s;
+}
+
 // The norm-fused kernels' parameters, members aside: h = x (+ mix), written to x_next (then the
 // residual stream: Engine::encode_normed_projections swaps the two) and xn as encode_norm leaves them.
 QmvNormParams qmv_norm_params(const ModelDims& dims, const DeviceTensor& norm, bool add_mix, uint32_t rows) {
@@ -109,6 +118,8 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
   const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
   const LayerKernels& k = l.kernels;
   const Norm input_norm{l.input_norm, add_mix ? *k.input_norm_residual : *k.input_norm};
+  const StepSegments segs = single_segment(rows, uint32_t(position));
+  const SlotStrides& strides = w.slot_strides;
   if (l.delta) {
     const DeltaNetWeights& m = *l.delta;
     const uint32_t nk = uint32_t(d.lin_k_heads), nv = uint32_t(d.lin_v_heads), C = 2 * nk * D + nv * D;
@@ -119,18 +130,19 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     // Two stages (shaders/deltanet.metal): conv + gates + scan in SIMD-groups that never
     // wait for each other, then the gated norm and the history-ring store. A verify step
     // keeps the state after each draft row for its rollback (snap_rows_).
-    const uint32_t pos = uint32_t(position), slots = history_slots(d);
+    const uint32_t slots = history_slots(d);
     const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps) : Arg(w.no_snapshots);
-    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), rows, pos, slots, snap_rows_, C, nv,
-                             uint32_t(state_words(d)), 1e-6f};
+    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), slots, snap_rows_, C, nv, strides.state_words,
+                             strides.state_words, strides.history_words, strides.snapshot_words, 1e-6f};
     const uint32_t scan_groups = ceil_div(nv * (D / MQ_DELTA_SCAN_ROWS), k.conv_scan->threads / MQ_SIMD_WIDTH);
     enc.dispatch(*k.conv_scan,
                  {w.qkv_raw, at(m.conv1d), l.hist, w.a, w.b, at(m.a_log), at(m.dt_bias), l.state, w.delta_out,
-                  state_snaps, Arg::value(sp)},
-                 {scan_groups});
-    const DeltaNormParams np{nk, nv, rows, pos, slots, C, nv * D, d.eps};
+                  state_snaps, Arg::value(segs), Arg::value(sp)},
+                 {scan_groups, segs.count});
+    const DeltaNormParams np{nk, nv, slots, C, nv * D, strides.history_words, d.eps};
     enc.dispatch(*k.norm_history,
-                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist, Arg::value(np)}, {nv + C / D});
+                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist, Arg::value(segs), Arg::value(np)},
+                 {nv + C / D, segs.count});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;

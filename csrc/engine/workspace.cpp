@@ -160,6 +160,19 @@ uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, ui
   return std::max(1u, std::min({by_length, by_cores, max_splits}));
 }
 
+SlotStrides slot_strides(const ModelDims& d, const EngineOptions& o) {
+  auto checked = [](const char* what, size_t value, size_t bytes_per_unit) {
+    if (value * bytes_per_unit % 16 != 0 || value > UINT32_MAX)
+      throw EngineError(std::string("[engine] per-slot ") + what + " stride of " + std::to_string(value) +
+                        (bytes_per_unit == 1 ? " bytes" : " words") +
+                        " is not a multiple of 16 bytes below 2^32 (lower max_context)");
+    return uint32_t(value);
+  };
+  return {checked("DeltaNet state", state_words(d), 4), checked("conv history", history_words(d), 4),
+          checked("state snapshot", size_t(o.max_draft) * state_words(d), 4),
+          checked("KV cache", kv_cache_bytes(d, o), 1)};
+}
+
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
   const size_t kv_dim = size_t(d.kv_heads) * MQ_ATTN_HEAD_DIM, ctx = size_t(o.max_context);
   return o.kv_bits == 8 ? ctx * kv_dim + ctx * kv_dim / MQ_ATTN_Q8_BLOCK * 2 : ctx * kv_dim * 2;
@@ -180,6 +193,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
                      std::vector<LayerWeights>& layers) {
   max_rows = rows_per_step(o);
   max_splits = kMaxSplits;
+  slot_strides = engine::slot_strides(d, o);
   argmax_chunk = kArgmaxChunk;
   argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
   auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };
