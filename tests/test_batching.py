@@ -31,10 +31,26 @@ def prompts(batched):
     return [[int(t) for t in rng.integers(0, batched.config.vocab_size, n)] for n in (7, 19, 3, 11)]
 
 
-def alone(model, prompt, **options):
-    """The request run by itself in slot 0, plainly decoded, from a cold state."""
+class Oracle:
+    """Drafts the known continuation, wrong at depth 1, 2, 3, ... in turn."""
+
+    def __init__(self, continuation, prompt_len):
+        self.continuation, self.prompt_len, self.steps = continuation, prompt_len, 0
+
+    def draft(self, history, k):
+        done = len(history) - self.prompt_len
+        drafts = list(self.continuation[done:done + k])
+        wrong = self.steps % 4 + 1
+        self.steps += 1
+        if wrong <= len(drafts):
+            drafts[wrong - 1] = (drafts[wrong - 1] + 1) % 1000
+        return drafts
+
+
+def alone(model, prompt, speculative="off", **options):
+    """The request run by itself in slot 0 (plainly decoded unless told), from a cold state."""
     model.reset()
-    chunks = list(model.stream(prompt, speculative="off", **options))
+    chunks = list(model.stream(prompt, speculative=speculative, **options))
     return model.last_tokens, [(c.logprob, c.top_logprobs) for c in chunks if c.token is not None]
 
 
@@ -80,17 +96,32 @@ def test_more_requests_than_slots_wait_for_one(batched, prompts):
     assert [g.tokens for g in got] == want
 
 
-def test_speculative_sequences_in_shared_steps_equal_plain_decoding(batched):
-    # Repetitive prompts so that prompt lookup drafts (and gets drafts accepted).
-    vocab = batched.config.vocab_size
-    loops = [[(7 * i + 3) % vocab for i in range(n)] * 4 for n in (5, 6, 4)]
-    settings = [dict(max_tokens=14), dict(max_tokens=12, temperature=0.9, seed=2), dict(max_tokens=14)]
-    want = [alone(batched, p, **s)[0] for p, s in zip(loops, settings)]
+def test_greedy_speculative_sequences_in_shared_steps_equal_plain_decoding(batched, prompts):
+    """Drafts of the known answers, wrong at a cycling depth, so steps accept and reject."""
+    settings = [dict(max_tokens=14), dict(max_tokens=12, temperature=0.9, seed=2), dict(max_tokens=14),
+                dict(max_tokens=3)]
+    want = [alone(batched, p, **s)[0] for p, s in zip(prompts, settings)]
     scheduler = Scheduler(batched)
-    seqs = [scheduler.submit(p, speculative="lookup", **s) for p, s in zip(loops, settings)]
+    drafters = [Oracle(w, len(p)) if "temperature" not in s else "off" for p, s, w in zip(prompts, settings, want)]
+    seqs = [scheduler.submit(p, speculative=d, **s) for p, s, d in zip(prompts, settings, drafters)]
     scheduler.run()
     assert [s.output.tokens for s in seqs] == want
-    assert sum(s.output.stats.drafted for s in seqs) > 0
+    drafted = sum(s.output.stats.drafted for s in seqs)
+    assert drafted > 0 and 0 < sum(s.output.stats.accepted for s in seqs) < drafted
+
+
+def test_a_sampled_speculative_sequence_draws_as_it_does_alone(batched, prompts):
+    """Speculative sampling keeps the distribution, not plain decoding's draws: batched, a
+    seeded request draws exactly what the same speculative request draws alone."""
+    sampled = dict(max_tokens=12, temperature=0.9, seed=2)
+    plain = alone(batched, prompts[1], **sampled)[0]
+    want = alone(batched, prompts[1], speculative=Oracle(plain, len(prompts[1])), **sampled)[0]
+    scheduler = Scheduler(batched)
+    seq = scheduler.submit(prompts[1], speculative=Oracle(plain, len(prompts[1])), **sampled)
+    other = scheduler.submit(prompts[0], max_tokens=12, speculative="off")
+    scheduler.run()
+    assert seq.output.tokens == want and seq.output.stats.drafted > 0
+    assert other.output.tokens == alone(batched, prompts[0], max_tokens=12)[0]
 
 
 def test_sequences_past_the_split_length_of_decode_attention(batched):

@@ -106,12 +106,14 @@ void Engine::encode_normed_projections(Encoder& enc, const Norm& norm, bool add_
 void Engine::encode_layer(Encoder& enc, const LayerWeights& l, const StepSegments& segs, bool add_mix) {
   const StepSegment& last = segs.seg[segs.count - 1];
   const uint32_t rows = last.first_row + last.rows;
-  const int slot = int(segs.seg[0].slot), position = int(segs.seg[0].position);  // single-sequence kernels
+  // Prefill steps hold one sequence: their kernels take its slot's part of the caches.
+  const int slot = int(segs.seg[0].slot), position = int(segs.seg[0].position);
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
   const LayerKernels& k = l.kernels;
   const Norm input_norm{l.input_norm, add_mix ? *k.input_norm_residual : *k.input_norm};
+  const SlotStrides& strides = w.slot_strides;
   if (l.delta) {
     const DeltaNetWeights& m = *l.delta;
     const uint32_t nk = uint32_t(d.lin_k_heads), nv = uint32_t(d.lin_v_heads), C = 2 * nk * D + nv * D;
@@ -122,18 +124,19 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, const StepSegment
     // Two stages (shaders/deltanet.metal): conv + gates + scan in SIMD-groups that never
     // wait for each other, then the gated norm and the history-ring store. A verify step
     // keeps the state after each draft row for its rollback (snap_rows_).
-    const uint32_t pos = uint32_t(position), slots = history_slots(d);
-    const Arg state_snaps = snap_rows_ ? l.state_snaps.part(slot) : Arg(w.no_snapshots);
-    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), rows, pos, slots, snap_rows_, C, nv,
-                             uint32_t(state_words(d)), 1e-6f};
+    const uint32_t slots = history_slots(d);
+    const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps.buffer) : Arg(w.no_snapshots);
+    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), slots, snap_rows_, C, nv, strides.state_words,
+                             strides.state_words, strides.history_words, strides.snapshot_words, 1e-6f};
     const uint32_t scan_groups = ceil_div(nv * (D / MQ_DELTA_SCAN_ROWS), k.conv_scan->threads / MQ_SIMD_WIDTH);
     enc.dispatch(*k.conv_scan,
-                 {w.qkv_raw, at(m.conv1d), l.hist.part(slot), w.a, w.b, at(m.a_log), at(m.dt_bias), l.state.part(slot), w.delta_out,
-                  state_snaps, Arg::value(sp)},
-                 {scan_groups});
-    const DeltaNormParams np{nk, nv, rows, pos, slots, C, nv * D, d.eps};
+                 {w.qkv_raw, at(m.conv1d), l.hist.buffer, w.a, w.b, at(m.a_log), at(m.dt_bias), l.state.buffer, w.delta_out,
+                  state_snaps, Arg::value(segs), Arg::value(sp)},
+                 {scan_groups, segs.count});
+    const DeltaNormParams np{nk, nv, slots, C, nv * D, strides.history_words, d.eps};
     enc.dispatch(*k.norm_history,
-                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist.part(slot), Arg::value(np)}, {nv + C / D});
+                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist.buffer, Arg::value(segs), Arg::value(np)},
+                 {nv + C / D, segs.count});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;
@@ -147,22 +150,31 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, const StepSegment
       // Flash-decode with the q/k norm, RoPE and K/V append inside (no prep dispatch, no
       // barrier between append and read); the context is split across threadgroups to give
       // every GPU core a few, then merged by the combine.
-      const uint32_t per_group = rows == 1 ? 1 : 4;
-      const Pipeline& decode = rows == 1 ? *k.attn_decode_r1 : *k.attn_decode_r4;
+      // Per segment: row groups of per_group rows, and splits from its own context only
+      // (decode_splits), so a sequence's bits do not depend on what it is batched with.
+      const bool one_row_each = std::all_of(segs.seg, segs.seg + segs.count, [](const StepSegment& g) { return g.rows == 1; });
+      const uint32_t per_group = one_row_each ? 1 : 4;
+      const Pipeline& decode = one_row_each ? *k.attn_decode_r1 : *k.attn_decode_r4;
       // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
       const uint32_t heads = decode.threads / MQ_SIMD_WIDTH;
-      const uint32_t head_groups = nkv * ceil_div(rep, heads), row_groups = ceil_div(rows, per_group);
-      const uint32_t context = pos + rows;
-      const uint32_t splits = decode_splits(context, head_groups * row_groups, device_->gpu_cores(), w.max_splits);
-      AttnDecodeParams ap{rows, nq, nkv, q_stride, kv_stride, kv_stride, attn_stride, pos, max_ctx,
-                          ceil_div(context, splits), 0, d.eps};
-      ap.n_splits = ceil_div(context, ap.split_len);
+      const uint32_t head_groups = nkv * ceil_div(rep, heads);
+      AttnDecodeParams ap{nq, nkv, q_stride, kv_stride, kv_stride, attn_stride, max_ctx, strides.cache_bytes, 1, {},
+                          d.eps};
+      uint32_t row_groups = 0;
+      for (uint32_t i = 0; i < segs.count; ++i) {
+        const uint32_t context = segs.seg[i].position + segs.seg[i].rows;
+        const uint32_t splits = decode_splits(context, head_groups, device_->gpu_cores(), w.max_splits);
+        ap.split_len[i] = ceil_div(context, splits);
+        ap.n_splits = std::max(ap.n_splits, ceil_div(context, ap.split_len[i]));
+        row_groups += ceil_div(segs.seg[i].rows, per_group);
+      }
       enc.dispatch(decode,
-                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.part(slot), l.v_cache.part(slot), w.part_o, w.part_ms,
-                    w.attn, Arg::value(ap)},
+                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.buffer, l.v_cache.buffer, w.part_o, w.part_ms,
+                    w.attn, Arg::value(segs), Arg::value(ap)},
                    {ap.n_splits, head_groups, row_groups}, {heads * MQ_SIMD_WIDTH});
       if (ap.n_splits > 1)
-        enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
+        enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(segs), Arg::value(ap)},
+                     {nq, rows});
     } else {
       const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, max_ctx, d.eps};
       const uint32_t prep_threads = k.attn_prep->threads;  // one SIMD-group per (row, head)

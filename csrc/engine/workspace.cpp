@@ -172,6 +172,20 @@ uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, ui
   return std::max(1u, std::min({by_length, by_cores, max_splits}));
 }
 
+SlotStrides slot_strides(const ModelDims& d, const EngineOptions& o) {
+  // The parts new_slot_buffer gives each slot (kSlotAlign-aligned), in the units the kernels take.
+  auto fits = [](const char* what, size_t value) {
+    if (value > UINT32_MAX)
+      throw EngineError(std::string("[engine] the per-slot ") + what + " stride " + std::to_string(value) +
+                        " does not fit the kernels' 32-bit strides (lower max_context)");
+    return uint32_t(value);
+  };
+  auto words = [](size_t n) { return slot_part_bytes(bytes_of_words(n)) / 4; };
+  return {fits("DeltaNet state", words(state_words(d))), fits("conv history", words(history_words(d))),
+          fits("state snapshot", o.max_draft > 0 ? words(size_t(o.max_draft) * state_words(d)) : 0),
+          fits("KV cache", kv_cache_slot_bytes(d, o))};
+}
+
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
   const size_t kv_dim = size_t(d.kv_heads) * MQ_ATTN_HEAD_DIM, ctx = size_t(o.max_context);
   return o.kv_bits == 8 ? ctx * kv_dim + ctx * kv_dim / MQ_ATTN_Q8_BLOCK * 2 : ctx * kv_dim * 2;
@@ -198,6 +212,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
                      std::vector<LayerWeights>& layers) {
   max_rows = rows_per_step(o);
   max_splits = kMaxSplits;
+  slot_strides = engine::slot_strides(d, o);
   argmax_chunk = kArgmaxChunk;
   argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
   auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };

@@ -85,6 +85,15 @@ struct LayerWeights {
   SlotBuffer state_snaps;
 };
 
+// Distances between sequence slots in the per-layer SlotBuffers, as the kernels take them
+// (params/common.h: slot-major, one buffer per layer): each slot's part, kSlotAlign-aligned.
+struct SlotStrides {
+  uint32_t state_words;     // DeltaNet state [nv][D][D]
+  uint32_t history_words;   // conv history ring [history_slots][C]
+  uint32_t snapshot_words;  // state snapshot planes [max_draft][nv][D][D]
+  uint32_t cache_bytes;     // one K (or V) cache, kv_cache_slot_bytes
+};
+
 struct Workspace {
   // Allocates the activations, and each layer's cache or recurrent state into `layers`.
   Workspace(gpu::Device& device, const ModelDims& dims, const EngineOptions& options, std::vector<LayerWeights>& layers);
@@ -93,6 +102,7 @@ struct Workspace {
 
   uint32_t max_rows;                         // rows per step: max(prefill_chunk, verify rows)
   uint32_t max_splits;                       // most decode attention context splits (sizes part_o, part_ms)
+  SlotStrides slot_strides;                  // checked at construction (slot_strides())
   SlotBuffer ids;                            // uint [slots][max_context + 1]: token at each position
   std::shared_ptr<gpu::Buffer> x, xn, mix;   // [rows][hidden]: residual, normed, mixer/MLP out
   // [rows][hidden]: where a norm-fused matvec writes x + mix (its threadgroups all read x), swapped
@@ -143,10 +153,16 @@ inline Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 inline Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
 inline Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
 
-// Flash-decode splits for `context` positions when one split takes `groups` threadgroups
-// (kv heads x head blocks x row groups): splits of >= 128 positions, enough of them to give
-// each of the GPU's cores a few threadgroups, at most max_splits (Workspace::max_splits).
+// Flash-decode splits for one sequence's `context` positions when one split takes `groups`
+// threadgroups (kv heads x head blocks: the head groups only, not the row groups): splits
+// of >= 128 positions, enough of them to give each of the GPU's cores a few threadgroups, at
+// most max_splits (Workspace::max_splits). It depends on the sequence alone, never on the
+// step's rows or the other sequences sharing the step, so a sequence's attention gives the
+// same bits whether it decodes alone or batched (a split layout changes the f32 sums).
 uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits);
+// The per-slot strides for these dims and options; throws EngineError when one is not a
+// multiple of 16 bytes (the kernels' float4 access) or does not fit the kernels' uint.
+SlotStrides slot_strides(const ModelDims& dims, const EngineOptions& options);
 // Bytes of one attention layer's K (or V) cache at max_context, and of its part per slot (aligned).
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 size_t kv_cache_slot_bytes(const ModelDims& dims, const EngineOptions& options);
