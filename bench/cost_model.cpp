@@ -147,16 +147,22 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
   }
   if (starts_with(k, "attn_decode_combine")) {
     const auto p = params_of<AttnDecodeParams>(d);
-    const double HD = MQ_ATTN_HEAD_DIM;
+    const double HD = MQ_ATTN_HEAD_DIM, rows = step_rows(segments_of(d));
     return {std::to_string(p.n_splits) + " splits",
-            p.rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F), p.rows * p.nq * p.n_splits * HD * 2.0};
+            rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F), rows * p.nq * p.n_splits * HD * 2.0};
   }
   if (starts_with(k, "attn_decode")) {
     const auto p = params_of<AttnDecodeParams>(d);
-    const double HD = MQ_ATTN_HEAD_DIM, context = double(p.pos_base) + p.rows;
-    // K and V of the context once (the step's rows raw in, appended out), q (query and gate) in, the output out
-    const double bytes = 2 * context * p.nkv * HD * cache_bytes(k) + p.rows * (p.nq * HD * F * 3 + 2 * p.nkv * HD * F);
-    return {"ctx " + std::to_string(int(context)), bytes, 4.0 * p.rows * p.nq * context * HD};
+    const StepSegments segs = segments_of(d);
+    const double HD = MQ_ATTN_HEAD_DIM, rows = step_rows(segs);
+    double context = 0, row_context = 0;  // summed over the sequences: positions, and rows x positions
+    for (uint32_t i = 0; i < segs.count; ++i) {
+      context += double(segs.seg[i].position) + segs.seg[i].rows;
+      row_context += segs.seg[i].rows * (double(segs.seg[i].position) + segs.seg[i].rows);
+    }
+    // each sequence's K and V once (the step's rows raw in, appended out), q (query and gate) in, the output out
+    const double bytes = 2 * context * p.nkv * HD * cache_bytes(k) + rows * (p.nq * HD * F * 3 + 2 * p.nkv * HD * F);
+    return {"ctx " + std::to_string(int(context)), bytes, 4.0 * p.nq * row_context * HD};
   }
   if (starts_with(k, "attn_prefill")) {
     const auto p = params_of<AttnParams>(d);

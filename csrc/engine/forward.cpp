@@ -156,22 +156,30 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
       // Flash-decode with the q/k norm, RoPE and K/V append inside (no prep dispatch, no
       // barrier between append and read); the context is split across threadgroups to give
       // every GPU core a few, then merged by the combine.
+      // Per segment: row groups of per_group rows, and splits from its own context only
+      // (decode_splits), so a sequence's bits do not depend on what it is batched with.
       const uint32_t per_group = rows == 1 ? 1 : 4;
       const Pipeline& decode = rows == 1 ? *k.attn_decode_r1 : *k.attn_decode_r4;
       // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
       const uint32_t heads = decode.threads / MQ_SIMD_WIDTH;
-      const uint32_t head_groups = nkv * ceil_div(rep, heads), row_groups = ceil_div(rows, per_group);
-      const uint32_t context = pos + rows;
-      const uint32_t splits = decode_splits(context, head_groups * row_groups, device_->gpu_cores(), w.max_splits);
-      AttnDecodeParams ap{rows, nq, nkv, q_stride, kv_stride, kv_stride, attn_stride, pos, max_ctx,
-                          ceil_div(context, splits), 0, d.eps};
-      ap.n_splits = ceil_div(context, ap.split_len);
+      const uint32_t head_groups = nkv * ceil_div(rep, heads);
+      AttnDecodeParams ap{nq, nkv, q_stride, kv_stride, kv_stride, attn_stride, max_ctx, strides.cache_bytes, 1, {},
+                          d.eps};
+      uint32_t row_groups = 0;
+      for (uint32_t i = 0; i < segs.count; ++i) {
+        const uint32_t context = segs.seg[i].position + segs.seg[i].rows;
+        const uint32_t splits = decode_splits(context, head_groups, device_->gpu_cores(), w.max_splits);
+        ap.split_len[i] = ceil_div(context, splits);
+        ap.n_splits = std::max(ap.n_splits, ceil_div(context, ap.split_len[i]));
+        row_groups += ceil_div(segs.seg[i].rows, per_group);
+      }
       enc.dispatch(decode,
                    {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, w.part_o, w.part_ms,
-                    w.attn, Arg::value(ap)},
+                    w.attn, Arg::value(segs), Arg::value(ap)},
                    {ap.n_splits, head_groups, row_groups}, {heads * MQ_SIMD_WIDTH});
       if (ap.n_splits > 1)
-        enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
+        enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(segs), Arg::value(ap)},
+                     {nq, rows});
     } else {
       const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, max_ctx, d.eps};
       const uint32_t prep_threads = k.attn_prep->threads;  // one SIMD-group per (row, head)

@@ -140,9 +140,12 @@ inline Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 inline Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
 inline Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
 
-// Flash-decode splits for `context` positions when one split takes `groups` threadgroups
-// (kv heads x head blocks x row groups): splits of >= 128 positions, enough of them to give
-// each of the GPU's cores a few threadgroups, at most max_splits (Workspace::max_splits).
+// Flash-decode splits for one sequence's `context` positions when one split takes `groups`
+// threadgroups (kv heads x head blocks: the head groups only, not the row groups): splits
+// of >= 128 positions, enough of them to give each of the GPU's cores a few threadgroups, at
+// most max_splits (Workspace::max_splits). It depends on the sequence alone, never on the
+// step's rows or the other sequences sharing the step, so a sequence's attention gives the
+// same bits whether it decodes alone or batched (a split layout changes the f32 sums).
 uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits);
 // The per-slot strides for these dims and options; throws EngineError when one is not a
 // multiple of 16 bytes (the kernels' float4 access) or does not fit the kernels' uint.
