@@ -26,8 +26,9 @@
 //     (mod 2^64), computed once by the engine in double precision: the rotation of pair
 //     i at position pos is (pos * rope_turns[i] mod 2^64) / 2^64 turns, exact in integer
 //     arithmetic, so large positions lose no accuracy to float32 angle rounding.
-// Row r of a step (of a segment, for attn_decode) is at position pos_base + r; the cache holds positions < pos_base + rows
-// once the step's K/V are appended, and row r attends to positions <= pos_base + r.
+// Row r of a step (of a segment, for attn_decode) is at position pos_base + r; the cache
+// holds positions < pos_base + rows once the step's K/V are appended, and row r attends to
+// positions <= pos_base + r.
 
 // attn_qk_norm_rope_append_{q8,f16} (+ _wf32; prefill chunks): per-head RMSNorm of query
 // and key (weights bf16 [HEAD_DIM], multiplied as stored), RoPE on the first ROT_DIM dims, in place in q and k;

@@ -704,8 +704,9 @@ def test_prefill_then_decode_through_the_cache(dev, lib, kind):
         else:  # flash-decode, 3 splits of 4
             n_splits = cdiv(pos_base + rows, 4)
             attn = decode_params(nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_dim, v_stride=kv_dim,
-                                 out_stride=nq * HD, max_ctx=max_ctx, cache_slot_bytes=cache_bytes(kind, max_ctx, kv_dim),
-                                 n_splits=n_splits, split_len=[4], eps=EPS)
+                                 out_stride=nq * HD, max_ctx=max_ctx,
+                                 cache_slot_bytes=cache_bytes(kind, max_ctx, kv_dim), n_splits=n_splits, split_len=[4],
+                                 eps=EPS)
             segs = step_segments((0, rows, pos_base))
             part_o = dev.empty(rows * nq * n_splits * HD * 4)
             part_ms = dev.empty(rows * nq * n_splits * 8)
