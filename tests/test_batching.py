@@ -161,3 +161,13 @@ def test_slots_cost_memory_and_are_bounded(demo, device, batched):
     assert batched.counters()["memory_estimate"] > one.counters()["memory_estimate"]
     with pytest.raises(ValueError, match="max_sequences must be an integer in 1..8"):
         metalqwen.load(demo, device=device, max_sequences=9, progress=False)
+
+
+def test_shared_steps_run_without_speculation_reserved(demo, device):
+    """Engine.step accepts its rows' tokens as verify steps do: a model loaded with
+    speculative="off" (no draft rows) steps too, and a lone prompt gets what generate gives."""
+    m = metalqwen.load(demo, device=device, max_context=64, progress=False, max_sequences=2)
+    m.generate([5, 6, 7], max_tokens=4)
+    want = m.last_tokens
+    m.reset()
+    assert m.generate_batch([[5, 6, 7]], max_tokens=4)[0].tokens == want

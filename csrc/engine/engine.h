@@ -289,7 +289,7 @@ class Engine {
     const Pipeline *final_norm = nullptr, *silu_mul = nullptr, *copy_u32 = nullptr;
     const Pipeline *argmax_partial = nullptr, *argmax_final = nullptr, *sample = nullptr, *logprobs = nullptr;
     const Pipeline *penalty_count = nullptr, *penalty_apply = nullptr;
-    const Pipeline *spec_accept = nullptr, *delta_restore = nullptr;  // with max_draft > 0
+    const Pipeline *spec_accept = nullptr, *delta_restore = nullptr;  // delta_restore: with max_draft > 0
     const Pipeline* attn_combine = nullptr;
     const Pipeline *moe_route = nullptr, *moe_group = nullptr, *moe_gather_rows = nullptr, *moe_combine = nullptr;
   } k_;
