@@ -27,6 +27,24 @@ P params_of(const RecordedDispatch& d) {
   throw std::runtime_error("[bench] " + d.kernel + " has no parameter struct");
 }
 
+// The step's segments (params/common.h): the setBytes argument just before the parameters of
+// the kernels that index per-sequence memory.
+StepSegments segments_of(const RecordedDispatch& d) {
+  for (const auto& a : d.args)
+    if (a.bytes.size() == sizeof(StepSegments)) {
+      StepSegments s;
+      std::memcpy(&s, a.bytes.data(), sizeof(s));
+      return s;
+    }
+  throw std::runtime_error("[bench] " + d.kernel + " has no step segments");
+}
+
+uint32_t step_rows(const StepSegments& s) {
+  uint32_t rows = 0;
+  for (uint32_t i = 0; i < s.count; ++i) rows += s.seg[i].rows;
+  return rows;
+}
+
 // Bytes per weight of a projection format (the kernel-name suffix after "<op>_").
 double weight_bytes_per_element(const std::string& format) {
   if (format == "bf16" || format == "f16") return 2;
@@ -135,21 +153,24 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
   }
   if (starts_with(k, "delta_conv_scan")) {
     const auto p = params_of<DeltaScanParams>(d);
-    const double D = MQ_DELTA_HEAD_DIM, state = p.n_v * D * D * F;
+    const StepSegments segs = segments_of(d);
+    const double D = MQ_DELTA_HEAD_DIM, state = p.n_v * D * D * F, rows = step_rows(segs);
     const double C = (2.0 * p.n_k + p.n_v) * D;
-    // the f32 state read and written once; per row raw inputs, a/b in and y out; the
-    // history and taps (the q/k conv repeats per SIMD-group, from cache: counted once)
-    const double bytes = 2 * state + p.rows * (C * F + 2 * p.n_v * F + p.n_v * D * F) + (p.ksize - 1) * C * F +
-                         C * p.ksize * vector_bytes(k);
-    return {std::to_string(p.n_v) + " heads", bytes, p.rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize)};
+    // per sequence, the f32 state read and written once and its history; per row raw inputs,
+    // a/b in and y out; the taps (the q/k conv repeats per SIMD-group, from cache: counted once)
+    const double bytes = segs.count * (2 * state + (p.ksize - 1) * C * F) +
+                         rows * (C * F + 2 * p.n_v * F + p.n_v * D * F) + C * p.ksize * vector_bytes(k);
+    return {std::to_string(p.n_v) + " heads", bytes, rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize)};
   }
   if (starts_with(k, "delta_norm_history")) {
     const auto p = params_of<DeltaNormParams>(d);
-    const double D = MQ_DELTA_HEAD_DIM, C = (2.0 * p.n_k + p.n_v) * D;
-    const double stored = std::min<double>(p.rows, p.hist_slots);
+    const StepSegments segs = segments_of(d);
+    const double D = MQ_DELTA_HEAD_DIM, C = (2.0 * p.n_k + p.n_v) * D, rows = step_rows(segs);
+    double stored = 0;  // per sequence, its last rows into its history ring
+    for (uint32_t i = 0; i < segs.count; ++i) stored += std::min(segs.seg[i].rows, p.hist_slots);
     // y and z in, the normalised y out; raw inputs copied into the history ring
-    return {std::to_string(p.n_v) + " heads", p.rows * 3 * p.n_v * D * F + 2 * stored * C * F + D * vector_bytes(k),
-            p.rows * p.n_v * D * 8.0};
+    return {std::to_string(p.n_v) + " heads", rows * 3 * p.n_v * D * F + 2 * stored * C * F + D * vector_bytes(k),
+            rows * p.n_v * D * 8.0};
   }
   if (starts_with(k, "attn_qk_norm_rope_append")) {
     const auto p = params_of<AttnPrepParams>(d);
@@ -159,16 +180,22 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
   }
   if (starts_with(k, "attn_decode_combine")) {
     const auto p = params_of<AttnDecodeParams>(d);
-    const double HD = MQ_ATTN_HEAD_DIM;
+    const double HD = MQ_ATTN_HEAD_DIM, rows = step_rows(segments_of(d));
     return {std::to_string(p.n_splits) + " splits",
-            p.rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F), p.rows * p.nq * p.n_splits * HD * 2.0};
+            rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F), rows * p.nq * p.n_splits * HD * 2.0};
   }
   if (starts_with(k, "attn_decode")) {
     const auto p = params_of<AttnDecodeParams>(d);
-    const double HD = MQ_ATTN_HEAD_DIM, context = double(p.pos_base) + p.rows;
-    // K and V of the context once (the step's rows raw in, appended out), q (query and gate) in, the output out
-    const double bytes = 2 * context * p.nkv * HD * cache_bytes(k) + p.rows * (p.nq * HD * F * 3 + 2 * p.nkv * HD * F);
-    return {"ctx " + std::to_string(int(context)), bytes, 4.0 * p.rows * p.nq * context * HD};
+    const StepSegments segs = segments_of(d);
+    const double HD = MQ_ATTN_HEAD_DIM, rows = step_rows(segs);
+    double context = 0, row_context = 0;  // summed over the sequences: positions, and rows x positions
+    for (uint32_t i = 0; i < segs.count; ++i) {
+      context += double(segs.seg[i].position) + segs.seg[i].rows;
+      row_context += segs.seg[i].rows * (double(segs.seg[i].position) + segs.seg[i].rows);
+    }
+    // each sequence's K and V once (the step's rows raw in, appended out), q (query and gate) in, the output out
+    const double bytes = 2 * context * p.nkv * HD * cache_bytes(k) + rows * (p.nq * HD * F * 3 + 2 * p.nkv * HD * F);
+    return {"ctx " + std::to_string(int(context)), bytes, 4.0 * p.nq * row_context * HD};
   }
   if (starts_with(k, "attn_prefill")) {
     const auto p = params_of<AttnParams>(d);

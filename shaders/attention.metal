@@ -123,6 +123,12 @@ inline void kv_round_store(thread float4* x, device char* cache, uint max_ctx, u
   }
 }
 
+// Splits of segment i's context in a decode dispatch (params/attention.h): its own, never
+// the other segments', so its rows compute the same alone or batched.
+inline uint segment_splits(constant StepSegments& segs, constant AttnDecodeParams& p, uint i) {
+  return (segs.seg[i].position + segs.seg[i].rows + p.split_len[i] - 1) / p.split_len[i];
+}
+
 }  // namespace mq_attn
 
 // ---------------------------------------------------------------------------------------
@@ -204,15 +210,21 @@ template [[host_name("attn_qk_norm_rope_append_f16_wf32")]] [[kernel]] void attn
     uint lane [[thread_index_in_simdgroup]]);
 
 // ---------------------------------------------------------------------------------------
-// Flash-decode partials for R rows of one kv head over one split of the context, with the
-// step's q/k norm, RoPE and K/V append folded in (params/attention.h says who appends).
+// Flash-decode partials for R rows of one segment and one kv head over one split of the
+// segment's context, with the step's q/k norm, RoPE and K/V append folded in
+// (params/attention.h says who appends).
 //   q:       [rows][q_stride] f32, raw projection: per head [query | gate]
 //   k, v:    [rows][k_stride], [rows][v_stride] f32, raw projections of the step's rows
 //   q_norm, k_norm: [HEAD_DIM] bf16 (or f32: _wf32); rope_turns: [ROT_DIM / 2] uint64
-//   kc, vc:  this layer's caches; positions < pos_base read, pos_base .. + rows written
+//   kc, vc:  this layer's caches [slots][cache]; per segment, its slot's positions
+//            < position read, position .. + rows written
 //   part_o:  [rows][nq][n_splits][HEAD_DIM] f32, part_ms: [rows][nq][n_splits] float2
-//   out:     [rows][out_stride] f32, written instead of the partials when n_splits == 1
-// Threadgroup (split, kv head x head block, row group); SIMD-group = one query head of the
+//   out:     [rows][out_stride] f32, written instead of the partials when the segment has
+//            one split (the combine's o / l is not bit-equal to o * (1 / l): a segment's
+//            own split count decides, so a row's bits do not depend on the other segments)
+//   segs:    the step's segments (params/common.h)
+// Threadgroup (split, kv head x head block, segment's row group: grid z counts the row
+// groups of segment 0, then of segment 1, ...); SIMD-group = one query head of the
 // kv head's head block (all of them read the same K/V rows): n_sg SIMD-groups serve heads
 // [b n_sg, (b + 1) n_sg) of the kv head's n_rep, in ceil(n_rep / n_sg) blocks b.
 // Positions go in blocks of KEYS: all their K/V loads first, then one simd_sum per
@@ -233,7 +245,8 @@ template <bool Q8, uint R, typename W>
                             device float* part_o [[buffer(8)]],
                             device float2* part_ms [[buffer(9)]],
                             device float* out [[buffer(10)]],
-                            constant AttnDecodeParams& p [[buffer(11)]],
+                            constant StepSegments& segs [[buffer(11)]],
+                            constant AttnDecodeParams& p [[buffer(12)]],
                             uint3 tg [[threadgroup_position_in_grid]],
                             uint sg [[simdgroup_index_in_threadgroup]],
                             uint n_sg [[simdgroups_per_threadgroup]],
@@ -247,13 +260,30 @@ template <bool Q8, uint R, typename W>
   if (rep >= n_rep) return;  // whole SIMD-groups of the last head block
   const uint head = kvh * n_rep + rep;
   const uint split = tg.x;
-  const uint r0 = tg.z * R;
-  const uint nr = min(R, p.rows - r0);
+  // Grid z -> (segment, its row group): at most MQ_MAX_SEGMENTS steps.
+  uint segment = 0;
+  uint group = tg.z;
+  while (segment + 1 < segs.count && group >= (segs.seg[segment].rows + R - 1) / R) {
+    group -= (segs.seg[segment].rows + R - 1) / R;
+    segment++;
+  }
+  const uint n_splits = segment_splits(segs, p, segment);
+  if (split >= n_splits) return;  // past this segment's context (the grid has the most splits)
+  const uint first_row = segs.seg[segment].first_row;
+  const uint pos_base = segs.seg[segment].position;
+  const uint split_len = p.split_len[segment];
+  kc += (ulong)segs.seg[segment].slot * p.cache_slot_bytes;
+  vc += (ulong)segs.seg[segment].slot * p.cache_slot_bytes;
+  q += (ulong)first_row * p.q_stride;  // rows below are the segment's
+  k += (ulong)first_row * p.k_stride;
+  v += (ulong)first_row * p.v_stride;
+  const uint r0 = group * R;
+  const uint nr = min(R, segs.seg[segment].rows - r0);
   const uint kv_dim = p.nkv * HD;
   const ulong scale_off = (ulong)p.max_ctx * kv_dim;
   // Positions this split serves to these rows: [t0, t1).
-  const uint t0 = split * p.split_len;
-  const uint t1 = min(t0 + p.split_len, p.pos_base + r0 + nr);
+  const uint t0 = split * split_len;
+  const uint t1 = min(t0 + split_len, pos_base + r0 + nr);
   const uint e = kvh * HD + 4 * lane;
   // Appends the step's positions of this row group that fall in this split.
   const bool appender = tg.y % head_blocks == 0 && sg == 0;
@@ -268,7 +298,7 @@ template <bool Q8, uint R, typename W>
     l[r] = 0.0f;
     if (r < nr) {  // uniform across the SIMD-group (head_norm_rope reduces over it)
       head_load(qv[r], q + (ulong)(r0 + r) * p.q_stride + head * 2 * HD, lane);
-      head_norm_rope(qv[r], q_norm, rope_turns, p.pos_base + r0 + r, p.eps, lane);
+      head_norm_rope(qv[r], q_norm, rope_turns, pos_base + r0 + r, p.eps, lane);
       for (uint c = 0; c < NC; c++) qv[r][c] *= SCORE_SCALE;
     }
   }
@@ -280,13 +310,13 @@ template <bool Q8, uint R, typename W>
       const uint t = tb + i;
       if (t >= t1) {  // past the block's last visible position: weight 0, value 0
         for (uint c = 0; c < NC; c++) kk[i][c] = vv[i][c] = float4(0.0f);
-      } else if (t < p.pos_base) {
+      } else if (t < pos_base) {
         for (uint c = 0; c < NC; c++) {
           kk[i][c] = kv_load4<Q8>(kc, scale_off, t, kv_dim, e + 128 * c);
           vv[i][c] = kv_load4<Q8>(vc, scale_off, t, kv_dim, e + 128 * c);
         }
       } else {  // this step's row j = t - pos_base: prepared here, rounded as the cache holds it
-        const uint j = t - p.pos_base;
+        const uint j = t - pos_base;
         const bool store = appender && j >= r0;
         head_load(kk[i], k + (ulong)j * p.k_stride + kvh * HD, lane);
         head_norm_rope(kk[i], k_norm, rope_turns, t, p.eps, lane);
@@ -297,7 +327,7 @@ template <bool Q8, uint R, typename W>
     }
     for (uint r = 0; r < R; r++) {
       // Row r sees positions <= pos_base + r0 + r: the first `seen` of the block.
-      const uint last = min(t1 - 1, p.pos_base + r0 + r);
+      const uint last = min(t1 - 1, pos_base + r0 + r);
       const uint seen = r < nr && last >= tb ? min(KEYS, last - tb + 1) : 0;
       if (seen == 0) continue;  // uniform across the SIMD-group
       float s[KEYS];
@@ -325,16 +355,16 @@ template <bool Q8, uint R, typename W>
 
   for (uint r = 0; r < R; r++) {
     if (r >= nr) break;
-    const uint row = r0 + r;
-    if (p.n_splits == 1) {
+    const uint row = r0 + r;  // of the segment
+    if (n_splits == 1) {
       const float inv = 1.0f / l[r];
       device const float* gate = q + (ulong)row * p.q_stride + head * 2 * HD + HD + 4 * lane;
-      device float* dst = out + (ulong)row * p.out_stride + head * HD + 4 * lane;
+      device float* dst = out + (ulong)(first_row + row) * p.out_stride + head * HD + 4 * lane;
       for (uint c = 0; c < NC; c++) {
         *(device float4*)(dst + 128 * c) = o[r][c] * inv * sigmoid(*(device const float4*)(gate + 128 * c));
       }
     } else {
-      const ulong idx = ((ulong)row * p.nq + head) * p.n_splits + split;
+      const ulong idx = ((ulong)(first_row + row) * p.nq + head) * p.n_splits + split;
       for (uint c = 0; c < NC; c++) *(device float4*)(part_o + idx * HD + 4 * lane + 128 * c) = o[r][c];
       if (lane == 0) part_ms[idx] = float2(m[r], l[r]);
     }
@@ -347,7 +377,8 @@ template [[host_name("attn_decode_q8_r1")]] [[max_total_threads_per_threadgroup(
     device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_q8_r1_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
@@ -356,7 +387,8 @@ template [[host_name("attn_decode_q8_r1_wf32")]] [[max_total_threads_per_threadg
     device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_q8_r4")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
@@ -365,7 +397,8 @@ template [[host_name("attn_decode_q8_r4")]] [[max_total_threads_per_threadgroup(
     device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_q8_r4_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
@@ -374,7 +407,8 @@ template [[host_name("attn_decode_q8_r4_wf32")]] [[max_total_threads_per_threadg
     device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_f16_r1")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
@@ -383,7 +417,8 @@ template [[host_name("attn_decode_f16_r1")]] [[max_total_threads_per_threadgroup
     device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_f16_r1_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
@@ -392,7 +427,8 @@ template [[host_name("attn_decode_f16_r1_wf32")]] [[max_total_threads_per_thread
     device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_f16_r4")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
@@ -401,7 +437,8 @@ template [[host_name("attn_decode_f16_r4")]] [[max_total_threads_per_threadgroup
     device const bfloat* q_norm [[buffer(3)]], device const bfloat* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("attn_decode_f16_r4_wf32")]] [[max_total_threads_per_threadgroup(MQ_ATTN_DECODE_THREADS)]]
@@ -410,34 +447,41 @@ template [[host_name("attn_decode_f16_r4_wf32")]] [[max_total_threads_per_thread
     device const float* q_norm [[buffer(3)]], device const float* k_norm [[buffer(4)]],
     device const ulong* rope_turns [[buffer(5)]], device char* kc [[buffer(6)]], device char* vc [[buffer(7)]],
     device float* part_o [[buffer(8)]], device float2* part_ms [[buffer(9)]], device float* out [[buffer(10)]],
-    constant AttnDecodeParams& p [[buffer(11)]], uint3 tg [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(11)]], constant AttnDecodeParams& p [[buffer(12)]],
+    uint3 tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 
-// Merges the n_splits partials of one (head, row) by log-sum-exp and applies the gate:
-// out = (sum_s 2^(m_s - M) o_s) / (sum_s 2^(m_s - M) l_s) * sigmoid(gate), M = max_s m_s,
-// summed in split order.
+// Merges the n_splits_i partials of one (head, row) of segment i by log-sum-exp and applies
+// the gate: out = (sum_s 2^(m_s - M) o_s) / (sum_s 2^(m_s - M) l_s) * sigmoid(gate),
+// M = max_s m_s, summed in split order; rows of a segment with one split were written by
+// attn_decode and are left alone.
 //   q: [rows][q_stride] f32 (gate halves read), part_o / part_ms: as attn_decode wrote
-//   them, out: [rows][out_stride] f32.
+//   them, out: [rows][out_stride] f32; segs: the step's segments.
 // Threadgroups (nq, rows) of any number of threads (MQ_ATTN_COMBINE_THREADS: one per 4 dims).
 [[kernel]] void attn_decode_combine(device const float* q [[buffer(0)]],
                                     device const float* part_o [[buffer(1)]],
                                     device const float2* part_ms [[buffer(2)]],
                                     device float* out [[buffer(3)]],
-                                    constant AttnDecodeParams& p [[buffer(4)]],
+                                    constant StepSegments& segs [[buffer(4)]],
+                                    constant AttnDecodeParams& p [[buffer(5)]],
                                     uint2 tg [[threadgroup_position_in_grid]],
                                     uint tid [[thread_index_in_threadgroup]],
                                     uint tpg [[threads_per_threadgroup]]) {
   using namespace mq_attn;
   const uint head = tg.x;
   const uint row = tg.y;
+  uint segment = 0;  // segments are contiguous in rows
+  while (segment + 1 < segs.count && row >= segs.seg[segment].first_row + segs.seg[segment].rows) segment++;
+  const uint n_splits = segment_splits(segs, p, segment);
+  if (n_splits == 1) return;
   const ulong base = ((ulong)row * p.nq + head) * p.n_splits;
   float mx = NO_SCORE;
-  for (uint s = 0; s < p.n_splits; s++) mx = max(mx, part_ms[base + s].x);
+  for (uint s = 0; s < n_splits; s++) mx = max(mx, part_ms[base + s].x);
   for (uint d4 = tid; d4 < HD / 4; d4 += tpg) {
     float l = 0.0f;
     float4 acc = float4(0.0f);
-    for (uint s = 0; s < p.n_splits; s++) {
+    for (uint s = 0; s < n_splits; s++) {
       const float2 ms = part_ms[base + s];
       const float w = exp2(ms.x - mx);
       l += w * ms.y;

@@ -76,13 +76,15 @@ inline float conv1(ConvInputs in, device const W* w, uint K, int t, uint c) {
 // S_new q = decay (S_old q) + delta (k.q), all 2R+1 dot products read the old state, so
 // their SIMD reductions are independent; then S = decay S + delta k elementwise.
 //   x [rows][x_stride] raw inputs; conv_w W [C][K]; hist [hist_slots][C] ring (read only);
-//   a, b [rows][ab_stride]; a_log [n_v] (ALogT); dt_bias W [n_v]; state [n_v][D][D]
-//   read-write; out [rows][n_v*D] the unnormalised y; state_snaps planes of [n_v][D][D].
+//   a, b [rows][ab_stride]; a_log [n_v] (ALogT); dt_bias W [n_v]; state [slots][n_v][D][D]
+//   read-write; out [rows][n_v*D] the unnormalised y; state_snaps [slots][planes of
+//   [n_v][D][D]]; hist [slots][hist_slots][C]; segs: the step's segments (params/common.h).
 //   W is bfloat, or float for checkpoints whose vectors are f32/f16 (host names *_wf32).
-// Grid: ceil(n_v * SCAN_BLOCKS / s) threadgroups of 32 * s threads; SIMD-groups past the
-// last block do nothing.
-// Numerics: every row runs the same code whatever `rows` or s is, so verify rows
-// reproduce decode rows bit for bit; q/k norms sum lane partials of 4 squares by simd_sum.
+// Grid: (ceil(n_v * SCAN_BLOCKS / s), segments) threadgroups of 32 * s threads; SIMD-groups
+// past the last block do nothing. Threadgroup (g, i) runs segment i's rows from its slot.
+// Numerics: every row runs the same code whatever the segment's rows, s or the other
+// segments are, so verify rows reproduce decode rows and a sequence batched with others
+// reproduces itself alone, bit for bit; q/k norms sum lane partials of 4 squares by simd_sum.
 template <typename ALogT, typename W>
 [[max_total_threads_per_threadgroup(MQ_DELTA_SCAN_THREADS)]]
 [[kernel]] void delta_conv_scan(device const float* x [[buffer(0)]],
@@ -95,21 +97,32 @@ template <typename ALogT, typename W>
                                 device float* state [[buffer(7)]],
                                 device float* out [[buffer(8)]],
                                 device float* state_snaps [[buffer(9)]],
-                                constant DeltaScanParams& p [[buffer(10)]],
-                                uint group [[threadgroup_position_in_grid]],
+                                constant StepSegments& segs [[buffer(10)]],
+                                constant DeltaScanParams& p [[buffer(11)]],
+                                uint2 group [[threadgroup_position_in_grid]],
                                 uint sg [[simdgroup_index_in_threadgroup]],
                                 uint n_sg [[simdgroups_per_threadgroup]],
                                 uint lane [[thread_index_in_simdgroup]]) {
   using namespace mq_delta;
-  const uint index = group * n_sg + sg;
+  const uint index = group.x * n_sg + sg;
   if (index >= p.n_v * SCAN_BLOCKS) return;
+  // This threadgroup's segment: its rows of the step's activations, its slot's memory.
+  const uint slot = segs.seg[group.y].slot, first_row = segs.seg[group.y].first_row;
+  const uint rows = segs.seg[group.y].rows, position = segs.seg[group.y].position;
+  x += (ulong)first_row * p.x_stride;
+  a += (ulong)first_row * p.ab_stride;
+  b += (ulong)first_row * p.ab_stride;
+  hist += (ulong)slot * p.hist_slot_stride;
+  state += (ulong)slot * p.state_slot_stride;
+  state_snaps += (ulong)slot * p.snap_slot_stride;
   const uint head = index / SCAN_BLOCKS;
   const uint row0 = (index % SCAN_BLOCKS) * SCAN_ROWS;
   const uint qk = p.n_k * D;
   const uint vdim = p.n_v * D;
   const uint hk = head / (p.n_v / p.n_k);
   const uint K = p.ksize;
-  const ConvInputs in{x, hist, p.x_stride, 2 * qk + vdim, p.position, p.hist_slots};
+  out += (ulong)first_row * vdim;
+  const ConvInputs in{x, hist, p.x_stride, 2 * qk + vdim, position, p.hist_slots};
   const uint q_c = hk * D + lane * 4;
   const uint k_c = qk + q_c;
   const uint v_c = 2 * qk + head * D + row0 + lane % SCAN_ROWS;
@@ -120,7 +133,7 @@ template <typename ALogT, typename W>
   float4 s[SCAN_ROWS];
   for (uint r = 0; r < SCAN_ROWS; r++) s[r] = *(device const float4*)(state + state_off + r * D);
 
-  for (uint t = 0; t < p.rows; t++) {
+  for (uint t = 0; t < rows; t++) {
     float4 q4 = conv4(in, conv_w, K, (int)t, q_c);
     float4 k4 = conv4(in, conv_w, K, (int)t, k_c);
     q4 *= rsqrt(simd_sum(dot(q4, q4)) + p.qk_eps) * rsqrt((float)D);
@@ -147,7 +160,7 @@ template <typename ALogT, typename W>
     }
     if (lane < SCAN_ROWS) out[(ulong)t * vdim + head * D + row0 + lane] = y_mine;
 
-    if (t < p.snap_rows) {
+    if (t < p.snap_rows && t + 1 < rows) {  // a segment's last row is never rolled back to
       device float* plane = state_snaps + (ulong)t * p.state_snap_stride + state_off;
       for (uint r = 0; r < SCAN_ROWS; r++) *(device float4*)(plane + r * D) = s[r];
     }
@@ -160,7 +173,8 @@ template [[host_name("delta_conv_scan_alog_f32")]] [[kernel]] void delta_conv_sc
     device const float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
     device const float* a_log [[buffer(5)]], device const bfloat* dt_bias [[buffer(6)]],
     device float* state [[buffer(7)]], device float* out [[buffer(8)]], device float* state_snaps [[buffer(9)]],
-    constant DeltaScanParams& p [[buffer(10)]], uint group [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(10)]], constant DeltaScanParams& p [[buffer(11)]],
+    uint2 group [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("delta_conv_scan_alog_bf16")]] [[kernel]] void delta_conv_scan<bfloat, bfloat>(
@@ -168,7 +182,8 @@ template [[host_name("delta_conv_scan_alog_bf16")]] [[kernel]] void delta_conv_s
     device const float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
     device const bfloat* a_log [[buffer(5)]], device const bfloat* dt_bias [[buffer(6)]],
     device float* state [[buffer(7)]], device float* out [[buffer(8)]], device float* state_snaps [[buffer(9)]],
-    constant DeltaScanParams& p [[buffer(10)]], uint group [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(10)]], constant DeltaScanParams& p [[buffer(11)]],
+    uint2 group [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("delta_conv_scan_alog_f32_wf32")]] [[kernel]] void delta_conv_scan<float, float>(
@@ -176,63 +191,73 @@ template [[host_name("delta_conv_scan_alog_f32_wf32")]] [[kernel]] void delta_co
     device const float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
     device const float* a_log [[buffer(5)]], device const float* dt_bias [[buffer(6)]],
     device float* state [[buffer(7)]], device float* out [[buffer(8)]], device float* state_snaps [[buffer(9)]],
-    constant DeltaScanParams& p [[buffer(10)]], uint group [[threadgroup_position_in_grid]],
+    constant StepSegments& segs [[buffer(10)]], constant DeltaScanParams& p [[buffer(11)]],
+    uint2 group [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 
-// The layer's second stage, after every SIMD-group of delta_conv_scan. Threadgroup h < n_v:
-// v-head h's gated norm in place, row t by SIMD-group t % s (a row's norm sums lane
-// partials of 4 y^2 each by simd_sum, whatever s is). Threadgroup n_v + b: channel block b
-// (lane l: channels b*D + 4l .. +3) of the last min(rows, hist_slots) rows of x into the
-// history ring, row t by SIMD-group t % s; distinct rows hit distinct slots.
+// The layer's second stage, after every SIMD-group of delta_conv_scan, per segment (grid y:
+// segment i's rows, its slot's ring). Threadgroup h < n_v: v-head h's gated norm in place,
+// row t by SIMD-group t % s (a row's norm sums lane partials of 4 y^2 each by simd_sum,
+// whatever s is). Threadgroup n_v + b: channel block b (lane l: channels b*D + 4l .. +3) of
+// the segment's last min(rows, hist_slots) rows of x into its history ring, row t by
+// SIMD-group t % s; distinct rows hit distinct ring slots.
 //   x [rows][x_stride] raw conv inputs; z [rows][z_stride]; norm_w W [D] (bfloat, or float:
 //   host name delta_norm_history_wf32); out [rows][n_v*D] y in, normalised out;
-//   hist [hist_slots][C] ring, written.
-// Grid: n_v + C / D threadgroups of 32 * s threads.
+//   hist [slots][hist_slots][C] rings, written; segs: the step's segments (params/common.h).
+// Grid: (n_v + C / D, segments) threadgroups of 32 * s threads.
 template <typename W>
 [[kernel]] void delta_norm_history(device const float* x [[buffer(0)]],
                                    device const float* z [[buffer(1)]],
                                    device const W* norm_w [[buffer(2)]],
                                    device float* out [[buffer(3)]],
                                    device float* hist [[buffer(4)]],
-                                   constant DeltaNormParams& p [[buffer(5)]],
-                                   uint group [[threadgroup_position_in_grid]],
+                                   constant StepSegments& segs [[buffer(5)]],
+                                   constant DeltaNormParams& p [[buffer(6)]],
+                                   uint2 tg [[threadgroup_position_in_grid]],
                                    uint sg [[simdgroup_index_in_threadgroup]],
                                    uint n_sg [[simdgroups_per_threadgroup]],
                                    uint lane [[thread_index_in_simdgroup]]) {
   using namespace mq_delta;
   const uint vdim = p.n_v * D;
+  const uint group = tg.x;
+  const uint slot = segs.seg[tg.y].slot, first_row = segs.seg[tg.y].first_row;
+  const uint rows = segs.seg[tg.y].rows, position = segs.seg[tg.y].position;
   if (group < p.n_v) {
     const uint head = group;
     const float4 w = float4((float)norm_w[lane * 4], (float)norm_w[lane * 4 + 1], (float)norm_w[lane * 4 + 2],
                             (float)norm_w[lane * 4 + 3]);
-    for (uint t = sg; t < p.rows; t += n_sg) {
-      device float4* o = (device float4*)(out + (ulong)t * vdim + head * D + lane * 4);
+    for (uint t = sg; t < rows; t += n_sg) {
+      const ulong row = first_row + t;
+      device float4* o = (device float4*)(out + row * vdim + head * D + lane * 4);
       const float4 y = *o;
       const float inv = rsqrt(simd_sum(dot(y, y)) / (float)D + p.norm_eps);
-      const float4 zv = *(device const float4*)(z + (ulong)t * p.z_stride + head * D + lane * 4);
+      const float4 zv = *(device const float4*)(z + row * p.z_stride + head * D + lane * 4);
       *o = y * inv * w * silu(zv);
     }
     return;
   }
   const uint channels = 2 * p.n_k * D + vdim;
   const uint c0 = (group - p.n_v) * D + lane * 4;
-  const uint first = p.rows > p.hist_slots ? p.rows - p.hist_slots : 0;
-  for (uint t = first + sg; t < p.rows; t += n_sg) {
-    *(device float4*)(hist + (ulong)((p.position + t) % p.hist_slots) * channels + c0) =
-        *(device const float4*)(x + (ulong)t * p.x_stride + c0);
+  device float* ring = hist + (ulong)slot * p.hist_slot_stride;
+  const uint first = rows > p.hist_slots ? rows - p.hist_slots : 0;
+  for (uint t = first + sg; t < rows; t += n_sg) {
+    *(device float4*)(ring + (ulong)((position + t) % p.hist_slots) * channels + c0) =
+        *(device const float4*)(x + (ulong)(first_row + t) * p.x_stride + c0);
   }
 }
 
 template [[host_name("delta_norm_history")]] [[kernel]] void delta_norm_history<bfloat>(
     device const float* x [[buffer(0)]], device const float* z [[buffer(1)]], device const bfloat* norm_w [[buffer(2)]],
-    device float* out [[buffer(3)]], device float* hist [[buffer(4)]], constant DeltaNormParams& p [[buffer(5)]],
-    uint group [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    device float* out [[buffer(3)]], device float* hist [[buffer(4)]], constant StepSegments& segs [[buffer(5)]],
+    constant DeltaNormParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("delta_norm_history_wf32")]] [[kernel]] void delta_norm_history<float>(
     device const float* x [[buffer(0)]], device const float* z [[buffer(1)]], device const float* norm_w [[buffer(2)]],
-    device float* out [[buffer(3)]], device float* hist [[buffer(4)]], constant DeltaNormParams& p [[buffer(5)]],
-    uint group [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+    device float* out [[buffer(3)]], device float* hist [[buffer(4)]], constant StepSegments& segs [[buffer(5)]],
+    constant DeltaNormParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
+    uint sg [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
 
 // Rollback after a rejected speculative draft: state becomes snapshot plane `*plane` (the

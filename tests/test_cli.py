@@ -243,13 +243,68 @@ def test_bench_clamps_the_sizes_to_max_context_and_says_so(demo, device, tmp_pat
     assert "clamped to [32, 39]" in out.stdout and "clamped to [0, 35]" in out.stdout
 
 
+def test_bench_concurrency_reports_aggregate_speed_and_shared_steps(demo, device, tmp_path):
+    out, data = _bench(demo, device, tmp_path, "--concurrency", "1,2")
+    assert data["concurrency"] == dict(levels=[1, 2], prompt_tokens=32, tokens_per_stream=8, max_sequences=2)
+    one, two = data["metalqwen"]["concurrency"]
+    assert (one["concurrency"], one["tokens"], two["concurrency"], two["tokens"]) == (1, 8, 2, 16)
+    assert one["steps"] == 8  # alone: a decode step per token (the first token comes from the prefill)
+    # Together: one step serves both streams, save the round that feeds the second prompt.
+    assert two["steps"] <= two["tokens"] // 2 + 1 < two["tokens"]
+    for r in (one, two):
+        assert r["seconds"] > 0 and r["prefill_seconds"] > 0 and r["speculative"] is None
+        assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])
+        assert r["per_stream_tokens_per_second"] == pytest.approx(r["tokens_per_second"] / r["concurrency"])
+    assert one["speedup"] == 1 and two["speedup"] == pytest.approx(two["tokens_per_second"] / one["tokens_per_second"])
+    assert "aggregate decode, 2 streams tok/s" in out.stdout
+    assert f"c=2: {two['tokens_per_second']:10.2f} tok/s aggregate" in out.stdout
+    assert "16 tokens" in out.stdout and "metalqwen: 2 prompts of 32 tokens" in out.stderr
+
+
+def test_bench_clamps_the_concurrency_prompts_to_max_context():
+    from metalqwen import bench
+
+    p = bench.plan(True, 4, 30, bench.concurrency_levels("2"))
+    assert (p.concurrency, p.concurrency_prompt) == ([1, 2], 25)
+    assert p.notes[-1] == "concurrency prompts of 32 tokens clamped to 25 (max_context 30 - 4 decoded tokens)"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "0,2"], "--concurrency must be comma-separated integers in 1..8"),
+    (["--concurrency", "2,x"], "--concurrency must be comma-separated integers in 1..8"),
+    (["--concurrency", "9"], "--concurrency must be comma-separated integers in 1..8"),
+    (["--concurrency", "1,4", "--max-sequences", "2"], "--max-sequences 2 is less than the largest --concurrency"),
+    (["--max-sequences", "0"], "--max-sequences must be an integer in 1..8"),
+])
+def test_bench_refuses_bad_concurrency_in_one_line(demo, device, args, message):
+    _one_line_error(_run("bench", "-m", demo, "--device", device.kind, "--quick", *args), message)
+
+
+def test_serve_passes_max_sequences_to_the_load(monkeypatch):
+    loads = []
+    monkeypatch.setattr("metalqwen.model.load", lambda *args, **kwargs: loads.append(kwargs["max_sequences"]))
+    for argv in (["serve", "-m", "x"], ["serve", "-m", "x", "--max-sequences", "1"],
+                 ["generate", "-m", "x", "-p", "hi"]):
+        cli._load(cli.parser().parse_args(argv))
+    assert loads == [4, 1, 1]  # serve: 4 unless told; generate and chat: one sequence
+
+
+@pytest.mark.parametrize("value", ["0", "9"])
+def test_serve_refuses_max_sequences_outside_1_to_8_before_loading(demo, value):
+    _one_line_error(_run("serve", "-m", demo, "--max-sequences", value), "--max-sequences must be an integer in 1..8")
+
+
 def test_bench_compares_with_mlx_lm_side_by_side(demo, device, tmp_path):
     require("mlx_lm")
-    out, data = _bench(demo, device, tmp_path, "--compare", "mlx-lm")
+    out, data = _bench(demo, device, tmp_path, "--compare", "mlx-lm", "--concurrency", "2")
     _assert_figures(data["mlx_lm"], [32, 64], [0, 64], 8)
     assert set(data["ratios"]) == {"prefill 32 tok/s", "prefill 64 tok/s", "time to first token at 32, s",
                                    "time to first token at 64, s", "decode at context 0 tok/s",
-                                   "decode at context 64 tok/s"}
+                                   "decode at context 64 tok/s", "aggregate decode, 1 stream tok/s",
+                                   "aggregate decode, 2 streams tok/s"}
+    # mlx-lm's BatchGenerator: its first step makes each stream's first token, so 9 per stream.
+    assert [(r["concurrency"], r["tokens"]) for r in data["mlx_lm"]["concurrency"]] == [(1, 9), (2, 18)]
+    assert data["mlx_lm"]["concurrency"][1]["steps"] < 18 and "mlx-lm     c=2:" in out.stdout
     assert all(r > 0 for r in data["ratios"].values())
     header = next(line for line in out.stdout.splitlines() if "metalqwen" in line and "mlx-lm" in line)
     assert "ratio" in header and "mlx-lm: loading" in out.stderr

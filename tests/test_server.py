@@ -324,3 +324,26 @@ def test_a_speculative_server_answers_as_a_plain_one(demo, device, client):
         assert "metalqwen_accepted_tokens_total" in metrics
     finally:
         live.close()
+
+
+def test_concurrent_clients_share_steps_and_get_their_sequential_answers(demo, device, client):
+    """8 clients at once on 4 sequence slots: each answer equals the one-at-a-time server's,
+    and /metrics shows fewer engine steps than generated tokens."""
+    import concurrent.futures
+
+    openai = require("openai")
+    m = metalqwen.load(demo, device=device, max_context=512, progress=False, max_sequences=4)
+    live = LiveServer(create_app(m, max_queue=8))
+    try:
+        batched = openai.OpenAI(base_url=live.url + "/v1", api_key="unused")
+        asks = [dict(prompt=f"Tell me about {w}", max_tokens=6 + i % 4, temperature=0.7 * (i % 2), seed=i)
+                for i, w in enumerate("rivers cats maps tea snow bells ink moss".split())]
+        want = [client.completions.create(model="x", **a).choices[0].text for a in asks]
+        with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+            got = list(pool.map(lambda a: batched.completions.create(model="x", **a).choices[0].text, asks))
+        assert got == want
+        text = httpx.get(live.url + "/metrics").text
+        values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+        assert values["metalqwen_engine_steps_total"] < values["metalqwen_generated_tokens_total"]
+    finally:
+        live.close()

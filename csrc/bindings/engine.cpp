@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <set>
+
 #include "engine/engine.h"
 
 namespace py = pybind11;
@@ -83,7 +85,7 @@ void bind_engine(py::module_& m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
-                       const std::string& mtp_hidden) {
+                       const std::string& mtp_hidden, int max_sequences) {
              if (mtp_hidden != "post_norm" && mtp_hidden != "pre_norm")
                throw py::value_error("mtp_hidden must be 'post_norm' or 'pre_norm'");
              ModelDesc desc = to_model_desc(dims, tensors);
@@ -101,12 +103,16 @@ void bind_engine(py::module_& m) {
              }
              py::gil_scoped_release release;
              const EngineOptions options{max_context, kv_bits, prefill_chunk, max_draft, mtp,
-                                         mtp_hidden == "pre_norm" ? MtpHidden::pre_norm : MtpHidden::post_norm};
+                                         mtp_hidden == "pre_norm" ? MtpHidden::pre_norm : MtpHidden::post_norm,
+                                         max_sequences};
              return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
            py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(),
-           py::arg("mtp") = false, py::arg("mtp_hidden") = "post_norm")
+           py::arg("mtp") = false, py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1)
+      .def("select", &Engine::select, py::arg("slot"))
+      .def_property_readonly("slot", &Engine::slot)
+      .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def("reset", &Engine::reset)
       .def_property_readonly("position", &Engine::position)
       .def_property_readonly("max_context", &Engine::max_context)
@@ -188,6 +194,31 @@ void bind_engine(py::module_& m) {
           },
           py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
           py::arg("min_p") = 0.0f, py::arg("seed") = 0)
+      .def(
+          "step",
+          // entries: [(slot, drafts, sampling)], sampling a dict of the Sampling keyword arguments.
+          [](Engine& e, const std::vector<std::tuple<int, std::vector<uint32_t>, py::dict>>& entries) {
+            std::vector<Engine::SlotStep> steps;
+            static const std::set<std::string> known{"temperature",       "top_k",           "top_p",
+                                                     "min_p",             "presence_penalty", "frequency_penalty",
+                                                     "repetition_penalty", "seed",           "logprobs"};
+            for (const auto& [slot, drafts, kw] : entries) {
+              for (const auto& item : kw)
+                if (!known.count(item.first.cast<std::string>()))
+                  throw py::value_error("step: unknown sampling keyword '" + item.first.cast<std::string>() + "'");
+              auto get = [&kw](const char* key, auto neutral) {
+                return kw.contains(key) ? kw[key].cast<decltype(neutral)>() : neutral;
+              };
+              steps.push_back({slot, drafts,
+                               sampling(get("temperature", 0.0f), get("top_k", 0), get("top_p", 1.0f),
+                                        get("min_p", 0.0f), get("presence_penalty", 0.0f),
+                                        get("frequency_penalty", 0.0f), get("repetition_penalty", 1.0f),
+                                        get("seed", uint64_t(0)), get("logprobs", -1))});
+            }
+            py::gil_scoped_release release;
+            return e.step(steps);
+          },
+          py::arg("entries"))
       .def("chosen", &Engine::chosen)
       // (logprob, [(id, logprob), ...]) of the token decode_next returned last, or None.
       .def("last_logprobs",

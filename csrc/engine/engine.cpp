@@ -59,6 +59,12 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");
   final_norm_ = weights_.tensor("language_model.model.norm.weight");
   if (options_.mtp) load_mtp();
+  if (options_.max_sequences < 1 || options_.max_sequences > MQ_MAX_SEGMENTS)
+    throw EngineError("[engine] max_sequences must be in 1.." + std::to_string(MQ_MAX_SEGMENTS) +
+                      " (one step holds at most " + std::to_string(MQ_MAX_SEGMENTS) + " sequences), got " +
+                      std::to_string(options_.max_sequences));
+  sequences_.resize(size_t(options_.max_sequences));
+  seq_ = &sequences_[0];
   ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
   counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
   counters_.weight_bytes_copied = weights_.copied_bytes();
@@ -73,16 +79,26 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
 
 Engine::~Engine() = default;
 
+void Engine::select(int slot) {
+  if (slot < 0 || slot >= options_.max_sequences)
+    throw EngineError("[engine] slot " + std::to_string(slot) + " is outside 0.." +
+                      std::to_string(options_.max_sequences - 1) + " (max_sequences, set at load)");
+  decode_end();
+  bind_slot(slot);
+}
+
+Arg Engine::ids() const { return ws_->ids.part(slot_); }
+uint32_t* Engine::host_ids() const { return static_cast<uint32_t*>(ws_->ids.host(slot_)); }
+
 void Engine::reset() {
   decode_end();
-  ws_->clear_state();
-  position_ = 0;
-  mtp_row_ = -1;
+  ws_->clear_state(slot_);
+  *seq_ = Sequence{};
 }
 
 void Engine::check_room(size_t extra) const {
-  if (size_t(position_) + extra > size_t(options_.max_context))
-    throw ContextFull("[engine] context full: " + std::to_string(position_) + " tokens + " +
+  if (size_t(seq_->position) + extra > size_t(options_.max_context))
+    throw ContextFull("[engine] context full: " + std::to_string(seq_->position) + " tokens + " +
                              std::to_string(extra) + " exceed max_context " + std::to_string(options_.max_context));
 }
 
@@ -93,8 +109,8 @@ void Engine::check_sampling(const Sampling& s) const {
 }
 
 std::vector<uint32_t> Engine::tokens() const {
-  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
-  return std::vector<uint32_t>(ids, ids + position_);
+  const auto* ids = host_ids();
+  return std::vector<uint32_t>(ids, ids + seq_->position);
 }
 
 std::unique_ptr<gpu::CommandBuffer> Engine::commit(Encoder& enc) {
@@ -127,13 +143,14 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
   const uint32_t vocab = uint32_t(model_.dims.vocab);
   for (uint32_t t : tokens)
     if (t >= vocab) throw EngineError("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
-  std::memcpy(static_cast<uint32_t*>(ws_->ids->contents()) + position_, tokens.data(), tokens.size() * 4);
+  std::memcpy(host_ids() + seq_->position, tokens.data(), tokens.size() * 4);
 
-  const int end = position_ + int(tokens.size());
-  generated_from_ = end;
+  const int end = seq_->position + int(tokens.size());
+  seq_->generated_from = end;
+  seq_->logprob_position = sampling.logprobs >= 0 ? end : -1;  // the choice's entry (ring slot end)
   for (size_t i = 0; i < snapshot_at.size(); ++i)
-    if (snapshot_at[i] <= position_ || snapshot_at[i] > end || (i > 0 && snapshot_at[i] <= snapshot_at[i - 1]))
-      throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(position_) + ", " +
+    if (snapshot_at[i] <= seq_->position || snapshot_at[i] > end || (i > 0 && snapshot_at[i] <= snapshot_at[i - 1]))
+      throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(seq_->position) + ", " +
                         std::to_string(end) + "]");
   auto next_snapshot = snapshot_at.begin();
 
@@ -143,7 +160,7 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
   for (size_t done = 0; done < tokens.size();) {
     // A chunk ends at the next snapshot position, so the state there can be copied.
     size_t limit = tokens.size() - done;
-    if (next_snapshot != snapshot_at.end()) limit = std::min<size_t>(limit, *next_snapshot - position_);
+    if (next_snapshot != snapshot_at.end()) limit = std::min<size_t>(limit, *next_snapshot - seq_->position);
     const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, limit));
     const bool last = done + rows == tokens.size();
     const uint32_t logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
@@ -151,22 +168,22 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
     encode_step(enc, rows, logit_row0, last ? &sampling : nullptr, true);
     if (mtp_) {
       encode_mtp_prefill_chunk(enc, rows);
-      mtp_row_ = int(rows) - 1;  // after the last chunk: the pair of the last prompt token and the chosen one
+      seq_->mtp_row = int(rows) - 1;  // after the last chunk: the pair of the last prompt token and the chosen one
     }
-    if (next_snapshot != snapshot_at.end() && *next_snapshot == position_ + int(rows)) {
+    if (next_snapshot != snapshot_at.end() && *next_snapshot == seq_->position + int(rows)) {
       if (snapshots) snapshots->push_back(encode_snapshot(enc, *next_snapshot));
       ++next_snapshot;
     }
     // Chunks queue behind each other on the GPU; only logits force a wait.
     if (pending) wait(*pending);
     pending = commit(enc);
-    position_ += int(rows);
+    seq_->position += int(rows);
     done += rows;
     if (progress) {
       try {
         progress(done, tokens.size());
       } catch (...) {
-        wait(*pending);  // the submitted chunks finish: the state holds exactly position_ tokens
+        wait(*pending);  // the submitted chunks finish: the state holds exactly position() tokens
         throw;
       }
     }
@@ -183,9 +200,10 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
 
 void Engine::decode_begin(int max_tokens, const Sampling& sampling) {
   if (decoding_) decode_end();
-  mtp_row_ = -1;  // decode steps do not run the MTP head
+  seq_->mtp_row = -1;  // decode steps do not run the MTP head
   check_sampling(sampling);
   decoding_.emplace();
+  seq_->logprob_position = -1;
   decoding_->sampling = sampling;
   decoding_->max_tokens = max_tokens;
 }
@@ -194,8 +212,8 @@ void Engine::commit_decode_step() {
   check_room(2);
   Encoder enc(*device_, kernels_);
   encode_step(enc, 1, 0, &decoding_->sampling, false);
-  decoding_->in_flight.emplace_back(commit(enc), position_ + 1);
-  position_ += 1;
+  decoding_->in_flight.emplace_back(commit(enc), seq_->position + 1);
+  seq_->position += 1;
   decoding_->committed += 1;
   counters_.tokens_decoded += 1;
   counters_.max_steps_in_flight = std::max<uint64_t>(counters_.max_steps_in_flight, decoding_->in_flight.size());
@@ -205,27 +223,28 @@ std::optional<uint32_t> Engine::decode_next() {
   if (!decoding_) throw EngineError("[engine] decode_next without decode_begin");
   Decoding& d = *decoding_;
   if (d.returned >= d.max_tokens) return std::nullopt;
-  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
+  const auto* ids = host_ids();
   const int steps = d.max_tokens - 1;  // the last token is returned, never fed
   if (d.committed < steps) commit_decode_step();
+  int returned_position;
   if (d.returned == 0) {  // the token prefill (or the last decode) chose
-    d.returned = 1;
-    d.last_position = position_ - d.committed;
-    return ids[d.last_position];
+    returned_position = seq_->position - d.committed;
+  } else {
+    auto [cb, slot] = std::move(d.in_flight.front());
+    d.in_flight.pop_front();
+    wait(*cb);
+    returned_position = slot;
   }
-  auto [cb, slot] = std::move(d.in_flight.front());
-  d.in_flight.pop_front();
-  wait(*cb);
   d.returned += 1;
-  d.last_position = slot;
-  return ids[slot];
+  seq_->logprob_position = d.sampling.logprobs >= 0 ? returned_position : -1;
+  return ids[returned_position];
 }
 
 std::optional<TokenLogprobs> Engine::last_logprobs() const {
-  if (!decoding_ || decoding_->last_position < 0 || decoding_->sampling.logprobs < 0) return std::nullopt;
+  if (seq_->logprob_position < 0) return std::nullopt;
   // The step that wrote this ring slot was waited for; the ones in flight write other slots.
-  const auto* entry = static_cast<const uint32_t*>(ws_->logprobs->contents()) +
-                      size_t(decoding_->last_position % MQ_LOGPROB_SLOTS) * MQ_LOGPROB_ENTRY_WORDS;
+  const auto* entry = static_cast<const uint32_t*>(ws_->logprobs.host(slot_)) +
+                      size_t(seq_->logprob_position % MQ_LOGPROB_SLOTS) * MQ_LOGPROB_ENTRY_WORDS;
   auto as_float = [](uint32_t bits) {
     float f;
     std::memcpy(&f, &bits, 4);

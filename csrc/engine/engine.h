@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../../shaders/params.h"
 #include "errors.h"
 #include "gpu/device.h"
 #include "kernels.h"
@@ -97,9 +98,16 @@ class Engine {
          const LoadProgress& progress = {});
   ~Engine();
 
-  // Forgets every token: position 0, caches and recurrent state cleared.
+  // Sequence slots (EngineOptions::max_sequences): every call below works on the selected
+  // slot, whose KV caches, DeltaNet state, token ids and position are its own; the others
+  // keep theirs. Selecting ends a decode in progress (decode_end).
+  void select(int slot);
+  int slot() const { return slot_; }
+  int max_sequences() const { return options_.max_sequences; }
+
+  // Forgets every token of the selected slot: position 0, its recurrent state cleared.
   void reset();
-  int position() const { return position_; }
+  int position() const { return seq_->position; }
   int max_context() const { return options_.max_context; }
   const ModelDims& dims() const { return model_.dims; }
 
@@ -114,7 +122,8 @@ class Engine {
                              bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
                              std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr);
-  // Puts a snapshot's state back: position() and tokens() become the snapshot's.
+  // Puts a snapshot's state back into the selected slot (any slot: the parts are alike):
+  // position() and tokens() become the snapshot's.
   void restore(const Snapshot& snapshot);
 
   // Token-by-token decoding from the token prefill chose: decode_begin, then
@@ -125,8 +134,8 @@ class Engine {
   void decode_begin(int max_tokens, const Sampling& sampling);
   std::optional<uint32_t> decode_next();
   void decode_end();
-  // The log-probabilities of the token decode_next returned last, when the sampling asked
-  // for them (Sampling::logprobs >= 0); nothing otherwise.
+  // The log-probabilities of the token decode_next (or step) returned last for the selected
+  // slot, when its sampling asked for them (Sampling::logprobs >= 0); nothing otherwise.
   std::optional<TokenLogprobs> last_logprobs() const;
 
   // Speculative decoding (options.max_draft > 0): one verify step feeds the chosen token
@@ -147,6 +156,18 @@ class Engine {
   // verify step also runs it over its rows, which is how that state exists; after a plain
   // decode step or a restore it does not, and this step drafts nothing.
   std::vector<uint32_t> verify_mtp(uint32_t drafts, const Sampling& sampling);
+  // Several slots in one step: slot `slot` feeds its chosen token (ids[position()]) and `drafts`
+  // (at most max_draft; none with penalties or logprobs) as rows of one matvec step, all slots'
+  // rows together at most kMaxVerifyRows, each at its own position. Each slot then chooses,
+  // accepts and rolls back as its own verify step would (or, with penalties or logprobs, as a
+  // decode step), so its tokens are the ones it gets alone. One CPU wait. Returns per entry the
+  // accepted drafts followed by the next token. Every listed slot must hold a prefilled sequence.
+  struct SlotStep {
+    int slot = 0;
+    std::vector<uint32_t> drafts;
+    Sampling sampling;
+  };
+  std::vector<std::vector<uint32_t>> step(const std::vector<SlotStep>& steps);
   // The token chosen last and not yet fed (ids[position()]), e.g. by prefill.
   uint32_t chosen() const;
 
@@ -168,16 +189,21 @@ class Engine {
   void plan_kernels(KernelPlan& plan);
   void check_room(size_t extra) const;
   void check_sampling(const Sampling& sampling) const;
-  // Encodes the model over `rows` tokens at position_ (ids[position_ ..]): logits of
+  // Encodes the model over `rows` tokens at position() (ids[position() ..]): logits of
   // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token
-  // (from the last row) into ids[position_ + rows]. A `prefill` step always takes the
+  // (from the last row) into ids[position() + rows]. A `prefill` step always takes the
   // GEMM / prefill-attention path, whose per-row results do not depend on the other rows
   // of the chunk: so a prompt resumed from a snapshot gets a cold run's logits exactly.
   // Decode and verify steps of up to kMaxVerifyRows rows take the matvec path.
   void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose, bool prefill);
-  // One decoder layer over `rows` rows at `position`: the residual stream x (+ mix, the previous
+  // The model over the rows of `segs` (each segment at its slot's ids and positions): logits of
+  // rows [logit_row0, rows) into the logits buffer; the matvec path unless `prefill` or too many rows.
+  void encode_rows(Encoder& enc, const StepSegments& segs, uint32_t logit_row0, bool prefill);
+  // The selected slot's `rows` rows at `position`, as the segments of a step.
+  StepSegments one_segment(uint32_t rows, int position) const;
+  // One decoder layer over the rows of `segs`: the residual stream x (+ mix, the previous
   // layer's output, when `add_mix`) in, its output in mix and x the stream before that output.
-  void encode_layer(Encoder& enc, const LayerWeights& layer, uint32_t rows, int position, bool add_mix);
+  void encode_layer(Encoder& enc, const LayerWeights& layer, const StepSegments& segs, bool add_mix);
   // A norm: its weight and the pipeline of its separate dispatch (rms_norm or rms_norm_residual
   // in the weight's dtype), which prefill steps use; matvec steps fold it into the projections.
   struct Norm {
@@ -214,16 +240,25 @@ class Engine {
   void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
   // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
   void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);
-  // A verify step's choices: one token per row of logits into ws_->verify_chosen, then
-  // spec_accept and the DeltaNet rollback (see verify; speculative.cpp).
-  void encode_verification(Encoder& enc, uint32_t drafts, const Sampling& sampling);
-  // A verify step of k drafts at position_: `host_drafts`, or the MTP head's when null;
+  // The choices of verify segments (each with its sampling): one token per row of logits into
+  // ws_->verify_chosen, then spec_accept per segment (ws_->accepted[i]) and the DeltaNet
+  // rollbacks (see verify; speculative.cpp).
+  void encode_verification(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings);
+  // The counters of a verified segment: `drafted` drafts, `accepted` of them taken.
+  void count_verified(uint32_t drafted, uint32_t accepted);
+  void check_slot_step(const SlotStep& s, uint32_t rows_before) const;
+  // Makes `slot` the one the single-sequence encoders use (select, without ending a decode).
+  void bind_slot(int slot) {
+    slot_ = slot;
+    seq_ = &sequences_[size_t(slot)];
+  }
+  // A verify step of k drafts at position(): `host_drafts`, or the MTP head's when null;
   // returns the accepted drafts and the next token.
   std::vector<uint32_t> run_verify(uint32_t k, const Sampling& sampling, const std::vector<uint32_t>* host_drafts);
-  // ids[position_ + 1 .. + k] = the MTP head's greedy chain from ws_->mtp_hidden row mtp_row_.
+  // ids[position() + 1 .. + k] = the MTP head's greedy chain from ws_->mtp_hidden row mtp_row.
   void encode_mtp_drafts(Encoder& enc, uint32_t k);
-  // out [rows][hidden] = the embeddings of ids[first .. first + rows).
-  void encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg& out);
+  // out [rows][hidden] = the embeddings of ids[first .. first + rows) (a slot's ids).
+  void encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t rows, const Arg& out, bool overlap = false);
   // Where the state after `position` tokens lives: (buffer, byte offset, bytes) regions.
   struct StateRegion {
     std::shared_ptr<gpu::Buffer> buffer;
@@ -261,7 +296,7 @@ class Engine {
     const Pipeline *final_norm = nullptr, *silu_mul = nullptr, *copy_u32 = nullptr;
     const Pipeline *argmax_partial = nullptr, *argmax_final = nullptr, *sample = nullptr, *logprobs = nullptr;
     const Pipeline *penalty_count = nullptr, *penalty_apply = nullptr;
-    const Pipeline *spec_accept = nullptr, *delta_restore = nullptr;  // with max_draft > 0
+    const Pipeline *spec_accept = nullptr, *delta_restore = nullptr;  // delta_restore: with max_draft > 0
     const Pipeline* attn_combine = nullptr;
     const Pipeline *moe_route = nullptr, *moe_group = nullptr, *moe_gather_rows = nullptr, *moe_combine = nullptr;
   } k_;
@@ -272,17 +307,27 @@ class Engine {
   std::unique_ptr<Workspace> ws_;
   bool matvec_ = false;  // the step being encoded takes the matvec / flash-decode path
   uint32_t snap_rows_ = 0;  // the step being encoded snapshots DeltaNet states after rows [0, snap_rows_)
-  // The ws_->mtp_hidden row holding the MTP head's output for the pair that predicted
-  // ids[position_ + 1] (its logits draft the next step); -1 when no step left one.
-  int mtp_row_ = -1;
-  int position_ = 0;
-  int generated_from_ = 0;  // end of the last prefill: positions from here on were generated
+  // A sequence slot's host-side state (its device state lives in the slot parts of the buffers).
+  struct Sequence {
+    int position = 0;
+    int generated_from = 0;  // end of the last prefill: positions from here on were generated
+    // The ws_->mtp_hidden row holding the MTP head's output for the pair that predicted
+    // ids[position + 1] (its logits draft the next step); -1 when no step left one.
+    int mtp_row = -1;
+    // Where in ids the token returned last sits, when its logprobs were asked for (else -1).
+    int logprob_position = -1;
+  };
+  std::vector<Sequence> sequences_;  // one per slot
+  int slot_ = 0;                     // the selected slot
+  Sequence* seq_ = nullptr;          // &sequences_[slot_]
+  // The selected slot's token ids (uint [max_context + 1]) on the device and for the host.
+  Arg ids() const;
+  uint32_t* host_ids() const;
   Counters counters_;
 
   struct Decoding {
     Sampling sampling;
     int max_tokens = 0, returned = 0, committed = 0;
-    int last_position = -1;  // where the token decode_next returned last sits in ids
     std::deque<std::pair<std::unique_ptr<gpu::CommandBuffer>, int>> in_flight;  // (step, id slot it writes)
   };
   std::optional<Decoding> decoding_;

@@ -104,12 +104,17 @@ void Engine::encode_normed_projections(Encoder& enc, const Norm& norm, bool add_
   if (add_mix) std::swap(w.x, w.x_next);
 }
 
-void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, int position, bool add_mix) {
+void Engine::encode_layer(Encoder& enc, const LayerWeights& l, const StepSegments& segs, bool add_mix) {
+  const StepSegment& last = segs.seg[segs.count - 1];
+  const uint32_t rows = last.first_row + last.rows;
+  // Prefill steps hold one sequence: their kernels take its slot's part of the caches.
+  const int slot = int(segs.seg[0].slot), position = int(segs.seg[0].position);
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, HD = MQ_ATTN_HEAD_DIM;
   const LayerKernels& k = l.kernels;
   const Norm input_norm{l.input_norm, add_mix ? *k.input_norm_residual : *k.input_norm};
+  const SlotStrides& strides = w.slot_strides;
   if (l.delta) {
     const DeltaNetWeights& m = *l.delta;
     const uint32_t nk = uint32_t(d.lin_k_heads), nv = uint32_t(d.lin_v_heads), C = 2 * nk * D + nv * D;
@@ -120,18 +125,19 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
     // Two stages (shaders/deltanet.metal): conv + gates + scan in SIMD-groups that never
     // wait for each other, then the gated norm and the history-ring store. A verify step
     // keeps the state after each draft row for its rollback (snap_rows_).
-    const uint32_t pos = uint32_t(position), slots = history_slots(d);
-    const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps) : Arg(w.no_snapshots);
-    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), rows, pos, slots, snap_rows_, C, nv,
-                             uint32_t(state_words(d)), 1e-6f};
+    const uint32_t slots = history_slots(d);
+    const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps.buffer) : Arg(w.no_snapshots);
+    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), slots, snap_rows_, C, nv, strides.state_words,
+                             strides.state_words, strides.history_words, strides.snapshot_words, 1e-6f};
     const uint32_t scan_groups = ceil_div(nv * (D / MQ_DELTA_SCAN_ROWS), k.conv_scan->threads / MQ_SIMD_WIDTH);
     enc.dispatch(*k.conv_scan,
-                 {w.qkv_raw, at(m.conv1d), l.hist, w.a, w.b, at(m.a_log), at(m.dt_bias), l.state, w.delta_out,
-                  state_snaps, Arg::value(sp)},
-                 {scan_groups});
-    const DeltaNormParams np{nk, nv, rows, pos, slots, C, nv * D, d.eps};
+                 {w.qkv_raw, at(m.conv1d), l.hist.buffer, w.a, w.b, at(m.a_log), at(m.dt_bias), l.state.buffer, w.delta_out,
+                  state_snaps, Arg::value(segs), Arg::value(sp)},
+                 {scan_groups, segs.count});
+    const DeltaNormParams np{nk, nv, slots, C, nv * D, strides.history_words, d.eps};
     enc.dispatch(*k.norm_history,
-                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist, Arg::value(np)}, {nv + C / D});
+                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist.buffer, Arg::value(segs), Arg::value(np)},
+                 {nv + C / D, segs.count});
     encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
   } else {
     const AttentionWeights& m = *l.attn;
@@ -145,27 +151,36 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
       // Flash-decode with the q/k norm, RoPE and K/V append inside (no prep dispatch, no
       // barrier between append and read); the context is split across threadgroups to give
       // every GPU core a few, then merged by the combine.
-      const uint32_t per_group = rows == 1 ? 1 : 4;
-      const Pipeline& decode = rows == 1 ? *k.attn_decode_r1 : *k.attn_decode_r4;
+      // Per segment: row groups of per_group rows, and splits from its own context only
+      // (decode_splits), so a sequence's bits do not depend on what it is batched with.
+      const bool one_row_each = std::all_of(segs.seg, segs.seg + segs.count, [](const StepSegment& g) { return g.rows == 1; });
+      const uint32_t per_group = one_row_each ? 1 : 4;
+      const Pipeline& decode = one_row_each ? *k.attn_decode_r1 : *k.attn_decode_r4;
       // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
       const uint32_t heads = decode.threads / MQ_SIMD_WIDTH;
-      const uint32_t head_groups = nkv * ceil_div(rep, heads), row_groups = ceil_div(rows, per_group);
-      const uint32_t context = pos + rows;
-      const uint32_t splits = decode_splits(context, head_groups * row_groups, device_->gpu_cores(), w.max_splits);
-      AttnDecodeParams ap{rows, nq, nkv, q_stride, kv_stride, kv_stride, attn_stride, pos, max_ctx,
-                          ceil_div(context, splits), 0, d.eps};
-      ap.n_splits = ceil_div(context, ap.split_len);
+      const uint32_t head_groups = nkv * ceil_div(rep, heads);
+      AttnDecodeParams ap{nq, nkv, q_stride, kv_stride, kv_stride, attn_stride, max_ctx, strides.cache_bytes, 1, {},
+                          d.eps};
+      uint32_t row_groups = 0;
+      for (uint32_t i = 0; i < segs.count; ++i) {
+        const uint32_t context = segs.seg[i].position + segs.seg[i].rows;
+        const uint32_t splits = decode_splits(context, head_groups, device_->gpu_cores(), w.max_splits);
+        ap.split_len[i] = ceil_div(context, splits);
+        ap.n_splits = std::max(ap.n_splits, ceil_div(context, ap.split_len[i]));
+        row_groups += ceil_div(segs.seg[i].rows, per_group);
+      }
       enc.dispatch(decode,
-                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, w.part_o, w.part_ms,
-                    w.attn, Arg::value(ap)},
+                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.buffer, l.v_cache.buffer, w.part_o, w.part_ms,
+                    w.attn, Arg::value(segs), Arg::value(ap)},
                    {ap.n_splits, head_groups, row_groups}, {heads * MQ_SIMD_WIDTH});
       if (ap.n_splits > 1)
-        enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(ap)}, {nq, rows});
+        enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(segs), Arg::value(ap)},
+                     {nq, rows});
     } else {
       const AttnPrepParams pp{rows, nq, nkv, q_stride, kv_stride, kv_stride, pos, max_ctx, d.eps};
       const uint32_t prep_threads = k.attn_prep->threads;  // one SIMD-group per (row, head)
       enc.dispatch(*k.attn_prep,
-                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache, l.v_cache, Arg::value(pp)},
+                   {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.part(slot), l.v_cache.part(slot), Arg::value(pp)},
                    {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
       const AttnParams ap{rows, nq, nkv, q_stride, attn_stride, pos, max_ctx};
       // Each SIMD-group owns 8 rows of one query head; a threadgroup all rep heads of a
@@ -173,7 +188,7 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, uint32_t rows, in
       const uint32_t max_sg = k.attn_prefill->threads / MQ_SIMD_WIDTH;
       const uint32_t rb = rep <= max_sg ? std::max(1u, std::min(max_sg / rep, ceil_div(rows, 8))) : 1;
       const uint32_t sg = rep <= max_sg ? rep * rb : max_sg;
-      enc.dispatch(*k.attn_prefill, {w.q, l.k_cache, l.v_cache, w.attn, Arg::value(ap)},
+      enc.dispatch(*k.attn_prefill, {w.q, l.k_cache.part(slot), l.v_cache.part(slot), w.attn, Arg::value(ap)},
                    {ceil_div(rows, 8 * rb), nkv * ceil_div(rep, sg / rb)}, {sg * MQ_SIMD_WIDTH});
     }
     encode_projection(enc, m.o_proj, w.attn, nq * HD, w.mix, H, rows);
@@ -305,13 +320,12 @@ void Engine::encode_moe_mlp_fused(Encoder& enc, const MoeWeights& m, const Norm&
                {ceil_div(H, MQ_QMV_ROWS_PER_THREADGROUP), rows}, {MQ_QMV_THREADS});
 }
 
-// out[r] = embed_tokens[ids[first + r]], r < rows: [rows][hidden].
-void Engine::encode_embed(Encoder& enc, uint32_t first, uint32_t rows, const Arg& out) {
+void Engine::encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t rows, const Arg& out, bool overlap) {
   const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab);
   const QuantEmbedParams ep{H, V, first, rows};
   enc.dispatch(*embed_.kernels.embed,
-               {at(embed_.weight), scales_of(embed_), biases_of(embed_), ws_->ids, out, Arg::value(ep)},
-               {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS});
+               {at(embed_.weight), scales_of(embed_), biases_of(embed_), ids, out, Arg::value(ep)},
+               {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS}, overlap);
 }
 
 void Engine::encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos) {
@@ -327,36 +341,53 @@ void Engine::encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& s, 
   Arg logits = raw;
   if (s.penalised()) {
     // The penalised copy is chosen from; the logits buffer (returned to callers) stays raw.
-    const uint32_t generated_from = uint32_t(generated_from_);
+    const uint32_t generated_from = uint32_t(seq_->generated_from);
     const uint32_t start = s.repetition_penalty != 1.0f ? 0u : std::min(generated_from, out_pos);
     const PenaltyParams pp{V, start, generated_from, out_pos, s.repetition_penalty, s.presence_penalty,
                            s.frequency_penalty};
     if (out_pos > start)
-      enc.dispatch_threads(*k_.penalty_count, {ws_->ids, ws_->penalty_counts, Arg::value(pp)}, {out_pos - start});
+      enc.dispatch_threads(*k_.penalty_count, {ids(), ws_->penalty_counts, Arg::value(pp)}, {out_pos - start});
     enc.dispatch_threads(*k_.penalty_apply, {logits, ws_->penalty_counts, ws_->penalised, Arg::value(pp)}, {V});
     logits = Arg(ws_->penalised);
   }
   if (s.temperature <= 0.0f) {
-    encode_argmax(enc, logits, 1, ws_->ids, out_pos);
+    encode_argmax(enc, logits, 1, ids(), out_pos);
   } else {
     const SampleParams p{V, V, uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), out_pos, out_pos, 0, 0};
-    enc.dispatch(*k_.sample, {logits, ws_->ids, Arg::value(p), ws_->ids}, {1});
+    enc.dispatch(*k_.sample, {logits, ids(), Arg::value(p), ids()}, {1});
   }
   if (s.logprobs >= 0) {
     // Over the raw row (vLLM's default), once the choice above wrote ids[out_pos].
     const LogprobParams p{V, std::min(uint32_t(s.logprobs), V), out_pos, out_pos % MQ_LOGPROB_SLOTS};
-    enc.dispatch(*k_.logprobs, {raw, ws_->ids, ws_->logprobs, Arg::value(p)}, {1});
+    enc.dispatch(*k_.logprobs, {raw, ids(), ws_->logprobs.part(slot_), Arg::value(p)}, {1});
   }
 }
 
+StepSegments Engine::one_segment(uint32_t rows, int position) const {
+  StepSegments s{};
+  s.count = 1;
+  s.seg[0] = {uint32_t(slot_), 0, rows, uint32_t(position)};
+  return s;
+}
+
 void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose, bool prefill) {
+  encode_rows(enc, one_segment(rows, seq_->position), logit_row0, prefill);
+  if (choose) encode_choice(enc, rows - 1 - logit_row0, *choose, uint32_t(seq_->position) + rows);
+}
+
+void Engine::encode_rows(Encoder& enc, const StepSegments& segs, uint32_t logit_row0, bool prefill) {
+  const StepSegment& last = segs.seg[segs.count - 1];
+  const uint32_t rows = last.first_row + last.rows;
   matvec_ = !prefill && rows <= kMaxVerifyRows;
   const ModelDims& d = model_.dims;
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab);
-  encode_embed(enc, uint32_t(position_), rows, ws_->x);
+  for (uint32_t i = 0; i < segs.count; ++i) {  // each segment's rows from its own ids
+    const StepSegment& s = segs.seg[i];
+    encode_embed(enc, ws_->ids.part(int(s.slot)), s.position, s.rows, Arg(ws_->x, size_t(s.first_row) * H * 4), i > 0);
+  }
   // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
-  for (size_t i = 0; i < layers_.size(); ++i) encode_layer(enc, layers_[i], rows, position_, i > 0);
+  for (size_t i = 0; i < layers_.size(); ++i) encode_layer(enc, layers_[i], segs, i > 0);
   // The final norm, fused into the lm_head when every row's logits are wanted.
   const Norm final_norm{final_norm_, *k_.final_norm};
   if (logit_row0 == 0) {
@@ -366,7 +397,6 @@ void Engine::encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const
     if (logit_row0 < rows)
       encode_projection(enc, lm_head_, Arg(ws_->xn, size_t(logit_row0) * H * 4), H, ws_->logits, V, rows - logit_row0);
   }
-  if (choose) encode_choice(enc, rows - 1 - logit_row0, *choose, uint32_t(position_) + rows);
 }
 
 }  // namespace mq::engine

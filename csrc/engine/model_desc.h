@@ -52,6 +52,7 @@ struct EngineOptions {
   int max_draft = 0;        // drafts per speculative verify step (0: none; snapshot planes are sized for it)
   bool mtp = false;         // load the MTP head (mtp.* tensors) with its KV cache
   MtpHidden mtp_hidden = MtpHidden::post_norm;
+  int max_sequences = 1;    // sequence slots: each has its own KV cache, DeltaNet state and ids (Engine::select)
 };
 
 }  // namespace mq::engine

@@ -22,8 +22,8 @@ void Engine::load_mtp() {
   m.norm = weights_.tensor(kMtp + "norm.weight");
   m.layer = load_layer(weights_, model_.dims, kMtp + "layers.0.", true);
   const size_t cache_bytes = kv_cache_bytes(model_.dims, options_);
-  m.layer.k_cache = device_->new_buffer(cache_bytes);
-  m.layer.v_cache = device_->new_buffer(cache_bytes);
+  m.layer.k_cache = new_slot_buffer(*device_, cache_bytes, options_.max_sequences);
+  m.layer.v_cache = new_slot_buffer(*device_, cache_bytes, options_.max_sequences);
 }
 
 void Engine::encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
@@ -35,7 +35,7 @@ void Engine::encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hi
   // Draft and verify-sized calls stream the weights once (matvec); longer ones take GEMM tiles.
   matvec_ = rows <= kMaxVerifyRows;
   // e = embed(ids[position + 1 + r]) into mix (free: the trunk's last MLP output is in x by now).
-  encode_embed(enc, uint32_t(position) + 1, rows, w.mix);
+  encode_embed(enc, ids(), uint32_t(position) + 1, rows, w.mix);
   // mtp_in [rows][2H] = [rms(e) * pre_fc_norm_embedding | rms(h) * pre_fc_norm_hidden]: both halves
   // of one row side by side, so fc is one projection over 2H (two half-width projections
   // accumulated would round differently from the reference's single matmul).
@@ -45,7 +45,7 @@ void Engine::encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hi
                {m.norm_hidden->threads}, true);
   // u = fc(mtp_in) is the MTP layer's residual stream x; then the layer as the trunk's.
   encode_projection(enc, m.fc, w.mtp_in, 2 * H, w.x, H, rows);
-  encode_layer(enc, m.layer, rows, position, false);
+  encode_layer(enc, m.layer, one_segment(rows, position), false);
   // mtp_hidden = mtp.norm(x + mix): the head's output state, kept for a chained call.
   const RmsNormParams pn{H, H, H, H, eps};
   enc.dispatch(*m.norm_residual, {w.x, w.mix, at(m.norm), w.mtp_hidden, Arg::value(pn)},
@@ -60,13 +60,13 @@ void Engine::encode_mtp_logits(Encoder& enc, uint32_t row0, uint32_t rows) {
   encode_projection(enc, lm_head_, Arg(ws_->mtp_hidden, size_t(row0) * H * 4), H, ws_->logits, V, rows - row0);
 }
 
-// Prefill fills the MTP cache for the prompt: the chunk's rows [position_, position_ + rows)
-// pair with ids[position_ + 1 ..]; the last row of the final chunk with the id the choice
+// Prefill fills the MTP cache for the prompt: the chunk's rows [position(), position() + rows)
+// pair with ids[position() + 1 ..]; the last row of the final chunk with the id the choice
 // just wrote (ids[end]). No MTP logits: the logits buffer holds the trunk's, for the caller.
 void Engine::encode_mtp_prefill_chunk(Encoder& enc, uint32_t rows) {
   const uint32_t H = uint32_t(model_.dims.hidden);
   const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
-  encode_mtp(enc, rows, position_, hidden, H, rows);
+  encode_mtp(enc, rows, seq_->position, hidden, H, rows);
 }
 
 std::vector<float> Engine::mtp_logits(const std::vector<uint32_t>& ids) {
@@ -77,7 +77,7 @@ std::vector<float> Engine::mtp_logits(const std::vector<uint32_t>& ids) {
     if (t >= V) throw EngineError("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
   reset();
   check_room(ids.size());
-  std::memcpy(ws_->ids->contents(), ids.data(), ids.size() * 4);
+  std::memcpy(host_ids(), ids.data(), ids.size() * 4);
   std::vector<float> logits;
   logits.reserve((ids.size() - 1) * V);
   for (size_t done = 0; done < ids.size();) {
@@ -87,12 +87,12 @@ std::vector<float> Engine::mtp_logits(const std::vector<uint32_t>& ids) {
     encode_step(enc, rows, rows, nullptr, true);  // the trunk: no logits, no choice
     // Named now: x is the buffer holding the residual stream at this point of the encoding.
     const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
-    if (heads > 0) encode_mtp(enc, heads, position_, hidden, H, 0);
+    if (heads > 0) encode_mtp(enc, heads, seq_->position, hidden, H, 0);
     auto cb = commit(enc);
     wait(*cb);
     const float* l = static_cast<const float*>(ws_->logits->contents());
     logits.insert(logits.end(), l, l + size_t(heads) * V);
-    position_ += int(rows);
+    seq_->position += int(rows);
     done += rows;
   }
   reset();  // the MTP cache lacks the last row: nothing may continue from here

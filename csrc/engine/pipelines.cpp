@@ -72,10 +72,9 @@ void Engine::plan_kernels(KernelPlan& plan) {
   plan.need(k_.penalty_count, "penalty_count", up_to(MQ_PENALTY_THREADS));
   plan.need(k_.penalty_apply, "penalty_apply", up_to(MQ_PENALTY_THREADS));
   plan.need(k_.logprobs, "token_logprobs", up_to(MQ_LOGPROB_THREADS));
-  if (options_.max_draft > 0) {  // speculative verify steps
-    plan.need(k_.spec_accept, "spec_accept", exactly(1));
-    plan.need(k_.delta_restore, "delta_restore", up_to(kCopyThreads));
-  }
+  // Verify steps and every Engine::step (drafts or not) accept through it.
+  plan.need(k_.spec_accept, "spec_accept", exactly(1));
+  if (options_.max_draft > 0) plan.need(k_.delta_restore, "delta_restore", up_to(kCopyThreads));  // rollbacks
 
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";

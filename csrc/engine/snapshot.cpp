@@ -15,20 +15,20 @@ std::vector<Engine::StateRegion> Engine::state_regions(int position) const {
   for (const LayerWeights& l : layers_) layers.push_back(&l);
   if (mtp_) layers.push_back(&mtp_->layer);  // its K/V rows too: a resumed sequence drafts as a fed one does
   std::vector<StateRegion> regions;
+  auto base = [this](const SlotBuffer& b) { return size_t(slot_) * b.slot_bytes; };  // the selected slot's part
   for (const LayerWeights* layer : layers) {
     const LayerWeights& l = *layer;
     if (!l.full_attention) {
-      regions.push_back({l.state, 0, l.state->size()});
-      regions.push_back({l.hist, 0, l.hist->size()});
+      for (const SlotBuffer* b : {&l.state, &l.hist}) regions.push_back({b->buffer, base(*b), b->slot_bytes});
       continue;
     }
-    for (const auto& cache : {l.k_cache, l.v_cache}) {
+    for (const SlotBuffer* cache : {&l.k_cache, &l.v_cache}) {
       // Rows [0, p) of each plane (params/attention.h): q8 codes and their f16 scales, or f16.
       if (options_.kv_bits == 8) {
-        regions.push_back({cache, 0, p * kv_dim});
-        regions.push_back({cache, ctx * kv_dim, p * kv_dim / MQ_ATTN_Q8_BLOCK * 2});
+        regions.push_back({cache->buffer, base(*cache), p * kv_dim});
+        regions.push_back({cache->buffer, base(*cache) + ctx * kv_dim, p * kv_dim / MQ_ATTN_Q8_BLOCK * 2});
       } else {
-        regions.push_back({cache, 0, p * kv_dim * 2});
+        regions.push_back({cache->buffer, base(*cache), p * kv_dim * 2});
       }
     }
   }
@@ -50,7 +50,7 @@ std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int position) {
   auto s = std::make_shared<Snapshot>();
   s->engine = this;
   s->position = position;
-  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
+  const auto* ids = host_ids();
   s->tokens.assign(ids, ids + position);
   const auto regions = state_regions(position);
   size_t total = 0;
@@ -74,9 +74,9 @@ void Engine::restore(const Snapshot& s) {
     at += r.bytes;
   }
   wait(*commit(enc));
-  std::memcpy(ws_->ids->contents(), s.tokens.data(), s.tokens.size() * 4);
-  position_ = s.position;
-  mtp_row_ = -1;
+  std::memcpy(host_ids(), s.tokens.data(), s.tokens.size() * 4);
+  seq_->position = s.position;
+  seq_->mtp_row = -1;
 }
 
 }  // namespace mq::engine

@@ -11,44 +11,82 @@
 
 namespace mq::engine {
 
-uint32_t Engine::chosen() const { return static_cast<const uint32_t*>(ws_->ids->contents())[position_]; }
+uint32_t Engine::chosen() const { return host_ids()[seq_->position]; }
 
-void Engine::encode_verification(Encoder& enc, uint32_t drafts, const Sampling& s) {
-  const uint32_t V = uint32_t(model_.dims.vocab), rows = drafts + 1, draft_pos = uint32_t(position_) + 1;
-  if (s.temperature <= 0.0f) {
-    encode_argmax(enc, ws_->logits, rows, ws_->verify_chosen, 0);
-  } else {
+void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings) {
+  const uint32_t V = uint32_t(model_.dims.vocab);
+  const StepSegment& last = segs.seg[segs.count - 1];
+  auto slot_ids = [&](const StepSegment& g) { return ws_->ids.part(int(g.slot)); };
+  // A choice per row into verify_chosen: argmax over every row when a segment is greedy, then
+  // the sampled segments' rows (in draft mode), which replace theirs.
+  if (std::any_of(samplings.begin(), samplings.end(), [](const Sampling& s) { return s.temperature <= 0.0f; }))
+    encode_argmax(enc, ws_->logits, last.first_row + last.rows, ws_->verify_chosen, 0);
+  bool overlap = false;
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const StepSegment& g = segs.seg[i];
+    const Sampling& s = samplings[i];
+    if (s.temperature <= 0.0f) continue;
     // Row r samples the token at position draft_pos + r with that position's Philox counter, as decode does.
+    const uint32_t drafts = g.rows - 1, draft_pos = g.position + 1;
     const SampleParams p{V,         V,         uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
                          uint32_t(s.seed), uint32_t(s.seed >> 32), draft_pos, 0, drafts, draft_pos};
-    enc.dispatch(*k_.sample, {ws_->logits, ws_->verify_chosen, Arg::value(p), ws_->ids}, {rows});
+    enc.dispatch(*k_.sample,
+                 {Arg(ws_->logits, size_t(g.first_row) * V * 4), Arg(ws_->verify_chosen, size_t(g.first_row) * 4),
+                  Arg::value(p), slot_ids(g)},
+                 {g.rows}, {k_.sample->threads}, overlap);
+    overlap = true;
   }
-  const SpecAcceptParams ap{drafts, draft_pos};
-  enc.dispatch(*k_.spec_accept, {ws_->ids, ws_->verify_chosen, ws_->accepted, Arg::value(ap)}, {1});
-  if (drafts == 0) return;
-  // Every layer's rollback is independent of the others': one barrier for all of them.
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const StepSegment& g = segs.seg[i];
+    const SpecAcceptParams ap{g.rows - 1, g.position + 1};
+    enc.dispatch(*k_.spec_accept,
+                 {slot_ids(g), Arg(ws_->verify_chosen, size_t(g.first_row) * 4), Arg(ws_->accepted, size_t(i) * 4),
+                  Arg::value(ap)},
+                 {1}, {k_.spec_accept->threads}, i > 0);
+  }
+  // Every rollback is independent of the others': one barrier for all of them.
   const ModelDims& d = model_.dims;
-  const DeltaRestoreParams rp{uint32_t(state_words(d)), uint32_t(state_words(d)), drafts};
-  bool first = true;
-  for (const LayerWeights& l : layers_) {
-    if (!l.delta) continue;
-    enc.dispatch_threads(*k_.delta_restore, {l.state, l.state_snaps, ws_->accepted, Arg::value(rp)},
-                         {rp.state_floats / 4}, !first);
-    first = false;
+  overlap = false;
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const StepSegment& g = segs.seg[i];
+    if (g.rows == 1) continue;
+    const DeltaRestoreParams rp{uint32_t(state_words(d)), uint32_t(state_words(d)), g.rows - 1};
+    for (const LayerWeights& l : layers_) {
+      if (!l.delta) continue;
+      enc.dispatch_threads(*k_.delta_restore,
+                           {l.state.part(int(g.slot)), l.state_snaps.part(int(g.slot)),
+                            Arg(ws_->accepted, size_t(i) * 4), Arg::value(rp)},
+                           {rp.state_floats / 4}, overlap);
+      overlap = true;
+    }
+  }
+}
+
+void Engine::count_verified(uint32_t drafted, uint32_t accepted) {
+  counters_.tokens_decoded += accepted + 1;
+  counters_.drafted += drafted;
+  counters_.accepted += accepted;
+  if (counters_.drafted_at.size() < drafted) {
+    counters_.drafted_at.resize(drafted);
+    counters_.accepted_at.resize(drafted);
+  }
+  for (uint32_t i = 0; i < drafted; ++i) {
+    counters_.drafted_at[i] += 1;
+    counters_.accepted_at[i] += i < accepted;
   }
 }
 
 void Engine::encode_mtp_drafts(Encoder& enc, uint32_t k) {
-  const uint32_t H = uint32_t(model_.dims.hidden), p = uint32_t(position_);
+  const uint32_t H = uint32_t(model_.dims.hidden), p = uint32_t(seq_->position);
   matvec_ = true;  // one row at a time: stream the head's weights and the lm_head once
   // Draft i (at ids[p + i]) is the argmax of the head's logits for the pair one position before it.
-  encode_mtp_logits(enc, uint32_t(mtp_row_), uint32_t(mtp_row_) + 1);
-  encode_argmax(enc, ws_->logits, 1, ws_->ids, p + 1);
+  encode_mtp_logits(enc, uint32_t(seq_->mtp_row), uint32_t(seq_->mtp_row) + 1);
+  encode_argmax(enc, ws_->logits, 1, ids(), p + 1);
   for (uint32_t i = 2; i <= k; ++i) {
     // The pair (the head's last output, draft i - 1) at position p + i - 2; one row, into mtp_hidden row 0.
-    const uint32_t from = i == 2 ? uint32_t(mtp_row_) : 0;
+    const uint32_t from = i == 2 ? uint32_t(seq_->mtp_row) : 0;
     encode_mtp(enc, 1, int(p + i - 2), Arg(ws_->mtp_hidden, size_t(from) * H * 4), H, 0);
-    encode_argmax(enc, ws_->logits, 1, ws_->ids, p + i);
+    encode_argmax(enc, ws_->logits, 1, ids(), p + i);
   }
 }
 
@@ -75,42 +113,34 @@ std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling,
   check_room(size_t(k) + 2);  // the rows fed, and the token chosen after the last
   Encoder enc(*device_, kernels_);
   if (host_drafts) {
-    std::memcpy(static_cast<uint32_t*>(ws_->ids->contents()) + position_ + 1, host_drafts->data(), size_t(k) * 4);
-  } else if (mtp_row_ < 0) {
+    std::memcpy(host_ids() + seq_->position + 1, host_drafts->data(), size_t(k) * 4);
+  } else if (seq_->mtp_row < 0) {
     k = 0;  // no head state to draft from (after a plain decode step or a restore): a one-row step
   } else if (k > 0) {
     encode_mtp_drafts(enc, k);
   }
   snap_rows_ = k;
-  encode_step(enc, k + 1, 0, nullptr, false);
+  const StepSegments segs = one_segment(k + 1, seq_->position);
+  encode_rows(enc, segs, 0, false);
   snap_rows_ = 0;
-  encode_verification(enc, k, sampling);
+  encode_verification(enc, segs, {sampling});
   if (mtp_) {
     // The head over the verified rows (pairs with the drafts and the next token; rows past the
     // accepted ones are rewritten by the next step), for the next step's drafts.
     const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
-    encode_mtp(enc, k + 1, position_, hidden, uint32_t(model_.dims.hidden), k + 1);
+    encode_mtp(enc, k + 1, seq_->position, hidden, uint32_t(model_.dims.hidden), k + 1);
   }
   auto cb = commit(enc);
   wait(*cb);
 
-  const auto* ids = static_cast<const uint32_t*>(ws_->ids->contents());
+  const auto* ids = host_ids();
   const uint32_t a = *static_cast<const uint32_t*>(ws_->accepted->contents());
-  std::vector<uint32_t> out(ids + position_ + 1, ids + position_ + 2 + a);  // accepted drafts, then the next token
-  position_ += int(a) + 1;
-  mtp_row_ = mtp_ ? int(a) : -1;
+  std::vector<uint32_t> out(ids + seq_->position + 1, ids + seq_->position + 2 + a);  // accepted drafts, then the next token
+  seq_->position += int(a) + 1;
+  seq_->mtp_row = mtp_ ? int(a) : -1;
+  seq_->logprob_position = -1;
   counters_.verify_steps += 1;
-  counters_.tokens_decoded += a + 1;
-  counters_.drafted += k;
-  counters_.accepted += a;
-  if (counters_.drafted_at.size() < k) {
-    counters_.drafted_at.resize(k);
-    counters_.accepted_at.resize(k);
-  }
-  for (uint32_t i = 0; i < k; ++i) {
-    counters_.drafted_at[i] += 1;
-    counters_.accepted_at[i] += i < a;
-  }
+  count_verified(k, a);
   return out;
 }
 

@@ -118,7 +118,6 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
   const size_t E = size_t(d.experts), P = R * size_t(d.experts_per_token), MI = size_t(d.moe_intermediate);
   const size_t partials = (V + kArgmaxChunk - 1) / kArgmaxChunk;
   return {
-      {&Workspace::ids, size_t(o.max_context) + 1},
       {&Workspace::x, R * H}, {&Workspace::x_next, R * H}, {&Workspace::xn, R * H}, {&Workspace::mix, R * H},
       {&Workspace::qkv_raw, R * C},
       {&Workspace::z, R * nv * D}, {&Workspace::a, R * nv}, {&Workspace::b, R * nv},
@@ -136,14 +135,27 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::logits, R * V}, {&Workspace::partials, R * partials * 2},
       {&Workspace::penalty_counts, 2 * V}, {&Workspace::penalised, V},
       {&Workspace::mtp_in, o.mtp ? R * 2 * H : 0}, {&Workspace::mtp_hidden, o.mtp ? R * H : 0},
-      {&Workspace::logprobs, MQ_LOGPROB_SLOTS * MQ_LOGPROB_ENTRY_WORDS},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},
-      {&Workspace::verify_chosen, kMaxVerifyRows}, {&Workspace::accepted, 1},
+      {&Workspace::verify_chosen, kMaxVerifyRows}, {&Workspace::accepted, MQ_MAX_SEGMENTS},
   };
 }
 
 size_t bytes_of_words(size_t words) { return std::max<size_t>(words, 4) * 4; }
+size_t slot_part_bytes(size_t bytes) { return (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
+
+// Every per-slot buffer of the workspace with its words per slot (slot-major SlotBuffers):
+// the token ids and the logprob ring, then per DeltaNet layer its state, ring and rollback planes.
+using SlotSlot = SlotBuffer Workspace::*;
+std::vector<std::pair<SlotSlot, size_t>> slot_plan(const EngineOptions& o) {
+  return {{&Workspace::ids, size_t(o.max_context) + 1},
+          {&Workspace::logprobs, MQ_LOGPROB_SLOTS * MQ_LOGPROB_ENTRY_WORDS}};
+}
+std::vector<size_t> delta_layer_slot_words(const ModelDims& d, const EngineOptions& o) {
+  std::vector<size_t> words{state_words(d), history_words(d)};
+  if (o.max_draft > 0) words.push_back(size_t(o.max_draft) * state_words(d));
+  return words;
+}
 
 }  // namespace
 
@@ -160,30 +172,53 @@ uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, ui
   return std::max(1u, std::min({by_length, by_cores, max_splits}));
 }
 
+SlotStrides slot_strides(const ModelDims& d, const EngineOptions& o) {
+  // The parts new_slot_buffer gives each slot (kSlotAlign-aligned), in the units the kernels take.
+  auto fits = [](const char* what, size_t value) {
+    if (value > UINT32_MAX)
+      throw EngineError(std::string("[engine] the per-slot ") + what + " stride " + std::to_string(value) +
+                        " does not fit the kernels' 32-bit strides (lower max_context)");
+    return uint32_t(value);
+  };
+  auto words = [](size_t n) { return slot_part_bytes(bytes_of_words(n)) / 4; };
+  return {fits("DeltaNet state", words(state_words(d))), fits("conv history", words(history_words(d))),
+          fits("state snapshot", o.max_draft > 0 ? words(size_t(o.max_draft) * state_words(d)) : 0),
+          fits("KV cache", kv_cache_slot_bytes(d, o))};
+}
+
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
   const size_t kv_dim = size_t(d.kv_heads) * MQ_ATTN_HEAD_DIM, ctx = size_t(o.max_context);
   return o.kv_bits == 8 ? ctx * kv_dim + ctx * kv_dim / MQ_ATTN_Q8_BLOCK * 2 : ctx * kv_dim * 2;
 }
 
-uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
-  uint64_t total = 0;
-  for (const Planned& p : activation_plan(d, o)) total += bytes_of_words(p.words);
-  for (bool full_attention : d.full_attention)
-    if (!full_attention) {
-      total += bytes_of_words(state_words(d)) + bytes_of_words(history_words(d));
-      if (o.max_draft > 0) total += bytes_of_words(size_t(o.max_draft) * state_words(d));
-    }
-  return total;
+SlotBuffer new_slot_buffer(gpu::Device& device, size_t bytes, int slots) {
+  const size_t part = slot_part_bytes(bytes);
+  return {device.new_buffer(part * size_t(slots)), part};
 }
+
+uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
+  uint64_t total = 0, per_slot = 0;
+  for (const Planned& p : activation_plan(d, o)) total += bytes_of_words(p.words);
+  for (const auto& planned : slot_plan(o)) per_slot += slot_part_bytes(bytes_of_words(planned.second));
+  for (bool full_attention : d.full_attention)
+    if (!full_attention)
+      for (size_t words : delta_layer_slot_words(d, o)) per_slot += slot_part_bytes(bytes_of_words(words));
+  return total + per_slot * uint64_t(o.max_sequences);
+}
+
+size_t kv_cache_slot_bytes(const ModelDims& d, const EngineOptions& o) { return slot_part_bytes(kv_cache_bytes(d, o)); }
 
 Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOptions& o,
                      std::vector<LayerWeights>& layers) {
   max_rows = rows_per_step(o);
   max_splits = kMaxSplits;
+  slot_strides = engine::slot_strides(d, o);
   argmax_chunk = kArgmaxChunk;
   argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
   auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };
+  auto slot_words = [&](size_t n) { return new_slot_buffer(device, bytes_of_words(n), o.max_sequences); };
   for (const Planned& p : activation_plan(d, o)) this->*p.slot = words(p.words);
+  for (const auto& planned : slot_plan(o)) this->*planned.first = slot_words(planned.second);
   std::memset(penalty_counts->contents(), 0, penalty_counts->size());  // penalty_apply keeps it zero
 
   // rope_turns[i] = round(2^64 * theta^(-2i/rot) / (2 pi)) mod 2^64 (see params/attention.h).
@@ -195,23 +230,22 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
     turns[i] = uint64_t(t);
   }
 
-  const size_t cache_bytes = kv_cache_bytes(d, o);
   for (LayerWeights& l : layers) {
     if (l.full_attention) {
-      l.k_cache = device.new_buffer(cache_bytes);
-      l.v_cache = device.new_buffer(cache_bytes);
+      l.k_cache = new_slot_buffer(device, kv_cache_bytes(d, o), o.max_sequences);
+      l.v_cache = new_slot_buffer(device, kv_cache_bytes(d, o), o.max_sequences);
     } else {
-      l.state = words(state_words(d));
-      l.hist = words(history_words(d));
+      l.state = slot_words(state_words(d));
+      l.hist = slot_words(history_words(d));
       recurrent.push_back(l.state);
       recurrent.push_back(l.hist);
-      if (o.max_draft > 0) l.state_snaps = words(size_t(o.max_draft) * state_words(d));
+      if (o.max_draft > 0) l.state_snaps = slot_words(size_t(o.max_draft) * state_words(d));
     }
   }
 }
 
-void Workspace::clear_state() {
-  for (auto& buffer : recurrent) std::memset(buffer->contents(), 0, buffer->size());
+void Workspace::clear_state(int slot) {
+  for (const SlotBuffer& b : recurrent) std::memset(b.host(slot), 0, b.slot_bytes);
 }
 
 }  // namespace mq::engine

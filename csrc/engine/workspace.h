@@ -20,6 +20,18 @@ constexpr uint32_t kCopyThreads = 256;
 // moe_gather_rows and moe_combine take any threadgroup shape; one float4 per thread.
 constexpr uint32_t kMoeRowThreads = 64;
 
+// A buffer holding one equal part per sequence slot, slot-major: slot s at s * slot_bytes.
+struct SlotBuffer {
+  std::shared_ptr<gpu::Buffer> buffer;
+  size_t slot_bytes = 0;  // a multiple of kSlotAlign
+  Arg part(int slot) const { return Arg(buffer, size_t(slot) * slot_bytes); }
+  void* host(int slot) const { return static_cast<char*>(buffer->contents()) + size_t(slot) * slot_bytes; }
+};
+// Slot parts start 256-byte aligned: any kernel may bind one at its offset (float4 and wider).
+constexpr size_t kSlotAlign = 256;
+// A SlotBuffer of `slots` parts of at least `bytes` each.
+SlotBuffer new_slot_buffer(gpu::Device& device, size_t bytes, int slots);
+
 // Vectors are bf16 or f32 (pipelines.cpp picks the kernel variant); f16 ones arrive widened to f32 (weights.h).
 struct AttentionWeights {
   QuantLinear q_proj, k_proj, v_proj, o_proj;  // q_proj rows per head: [query | gate]
@@ -65,22 +77,33 @@ struct LayerWeights {
   std::optional<DeltaNetWeights> delta;
   std::optional<MlpWeights> mlp;  // dense models
   std::optional<MoeWeights> moe;  // MoE models
-  // Recurrent state (DeltaNet) or KV cache (attention) of this layer.
-  std::shared_ptr<gpu::Buffer> state, hist;  // [nv][D][D]; ring [history_slots][C] (params/deltanet.h)
-  std::shared_ptr<gpu::Buffer> k_cache, v_cache;
+  // Recurrent state (DeltaNet) or KV cache (attention) of this layer, per sequence slot.
+  SlotBuffer state, hist;  // [slots][nv][D][D]; ring [slots][history_slots][C] (params/deltanet.h)
+  SlotBuffer k_cache, v_cache;  // [slots][the cache layout of params/attention.h]
   // Speculative rollback (DeltaNet, options.max_draft > 0): the state after each of the
-  // first max_draft rows of a verify step, [max_draft][nv][D][D]; the history ring needs none.
-  std::shared_ptr<gpu::Buffer> state_snaps;
+  // first max_draft rows of a verify step, [slots][max_draft][nv][D][D]; the history ring needs none.
+  SlotBuffer state_snaps;
+};
+
+// Distances between sequence slots in the per-layer SlotBuffers, as the kernels take them
+// (params/common.h: slot-major, one buffer per layer): each slot's part, kSlotAlign-aligned.
+struct SlotStrides {
+  uint32_t state_words;     // DeltaNet state [nv][D][D]
+  uint32_t history_words;   // conv history ring [history_slots][C]
+  uint32_t snapshot_words;  // state snapshot planes [max_draft][nv][D][D]
+  uint32_t cache_bytes;     // one K (or V) cache, kv_cache_slot_bytes
 };
 
 struct Workspace {
   // Allocates the activations, and each layer's cache or recurrent state into `layers`.
   Workspace(gpu::Device& device, const ModelDims& dims, const EngineOptions& options, std::vector<LayerWeights>& layers);
-  void clear_state();
+  // Zeroes `slot`'s DeltaNet states and conv history rings.
+  void clear_state(int slot);
 
   uint32_t max_rows;                         // rows per step: max(prefill_chunk, verify rows)
   uint32_t max_splits;                       // most decode attention context splits (sizes part_o, part_ms)
-  std::shared_ptr<gpu::Buffer> ids;          // uint [max_context + 1]: token at each position
+  SlotStrides slot_strides;                  // checked at construction (slot_strides())
+  SlotBuffer ids;                            // uint [slots][max_context + 1]: token at each position
   std::shared_ptr<gpu::Buffer> x, xn, mix;   // [rows][hidden]: residual, normed, mixer/MLP out
   // [rows][hidden]: where a norm-fused matvec writes x + mix (its threadgroups all read x), swapped
   // with x once encoded: x always names the residual stream at that point of the step.
@@ -109,12 +132,12 @@ struct Workspace {
   // MTP head (allocated with EngineOptions::mtp, else 16 bytes each):
   std::shared_ptr<gpu::Buffer> mtp_in;       // [rows][2 hidden]: [pre_fc_norm_embedding(e) | pre_fc_norm_hidden(h)]
   std::shared_ptr<gpu::Buffer> mtp_hidden;   // [rows][hidden]: after mtp.norm (the next chained step's h)
-  std::shared_ptr<gpu::Buffer> logprobs;        // uint [MQ_LOGPROB_SLOTS][MQ_LOGPROB_ENTRY_WORDS] (params/sampling.h)
+  SlotBuffer logprobs;  // uint [slots][MQ_LOGPROB_SLOTS][MQ_LOGPROB_ENTRY_WORDS] (params/sampling.h)
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
   std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [kMaxVerifyRows]: a verify step's choice per row
-  std::shared_ptr<gpu::Buffer> accepted;       // uint [1]: drafts the last verify step accepted
-  std::vector<std::shared_ptr<gpu::Buffer>> recurrent;  // every state/hist buffer, for clearing
+  std::shared_ptr<gpu::Buffer> accepted;       // uint [MQ_MAX_SEGMENTS]: drafts each segment of the last verify step accepted
+  std::vector<SlotBuffer> recurrent;  // every state/hist buffer, for clearing
   uint32_t argmax_chunk, argmax_partials;
 };
 
@@ -130,17 +153,24 @@ inline Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 inline Arg scales_of(const QuantLinear& l) { return at(l.scales.buffer ? l.scales : l.weight); }
 inline Arg biases_of(const QuantLinear& l) { return at(l.biases.buffer ? l.biases : l.weight); }
 
-// Flash-decode splits for `context` positions when one split takes `groups` threadgroups
-// (kv heads x head blocks x row groups): splits of >= 128 positions, enough of them to give
-// each of the GPU's cores a few threadgroups, at most max_splits (Workspace::max_splits).
+// Flash-decode splits for one sequence's `context` positions when one split takes `groups`
+// threadgroups (kv heads x head blocks: the head groups only, not the row groups): splits
+// of >= 128 positions, enough of them to give each of the GPU's cores a few threadgroups, at
+// most max_splits (Workspace::max_splits). It depends on the sequence alone, never on the
+// step's rows or the other sequences sharing the step, so a sequence's attention gives the
+// same bits whether it decodes alone or batched (a split layout changes the f32 sums).
 uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits);
 // Rows per SIMD-group R of the decode/verify matvec variant streaming `weight_rows` weight rows
 // (a norm-fused group: all its members'; gate + up: both): the largest of 8, 4 whose grid gives
 // each of the GPU's cores MQ_QMV_THREADGROUPS_PER_CORE threadgroups, else 2 (shaders/params/quant.h).
 uint32_t qmv_rows_per_simdgroup(uint64_t weight_rows, uint32_t gpu_cores);
-// Bytes of one attention layer's K (or V) cache at max_context.
+// The per-slot strides for these dims and options; throws EngineError when one is not a
+// multiple of 16 bytes (the kernels' float4 access) or does not fit the kernels' uint.
+SlotStrides slot_strides(const ModelDims& dims, const EngineOptions& options);
+// Bytes of one attention layer's K (or V) cache at max_context, and of its part per slot (aligned).
 size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
-// Bytes of the rest Workspace allocates: activations and every DeltaNet layer's state.
+size_t kv_cache_slot_bytes(const ModelDims& dims, const EngineOptions& options);
+// Bytes of the rest Workspace allocates: activations, and per slot the ids and every DeltaNet layer's state.
 uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
 // Intermediate size of the buffers gate/up/act: the dense MLP's, or the shared expert's.
 uint32_t mlp_intermediate(const ModelDims& dims);

@@ -1,12 +1,17 @@
 """`metalqwen bench -m FOLDER`: end-to-end speed of a checkpoint — prefill tok/s and time to
 first token at 512 and 4096 prompt tokens, decode tok/s at 0, 4K and 16K tokens of context,
-memory — and, with ``--compare mlx-lm``, mlx-lm's figures on the same folder, prompt and
-settings in the same process, side by side with the ratio.
+memory — and, with ``--concurrency 1,2,4,8``, the aggregate decode tok/s of that many
+prompts decoded together in shared steps (``Model.generate_batch``); with ``--compare
+mlx-lm``, mlx-lm's figures on the same folder, prompts and settings in the same process, side
+by side with the ratio.
 
 Both engines get the same prompt (ids drawn from the checkpoint's vocabulary) and decode
 greedily for a fixed number of tokens, eos or not. Time to first token is the prefill of the
 whole prompt plus the choice of the first token; decode tok/s excludes it. Context 0 means a
-one-token prompt. On the CPU runtime the figures only show that everything runs.
+one-token prompt. A concurrency level c decodes c different prompts of the same length at
+once; its aggregate tok/s is every stream's decode tokens over the wall time of the run less
+its prefills (which the scheduler interleaves, one chunk per step). On the CPU runtime the
+figures only show that everything runs.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -28,11 +33,14 @@ DECODE_TOKENS = 128
 QUICK_PREFILL_TOKENS = (32, 64)
 QUICK_DECODE_CONTEXTS = (0, 64)
 QUICK_DECODE_TOKENS = 8
+CONCURRENCY_PROMPT_TOKENS = 512  # each stream's prompt at every concurrency level
+QUICK_CONCURRENCY_PROMPT_TOKENS = 32
 
 
 @dataclass
 class Plan:
-    """What to measure: prompt sizes, decode contexts, tokens per decode run, and the notes
+    """What to measure: prompt sizes, decode contexts, tokens per decode run, concurrency
+    levels (1 first, the baseline; none: not measured) with their prompt size, and the notes
     saying what was changed to fit max_context."""
 
     prefill_tokens: list[int]
@@ -40,6 +48,8 @@ class Plan:
     decode_tokens: int
     max_context: int
     notes: list[str] = field(default_factory=list)
+    concurrency: list[int] = field(default_factory=list)
+    concurrency_prompt: int = 0
 
 
 @dataclass
@@ -53,17 +63,37 @@ class EngineFigures:
     memory_bytes: int | None = None
     engine: dict = field(default_factory=dict)  # metalqwen's counters per step
     speculative: dict | None = None
+    concurrency: list[dict] = field(default_factory=list)  # see ``concurrency_level``
 
 
-def plan(quick: bool, decode_tokens: int | None, max_context: int | None) -> Plan:
+def concurrency_levels(text: str | None) -> list[int]:
+    """``--concurrency 2,4,8`` -> [1, 2, 4, 8] (level 1 is the baseline of the ratios); None -> []."""
+    from .batching import MAX_ROWS
+
+    if text is None:
+        return []
+    try:
+        levels = {int(t) for t in text.split(",")}
+    except ValueError:
+        levels = set()
+    if not levels or not all(1 <= c <= MAX_ROWS for c in levels):
+        raise ValueError(f"--concurrency must be comma-separated integers in 1..{MAX_ROWS} (sequences decoded "
+                         f"together), got {text!r}")
+    return sorted(levels | {1})
+
+
+def plan(quick: bool, decode_tokens: int | None, max_context: int | None, concurrency: list[int] = ()) -> Plan:
     """The sizes to run, clamped to ``max_context`` when one is given (each change noted)."""
     prefill = list(QUICK_PREFILL_TOKENS if quick else PREFILL_TOKENS)
     contexts = list(QUICK_DECODE_CONTEXTS if quick else DECODE_CONTEXTS)
     tokens = decode_tokens or (QUICK_DECODE_TOKENS if quick else DECODE_TOKENS)
-    # A prompt plus the token it chooses; a context, the one-token prompt at 0 and the decoded tokens.
-    needed = max(max(prefill) + 1, max(contexts) + 1 + tokens)
+    levels = list(concurrency)
+    prompt = (QUICK_CONCURRENCY_PROMPT_TOKENS if quick else CONCURRENCY_PROMPT_TOKENS) if levels else 0
+    # A prompt plus the token it chooses; a context (or a concurrency prompt), the one-token
+    # prompt at 0 and the decoded tokens.
+    needed = max(max(prefill) + 1, max(contexts + [prompt]) + 1 + tokens)
     if max_context is None or max_context >= needed:
-        return Plan(prefill, contexts, tokens, max_context or needed)
+        return Plan(prefill, contexts, tokens, max_context or needed, [], levels, prompt)
     notes = []
     fit_prefill = sorted({min(n, max_context - 1) for n in prefill})
     if fit_prefill != prefill:
@@ -75,27 +105,49 @@ def plan(quick: bool, decode_tokens: int | None, max_context: int | None) -> Pla
     if fit_contexts != contexts:
         notes.append(f"decode contexts {contexts} clamped to {fit_contexts} (max_context {max_context} - "
                      f"{tokens} decoded tokens)")
-    return Plan(fit_prefill, fit_contexts, tokens, max_context, notes)
+    if prompt > room:
+        notes.append(f"concurrency prompts of {prompt} tokens clamped to {room} (max_context {max_context} - "
+                     f"{tokens} decoded tokens)")
+        prompt = room
+    return Plan(fit_prefill, fit_contexts, tokens, max_context, notes, levels, prompt)
 
 
-def prompt_ids(vocab_size: int, n: int) -> list[int]:
+def prompt_ids(vocab_size: int, n: int, seed: int = 0) -> list[int]:
     """The same prompt for every engine: ids from the checkpoint's own vocabulary (the first
-    10000 at most: ordinary text tokens in real checkpoints)."""
-    return [int(t) for t in np.random.default_rng(0).integers(0, min(vocab_size, 10000), max(n, 1))]
+    10000 at most: ordinary text tokens in real checkpoints); another ``seed``, another prompt."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, min(vocab_size, 10000), max(n, 1))]
+
+
+def concurrency_prompts(vocab_size: int, p: Plan, c: int) -> list[list[int]]:
+    """The c different prompts of concurrency level c (the same for every engine)."""
+    return [prompt_ids(vocab_size, p.concurrency_prompt, seed) for seed in range(c)]
+
+
+def concurrency_level(c: int, tokens: int, seconds: float, steps: int, **extra) -> dict:
+    """One concurrency level's figures: ``tokens`` decoded over all streams in ``seconds`` of
+    decoding, by ``steps`` decode steps (``speedup`` is set once level 1 is known)."""
+    return dict(concurrency=c, tokens=tokens, seconds=seconds, steps=steps, tokens_per_second=tokens / seconds,
+                per_stream_tokens_per_second=tokens / seconds / c, **extra)
+
+
+def set_speedups(levels: list[dict]) -> None:
+    """Aggregate tok/s of each level over that of level 1 (the first)."""
+    for r in levels:
+        r["speedup"] = r["tokens_per_second"] / levels[0]["tokens_per_second"]
 
 
 # ---------------------------------------------------------------------------------------- metalqwen
 
 
 def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab: int,
-                  speculative: str = "off") -> EngineFigures:
+                  speculative: str = "off", max_sequences: int = 1) -> EngineFigures:
     from .model import load
 
     figures = EngineFigures("metalqwen")
     phase("metalqwen: loading")
     start = time.perf_counter()
     model = load(folder, device=device, max_context=p.max_context, kv_bits=kv_bits, progress=False,
-                 speculative=speculative)
+                 speculative=speculative, max_sequences=max_sequences)
     figures.load_seconds = time.perf_counter() - start
     engine = model._engine
     _metalqwen_decode(model, prompt_ids(vocab, 8), 4)  # warm-up: pipelines and first-touch pages
@@ -120,6 +172,8 @@ def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab:
     figures.engine = {k: after.get(k) for k in ("weight_bytes_per_token", "dispatches_last_step",
                                                  "barriers_last_step", "host_encode_us_last_step")}
     figures.speculative = speculative_stats(before, after)
+    if p.concurrency:
+        figures.concurrency = _metalqwen_concurrency(model, p, vocab)
     return figures
 
 
@@ -145,6 +199,34 @@ def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
         pass
     engine.decode_end()
     return time.perf_counter() - start
+
+
+def _metalqwen_concurrency(model, p: Plan, vocab: int) -> list[dict]:
+    """Each level's prompts through ``generate_batch`` (the model's speculative mode, greedy).
+    Decode time is the run's wall time less its prefills (each timed by the scheduler);
+    decode steps are the run's command buffers less its prompts' chunks."""
+    model.eos_token_ids = []  # a fixed number of tokens, eos or not, as in the other decode runs
+    engine = model._engine
+    engine.reset()
+    before = model.counters()
+    engine.prefill(concurrency_prompts(vocab, p, 1)[0])
+    prompt_steps = model.counters()["steps"] - before["steps"]
+    model.generate_batch([prompt_ids(vocab, 8, seed) for seed in range(p.concurrency[-1])], 2)  # warm-up: every slot
+    levels = []
+    for c in p.concurrency:
+        phase(f"metalqwen: {c} prompts of {p.concurrency_prompt} tokens, {p.decode_tokens} tokens each, together")
+        before = model.counters()
+        start = time.perf_counter()
+        runs = model.generate_batch(concurrency_prompts(vocab, p, c), p.decode_tokens + 1)
+        seconds = time.perf_counter() - start
+        after = model.counters()
+        prefill = sum(r.stats.prompt_seconds for r in runs)
+        tokens = sum(r.stats.generated_tokens - 1 for r in runs)  # each stream's first token comes from its prefill
+        steps = after["steps"] - before["steps"] - c * prompt_steps
+        levels.append(concurrency_level(c, tokens, seconds - prefill, steps, prefill_seconds=prefill,
+                                        speculative=speculative_stats(before, after)))
+    set_speedups(levels)
+    return levels
 
 
 def speculative_stats(before: dict, after: dict) -> dict | None:
@@ -173,8 +255,20 @@ def mlx_lm_missing() -> str:
     return ""
 
 
+def mlx_lm_batch_missing() -> str:
+    """Why mlx-lm cannot run the concurrency levels ("" when it can: a BatchGenerator with stats)."""
+    try:
+        from mlx_lm.generate import BatchGenerator
+    except ImportError:
+        BatchGenerator = None
+    if not hasattr(BatchGenerator, "stats"):
+        return "concurrency skipped: this mlx-lm has no BatchGenerator with stats (pip install -U mlx-lm)"
+    return ""
+
+
 def run_mlx_lm(folder: str, p: Plan, vocab: int) -> EngineFigures:
-    """mlx-lm on the same folder: its own load and generate_step (greedy, its default KV cache)."""
+    """mlx-lm on the same folder: its own load and generate_step (greedy, its default KV cache);
+    the concurrency levels by its BatchGenerator."""
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import generate_step
@@ -206,17 +300,50 @@ def run_mlx_lm(folder: str, p: Plan, vocab: int) -> EngineFigures:
         figures.decode.append(dict(context=context, tokens=p.decode_tokens,
                                    tokens_per_second=p.decode_tokens / seconds))
     figures.memory_bytes = int(mx.get_peak_memory()) if hasattr(mx, "get_peak_memory") else None
+    if p.concurrency:
+        figures.concurrency = _mlx_lm_concurrency(model, p, vocab)
     return figures
+
+
+def _mlx_lm_concurrency(model, p: Plan, vocab: int) -> list[dict]:
+    """Each level's prompts through mlx-lm's BatchGenerator (greedy, what its batch_generate
+    runs), timed by its own stats: generation tokens and steps over the wall time less prompt
+    time (its first step feeds each prompt's last token, so each stream's first token counts)."""
+    from mlx_lm.generate import BatchGenerator
+
+    def batch(prompts: list[list[int]], tokens: int):
+        gen = BatchGenerator(model, stop_tokens=[])  # a fixed number of tokens, eos or not
+        try:
+            gen.insert(prompts, [tokens] * len(prompts))
+            with gen.stats() as stats:
+                while gen.next_generated():
+                    pass
+        finally:
+            gen.close()
+        return stats
+
+    batch([prompt_ids(vocab, 8, seed) for seed in range(p.concurrency[-1])], 2)  # warm-up
+    levels = []
+    for c in p.concurrency:
+        phase(f"mlx-lm: {c} prompts of {p.concurrency_prompt} tokens, {p.decode_tokens} tokens each, together")
+        s = batch(concurrency_prompts(vocab, p, c), p.decode_tokens + 1)
+        levels.append(concurrency_level(c, s.generation_tokens, s.generation_time, s.generation_steps,
+                                        prefill_seconds=s.prompt_time))
+    set_speedups(levels)
+    return levels
 
 
 # ---------------------------------------------------------------------------------------- report
 
 
 def report(folder: str, device: str, kv_bits: int, p: Plan, ours: EngineFigures, theirs: EngineFigures | None,
-           skipped: str) -> dict:
-    """Everything measured, as the JSON file holds it."""
+           skipped: str, max_sequences: int = 1) -> dict:
+    """Everything measured, as the JSON file holds it (each engine's concurrency levels in its
+    figures; what they ran in ``concurrency``)."""
+    concurrency = dict(levels=p.concurrency, prompt_tokens=p.concurrency_prompt, tokens_per_stream=p.decode_tokens,
+                       max_sequences=max_sequences) if p.concurrency else None
     return dict(model=folder, device=device, kv_bits=kv_bits, decode_tokens=p.decode_tokens,
-                max_context=p.max_context, notes=p.notes, metalqwen=asdict(ours),
+                max_context=p.max_context, notes=p.notes, concurrency=concurrency, metalqwen=asdict(ours),
                 mlx_lm=asdict(theirs) if theirs else None, mlx_lm_skipped=skipped or None,
                 ratios=ratios(ours, theirs) if theirs else None)
 
@@ -229,6 +356,9 @@ def _rows(figures: EngineFigures) -> dict[str, float]:
         rows[f"time to first token at {r['tokens']}, s"] = r["ttft_seconds"]
     for r in figures.decode:
         rows[f"decode at context {r['context']} tok/s"] = r["tokens_per_second"]
+    for r in figures.concurrency:
+        c = r["concurrency"]
+        rows[f"aggregate decode, {c} stream{'s' if c > 1 else ''} tok/s"] = r["tokens_per_second"]
     return rows
 
 
@@ -265,14 +395,35 @@ def table(data: dict, ours: EngineFigures, theirs: EngineFigures | None) -> str:
                      f"barriers, {e['host_encode_us_last_step']:.0f} us host encode, "
                      f"{e['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token")
     if ours.speculative:
-        lines.append("speculative: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                for k, v in ours.speculative.items() if v is not None))
+        lines.append("speculative: " + _speculation(ours.speculative))
+    if data["concurrency"]:
+        lines += _concurrency_lines(data["concurrency"], [f for f in (ours, theirs) if f])
     if data["mlx_lm_skipped"]:
         lines.append(f"mlx-lm: skipped: {data['mlx_lm_skipped']}")
     if theirs:
         lines.append("ratio: metalqwen / mlx-lm for tok/s, mlx-lm / metalqwen for seconds (above 1: metalqwen is "
                      "faster); memory: metalqwen's estimate at load, mlx-lm's peak allocation")
     return "\n".join(lines)
+
+
+def _speculation(figures: dict) -> str:
+    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()
+                     if v is not None)
+
+
+def _concurrency_lines(run: dict, engines: list[EngineFigures]) -> list[str]:
+    """The concurrency section: per engine and level, aggregate and per-stream tok/s, the
+    ratio to one stream, and decode steps against decode tokens."""
+    lines = [f"concurrency: c prompts of {run['prompt_tokens']} tokens decoded together, {run['tokens_per_stream']} "
+             f"tokens each (metalqwen: generate_batch, {run['max_sequences']} sequence slots, counted in its memory)"]
+    for e in engines:
+        for r in e.concurrency:
+            lines.append(f"  {e.name:10s} c={r['concurrency']}: {r['tokens_per_second']:10.2f} tok/s aggregate, "
+                         f"{r['per_stream_tokens_per_second']:8.2f} per stream, {r['speedup']:5.2f}x one stream, "
+                         f"{r['steps']} decode steps for {r['tokens']} tokens")
+            if r.get("speculative"):
+                lines.append(f"  {'':10s}      speculative: {_speculation(r['speculative'])}")
+    return lines
 
 
 def plot_missing() -> str:
@@ -285,21 +436,29 @@ def plot_missing() -> str:
 
 
 def plot(path: str, data: dict, engines: list[EngineFigures]) -> None:
-    """Decode tok/s against context, one line per engine."""
+    """Decode tok/s against context, one line per engine; beside it, with concurrency levels,
+    aggregate decode tok/s against the streams decoded together."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for e in engines:
-        ax.plot([r["context"] for r in e.decode], [r["tokens_per_second"] for r in e.decode], marker="o", label=e.name)
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("decode tok/s")
-    ax.set_title(f"{data['model']} on {data['device']}", fontsize=9)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    panels = [("decode", "context", "context (tokens)", "decode tok/s")]
+    if data["concurrency"]:
+        panels.append(("concurrency", "concurrency", "streams decoded together", "aggregate decode tok/s"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (figures, x, xlabel, ylabel) in zip(axes[0], panels):
+        for e in engines:
+            rows = getattr(e, figures)
+            ax.plot([r[x] for r in rows], [r["tokens_per_second"] for r in rows], marker="o", label=e.name)
+        if figures == "concurrency":
+            ax.set_xticks(data["concurrency"]["levels"])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{data['model']} on {data['device']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -312,16 +471,23 @@ def run(args) -> int:
 
     if args.plot and (missing := plot_missing()):
         raise ValueError(missing)
-    p = plan(args.quick, args.decode_tokens, args.max_context)
+    p = plan(args.quick, args.decode_tokens, args.max_context, concurrency_levels(args.concurrency))
+    max_sequences = args.max_sequences or (p.concurrency[-1] if p.concurrency else 1)
+    if p.concurrency and max_sequences < p.concurrency[-1]:
+        raise ValueError(f"--max-sequences {max_sequences} is less than the largest --concurrency level "
+                         f"{p.concurrency[-1]}")
     vocab = load_checkpoint(args.model).config.vocab_size
     device = args.device or gpu.Device().kind
-    ours = run_metalqwen(args.model, device, args.kv_bits, p, vocab, args.speculative)
+    ours = run_metalqwen(args.model, device, args.kv_bits, p, vocab, args.speculative, max_sequences)
     theirs, skipped = None, ""
     if args.compare == "mlx-lm":
         skipped = mlx_lm_missing()
         if not skipped:
-            theirs = run_mlx_lm(args.model, p, vocab)
-    data = report(args.model, device, args.kv_bits, p, ours, theirs, skipped)
+            batch_missing = mlx_lm_batch_missing() if p.concurrency else ""
+            if batch_missing:
+                p.notes.append(f"mlx-lm: {batch_missing}")
+            theirs = run_mlx_lm(args.model, replace(p, concurrency=[]) if batch_missing else p, vocab)
+    data = report(args.model, device, args.kv_bits, p, ours, theirs, skipped, max_sequences)
     print(table(data, ours, theirs))
     if args.json:
         with open(args.json, "w") as f:

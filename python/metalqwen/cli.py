@@ -59,7 +59,17 @@ def _load(args: argparse.Namespace):
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
                 progress=True if args.progress else None,
                 prefix_cache_bytes=int(getattr(args, "cache_gb", 0) * 2**30),
-                speculative=args.speculative, draft_depth=args.draft_depth)
+                speculative=args.speculative, draft_depth=args.draft_depth,
+                max_sequences=getattr(args, "max_sequences", 1))
+
+
+def _check_max_sequences(value: int | None) -> None:
+    """--max-sequences, checked before the (possibly long) load."""
+    from .batching import MAX_ROWS
+
+    allowed = f"an integer in 1..{MAX_ROWS} (one step holds at most {MAX_ROWS} rows)"
+    if value is not None and arguments.integer("--max-sequences", value, low=1, allowed=allowed) > MAX_ROWS:
+        raise ValueError(f"--max-sequences must be {allowed}, got {value}")
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -190,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .server import create_app
     from .server.graceful import GracefulServer
 
+    _check_max_sequences(args.max_sequences)
     model = _load(args)
     app = create_app(model, api_key=args.api_key, max_queue=args.max_queue)
     print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1)", file=sys.stderr)
@@ -219,6 +230,7 @@ def _bench(args: argparse.Namespace) -> int:
         arguments.integer("--max-context", args.max_context, low=2, allowed="an integer >= 2")
     if args.decode_tokens is not None:
         arguments.integer("--decode-tokens", args.decode_tokens, low=1, allowed="an integer >= 1")
+    _check_max_sequences(args.max_sequences)
     return run(args)
 
 
@@ -299,6 +311,10 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
     serve.add_argument("--cache-gb", type=float, default=2.0,
                        help="device memory for the prefix cache's saved states, GiB (default 2; 0 = off)")
+    serve.add_argument("--max-sequences", type=int, default=4,
+                       help="requests decoded together, sharing each step's weight stream, 1..8 (default 4; 1 = one "
+                            "at a time, the others wait); each reserves a KV cache of --max-context tokens and a "
+                            "DeltaNet state (counted in the memory checked at load)")
     serve.set_defaults(run=_serve)
     bench = commands.add_parser("bench", help="prefill, time to first token and decode tok/s of a checkpoint "
                                 "(--compare mlx-lm: side by side)")
@@ -316,9 +332,17 @@ def parser() -> argparse.ArgumentParser:
                             "(default off: plain decoding)")
     bench.add_argument("--compare", choices=["mlx-lm"], default=None,
                        help="also run mlx-lm on the same folder and prompts, side by side with the ratio")
+    bench.add_argument("--concurrency", metavar="C,C,...", default=None,
+                       help="also decode C different prompts together (generate_batch) for each level, e.g. 1,2,4,8 "
+                            "(each 1..8; 1 always runs: the baseline), and report aggregate and per-stream decode "
+                            "tok/s and engine steps per level")
+    bench.add_argument("--max-sequences", type=int, default=None,
+                       help="sequence slots reserved at load, 1..8 (default: the largest --concurrency level, else "
+                            "1); each reserves a KV cache of max-context tokens and a DeltaNet state")
     bench.add_argument("--json", metavar="FILE", default=None, help="write every figure to FILE as JSON")
     bench.add_argument("--plot", metavar="FILE", default=None,
-                       help="draw decode tok/s against context to FILE (.png; needs matplotlib)")
+                       help="draw decode tok/s against context (and, with --concurrency, aggregate tok/s against "
+                            "the streams) to FILE (.png; needs matplotlib)")
     bench.set_defaults(run=_bench)
     convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head kept")
     convert.add_argument("hf_dir", help="the original's folder (config.json, *.safetensors, tokenizer)")

@@ -83,6 +83,55 @@ class Chunk:
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
 
 
+@dataclass
+class Request:
+    """A checked generation request (``Model.request``): what ``stream`` runs, and what a
+    ``batching.Scheduler`` runs beside others."""
+    ids: list[int]  # the prompt's token ids
+    max_tokens: int
+    sampling: dict  # the engine's sampling keywords (seed set, logprobs -1 when off)
+    stop: list[str]
+    boundaries: Sequence[int]  # prompt positions worth a prefix-cache snapshot
+    drafter: spec.Drafter | None  # None: plain decoding
+
+
+class Output:
+    """Generated tokens of one request turned into Chunks: stops at an eos token or a stop
+    string (its text dropped), releases UTF-8-safe text, and keeps the tokens and finish reason."""
+
+    def __init__(self, model: "Model", request: Request):
+        self.stats = GenerationStats(prompt_tokens=len(request.ids))
+        self.tokens: list[int] = []  # every generated token, eos included
+        self.finish_reason = "length"  # "stop" once an eos token or a stop string ended it
+        self.done = False
+        self._decoder = model.tokenizer.stream_decoder()
+        self._stopper = StopMatcher(request.stop)
+        self._eos = set(model.eos_token_ids)
+        self._hit = False
+
+    def add(self, token: int, logprobs: tuple | None = None) -> Chunk | None:
+        """The chunk of one generated token (None for an eos token, which ends the output)."""
+        self.stats.generated_tokens += 1
+        self.tokens.append(token)
+        if token in self._eos:
+            self.finish_reason, self.done = "stop", True
+            return None
+        text, self._hit = self._stopper.feed(self._decoder.add(token))
+        if self._hit:
+            self.finish_reason, self.done = "stop", True
+        if logprobs is None:
+            return Chunk(text=text, token=token)
+        return Chunk(text=text, token=token, logprob=logprobs[0], top_logprobs=logprobs[1])
+
+    def tail(self) -> Chunk | None:
+        """The text held back at the end (none after a stop string: what follows it is dropped)."""
+        if self._hit:
+            return None
+        tail, _ = self._stopper.feed(self._decoder.flush())
+        tail += self._stopper.flush()
+        return Chunk(text=tail, token=None) if tail else None
+
+
 class Model:
     """A checkpoint on a device. Not thread-safe: one generation at a time."""
 
@@ -166,6 +215,22 @@ class Model:
         return Generation(tokens=tokens, text="".join(text), finish_reason=self.last_finish_reason,
                           stats=self.last_stats)
 
+    def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
+        """Generates for several prompts together (options as for ``stream``, the same for each):
+        up to ``max_sequences`` of them (``load``) share each step; the others wait for a slot.
+        Each result equals what ``generate`` gives for that prompt alone."""
+        from .batching import Scheduler
+
+        scheduler = Scheduler(self)
+        requests = [scheduler.submit(p, max_tokens, **options) for p in prompts]
+        scheduler.run()
+        return [r.generation() for r in requests]
+
+    @property
+    def max_sequences(self) -> int:
+        """Sequence slots reserved at load (``load(max_sequences=...)``)."""
+        return self._engine.max_sequences
+
     def stream(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None,
                chat: bool = False, boundaries: Sequence[int] = (), min_p: float = 0.0,
@@ -195,16 +260,28 @@ class Model:
         the output (greedy: the same tokens; sampling: the same distribution); penalties and
         logprobs turn it off for the call (penalties would change with every draft; verify rows
         report no logprobs)."""
+        request = self.request(prompt, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                               stop=stop, chat=chat, boundaries=boundaries, min_p=min_p,
+                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                               repetition_penalty=repetition_penalty, logprobs=logprobs, speculative=speculative)
+        return self._run(request)
+
+    def request(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None, chat: bool = False,
+                boundaries: Sequence[int] = (), min_p: float = 0.0, presence_penalty: float = 0.0,
+                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logprobs: int | None = None,
+                speculative: str | spec.Drafter | None = None) -> Request:
+        """Checks a generation's arguments (those of ``stream``); raises what ``stream`` would."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
         sampling = arguments.sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
                                       repetition_penalty)
         sampling.setdefault("seed", int.from_bytes(os.urandom(8), "little"))
         sampling["logprobs"] = arguments.logprobs(logprobs)
-        stopper = StopMatcher(arguments.stop_strings(stop))
+        stop = arguments.stop_strings(stop)
         drafter = self._drafter(speculative, sampling)
         ids = self.prompt_ids(prompt, chat)
         self._check_fits(ids)
-        return self._run(ids, max_tokens, sampling, stopper, boundaries, drafter)
+        return Request(ids, max_tokens, sampling, stop, boundaries, drafter)
 
     def _drafter(self, speculative, sampling: dict) -> spec.Drafter | None:
         """Who drafts for this call (None: plain decoding)."""
@@ -240,60 +317,49 @@ class Model:
         return spec.generate(self._engine, self._engine.chosen(), budget, verify, drafter,
                              spec.DepthPolicy(self.draft_depth), history=list(ids))
 
-    def _run(self, ids: list[int], max_tokens: int, sampling: dict, stopper: StopMatcher,
-             boundaries: Sequence[int], drafter: spec.Drafter | None = None) -> Iterator[Chunk]:
+    def _run(self, request: Request) -> Iterator[Chunk]:
         """The generator behind ``stream`` (arguments already checked, so errors come at the call)."""
-        stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
-        self.last_tokens = []
+        ids, sampling = request.ids, request.sampling
+        out = Output(self, request)
+        stats = self.last_stats = out.stats
+        self.last_tokens = out.tokens
         self.last_finish_reason = "length"
         # Prefill chose one token and each decode step feeds one: room for max_context - len(ids).
         room = self.max_context - len(ids)
-        budget = min(max_tokens, room)
+        budget = min(request.max_tokens, room)
 
         start = time.perf_counter()
-        stats.prompt_tokens_reused = self._feed_prompt(ids, sampling, boundaries)
+        stats.prompt_tokens_reused = self._feed_prompt(ids, sampling, request.boundaries)
         stats.prompt_seconds = time.perf_counter() - start
 
-        decoder = self.tokenizer.stream_decoder()
-        eos = set(self.eos_token_ids)
         start = time.perf_counter()
         before = self.counters()
-        tokens = (self._plain_tokens(budget, sampling) if drafter is None
-                  else self._speculative_tokens(ids, budget, sampling, drafter))
-        hit = False
+        tokens = (self._plain_tokens(budget, sampling) if request.drafter is None
+                  else self._speculative_tokens(ids, budget, sampling, request.drafter))
         try:
             for token in tokens:
-                stats.generated_tokens += 1
-                self.last_tokens.append(token)
-                if token in eos:
-                    self.last_finish_reason = "stop"
-                    break
-                text, hit = stopper.feed(decoder.add(token))
-                found = self._engine.last_logprobs()  # None unless asked for
-                if found is None:
-                    yield Chunk(text=text, token=token)
-                else:
-                    yield Chunk(text=text, token=token, logprob=found[0], top_logprobs=found[1])
-                if hit:
-                    self.last_finish_reason = "stop"
+                chunk = out.add(token, self._engine.last_logprobs())
+                if chunk is not None:
+                    yield chunk
+                if out.done:
                     break
         finally:
             tokens.close()
+            self.last_finish_reason = out.finish_reason
             # An interrupt that lands while decode_next runs loses the token it returned, but
             # that token was fed: take it from the cache so last_tokens matches the cache.
             fed = self._engine.tokens()[len(ids):]
-            if len(fed) > len(self.last_tokens):
-                self.last_tokens = fed
+            if len(fed) > len(out.tokens):
+                self.last_tokens = out.tokens = fed
                 stats.generated_tokens = len(fed)
             stats.decode_seconds = time.perf_counter() - start
-            stats.context_full = self.last_finish_reason == "length" and stats.generated_tokens == room < max_tokens
+            stats.context_full = (out.finish_reason == "length" and stats.generated_tokens == room
+                                  < request.max_tokens)
             stats.engine = self.counters()
             count_speculation(stats, before, stats.engine)
-        if not hit:  # text after a stop string is dropped; otherwise flush what is held back
-            tail, _ = stopper.feed(decoder.flush())
-            tail += stopper.flush()
-            if tail:
-                yield Chunk(text=tail, token=None)
+        tail = out.tail()
+        if tail is not None:
+            yield tail
 
     def _check_fits(self, ids: list[int]) -> None:
         """ContextFullError unless ``ids`` and the token chosen after them fit in max_context."""
@@ -302,10 +368,10 @@ class Model:
                                    f"max_context {self.max_context} (load with a larger max_context, or shorten "
                                    "the prompt)")
 
-    def _feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = ()) -> int:
-        """Prefills what the cache lacks of ``ids`` (progress on stderr past a second, when
-        shown), resuming from the live state or the prefix cache's longest match and saving
-        snapshots there; returns how many tokens were reused."""
+    def _resume(self, ids: list[int], boundaries: Sequence[int] = ()) -> tuple[int, list[int]]:
+        """Sets the selected slot at the longest start of ``ids`` it can resume from: its live
+        state, the prefix cache's longest match, else nothing. Returns (tokens reused, the
+        positions where feeding the rest should snapshot for the prefix cache)."""
         cached = self._engine.tokens()
         reuse = len(cached) if 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
         snapshot_at = []
@@ -317,6 +383,12 @@ class Model:
             snapshot_at = sorted({int(b) for b in boundaries if reuse < b < len(ids)} | {len(ids)})
         if reuse == 0:
             self._engine.reset()
+        return reuse, snapshot_at
+
+    def _feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = ()) -> int:
+        """Prefills what the cache lacks of ``ids`` (progress on stderr past a second, when
+        shown), resuming as ``_resume`` does and saving snapshots; returns how many tokens were reused."""
+        reuse, snapshot_at = self._resume(ids, boundaries)
         bar = PrefillProgress() if self.progress else None
         taken = []
         try:
@@ -341,7 +413,7 @@ def count_speculation(stats: GenerationStats, before: dict, after: dict) -> None
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
          prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0,
          speculative: str = "off", draft_depth: int | None = None, mtp: bool | None = None,
-         mtp_hidden: str = "post_norm") -> Model:
+         mtp_hidden: str = "post_norm", max_sequences: int = 1) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -358,6 +430,9 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     MTP head (its weights and a KV cache of max_context rows) — None: when speculation drafts
     with it, True: required (also for ``mtp_logits``), False: never. ``mtp_hidden``: the trunk
     state the head reads, "post_norm" (after the final norm, as vLLM/SGLang) or "pre_norm".
+    ``max_sequences`` (1..8): sequence slots, each with its own KV cache and recurrent state
+    (memory grows with it), so that a ``batching.Scheduler`` decodes up to that many
+    sequences in shared steps; ``stream``/``generate`` use slot 0.
     Bad checkpoints raise CheckpointError naming the file and tensor."""
     if speculative not in ("auto", "mtp", "lookup", "off"):
         raise ValueError(f"speculative must be 'auto', 'mtp', 'lookup' or 'off', got {speculative!r}")
@@ -372,6 +447,9 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
     prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
     prefix_cache_bytes = arguments.integer("prefix_cache_bytes", prefix_cache_bytes, low=0, allowed="bytes >= 0")
+    max_sequences = arguments.integer("max_sequences", max_sequences, low=1, allowed="an integer in 1..8")
+    if max_sequences > 8:
+        raise ValueError(f"max_sequences must be an integer in 1..8 (one step holds at most 8 rows), got {max_sequences}")
     if draft_depth is not None:
         draft_depth = arguments.integer("draft_depth", draft_depth, low=1,
                                         allowed=f"an integer in 1..{spec.MAX_DEPTH}")
@@ -398,7 +476,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     shown = LoadProgress(dev.kind) if show else None
     try:
         engine = _core.Engine(dev._native, desc["dims"], tensors, max_context, kv_bits, prefill_chunk,
-                              max_draft=max_draft, progress=shown, mtp=with_mtp, mtp_hidden=mtp_hidden)
+                              max_draft=max_draft, progress=shown, mtp=with_mtp, mtp_hidden=mtp_hidden,
+                              max_sequences=max_sequences)
     finally:
         if shown:
             shown.close()

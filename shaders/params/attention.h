@@ -26,8 +26,9 @@
 //     (mod 2^64), computed once by the engine in double precision: the rotation of pair
 //     i at position pos is (pos * rope_turns[i] mod 2^64) / 2^64 turns, exact in integer
 //     arithmetic, so large positions lose no accuracy to float32 angle rounding.
-// Row r of a step is at position pos_base + r; the cache holds positions < pos_base + rows
-// once the step's K/V are appended, and row r attends to positions <= pos_base + r.
+// Row r of a step (of a segment, for attn_decode) is at position pos_base + r; the cache
+// holds positions < pos_base + rows once the step's K/V are appended, and row r attends to
+// positions <= pos_base + r.
 
 // attn_qk_norm_rope_append_{q8,f16} (+ _wf32; prefill chunks): per-head RMSNorm of query
 // and key (weights bf16 [HEAD_DIM], multiplied as stored), RoPE on the first ROT_DIM dims, in place in q and k;
@@ -55,48 +56,58 @@ struct AttnPrepParams {
 // attn_decode_{q8,f16}_r{1,4} (+ _wf32) (flash-decode for decode and verify steps, 1..8
 // rows in practice, any number works) does the step's whole attention prep itself, so a
 // decode layer's attention is one dispatch (plus the combine when split), with no barrier
-// between the append and the read:
+// between the append and the read. The step's rows belong to segments (StepSegments,
+// params/common.h): segment i's rows are positions position_i .. of slot slot_i, whose K
+// and V caches sit at byte offset slot_i * cache_slot_bytes of the bound buffers (each a
+// cache of the layout above). Per segment:
 //   - q, k, v are the projections as written (raw); each SIMD-group norms and rotates its
 //     own query rows in registers (q stays raw in memory; its gate halves are read as is);
-//   - positions < pos_base come from the cache; the step's own positions pos_base + j are
-//     computed from row j of k and v (norm, RoPE, then rounded through the cache format:
-//     the very values a later read of the cache gives), and the threadgroup whose split
-//     holds the position and whose row group holds row j, head block 0, SIMD-group 0,
-//     appends them to the cache. No other threadgroup of the dispatch reads those rows.
-// The context [0, pos_base + rows) is cut into n_splits splits of split_len positions.
+//   - positions < position_i come from the slot's cache; the segment's own positions
+//     position_i + j are computed from its row j of k and v (norm, RoPE, then rounded
+//     through the cache format: the very values a later read of the cache gives), and the
+//     threadgroup whose split holds the position and whose row group holds row j, head
+//     block 0, SIMD-group 0, appends them to the slot's cache. No other threadgroup of the
+//     dispatch reads those rows (other segments read other slots).
+//   - its context [0, position_i + rows_i) is cut into n_splits_i = ceil(context_i /
+//     split_len[i]) splits of split_len[i] positions. A segment's split layout depends on
+//     its own context only (never on the other segments), so its rows give the same bits
+//     alone or batched.
 // Each SIMD-group owns one query head; a threadgroup of S SIMD-groups
 // (S = min(nq / nkv, MQ_ATTN_DECODE_MAX_SIMDGROUPS) is best; any S >= 1 within the
 // pipeline's limit works) serves S of a kv head's nq / nkv query heads, so dispatch
-// threadgroups (n_splits, nkv * ceil((nq / nkv) / S), ceil(rows / R)) of S * 32 threads,
-// R = 1 or 4 from the kernel name (r1 for one row; r4 reads each K/V row once for up to 4
-// rows). A SIMD-group keeps MQ_ATTN_DECODE_KEYS positions in flight (their K and V loads
-// issued before the dependent math) and updates the online softmax once per such block.
-// With n_splits == 1 the kernel writes the gated output itself (no combine); otherwise it
-// writes
+// threadgroups (n_splits, nkv * ceil((nq / nkv) / S), sum_i ceil(rows_i / R)) of S * 32
+// threads, n_splits = max_i n_splits_i, R = 1 or 4 from the kernel name (r1 for one row;
+// r4 reads each K/V row once for up to 4 rows). Grid z enumerates the segments' row groups
+// in segment order (a row group never straddles two segments); threadgroups whose split is
+// past their segment's n_splits_i do nothing. A SIMD-group keeps MQ_ATTN_DECODE_KEYS
+// positions in flight (their K and V loads issued before the dependent math) and updates
+// the online softmax once per such block.
+// The rows of a segment with n_splits_i == 1 get the gated output from the kernel itself
+// (no combine); the others' rows get
 //   part_o  [rows][nq][n_splits][HEAD_DIM] f32: unnormalised sum of p * v
 //   part_ms [rows][nq][n_splits] float2: (max score in log2 units, sum of p)
-// and attn_decode_combine (threadgroups (nq, rows) of any number of threads,
-// MQ_ATTN_COMBINE_THREADS being one per 4 dims, after a barrier) merges them and applies
-// the gate. Bind every buffer either way (part_* or out go unused). q_stride, k_stride,
-// v_stride and out_stride must be multiples of 4 and q, k, v, out, part_o bound 16-byte
-// aligned (float4 access).
+// (splits < n_splits_i written) and attn_decode_combine (threadgroups (nq, rows) of any
+// number of threads, MQ_ATTN_COMBINE_THREADS being one per 4 dims, after a barrier, needed
+// when n_splits > 1) merges a row's own n_splits_i partials and applies the gate. Bind
+// every buffer either way (part_* or out go unused). q_stride, k_stride, v_stride and
+// out_stride must be multiples of 4 and q, k, v, out, part_o bound 16-byte aligned
+// (float4 access); cache_slot_bytes a multiple of 16.
 #define MQ_ATTN_DECODE_MAX_SIMDGROUPS 16
 #define MQ_ATTN_DECODE_THREADS (MQ_ATTN_DECODE_MAX_SIMDGROUPS * 32)
 #define MQ_ATTN_DECODE_KEYS 4
 #define MQ_ATTN_COMBINE_THREADS (MQ_ATTN_HEAD_DIM / 4)
 struct AttnDecodeParams {
-  uint rows;        // query rows in this step
-  uint nq;          // query heads
-  uint nkv;         // key/value heads; nq % nkv == 0
-  uint q_stride;    // elements between rows of q
-  uint k_stride;    // elements between rows of k
-  uint v_stride;    // elements between rows of v
-  uint out_stride;  // elements between rows of out
-  uint pos_base;    // position of row 0 (= cache row its K/V are appended at)
-  uint max_ctx;     // cache rows (places the q8 scale plane)
-  uint split_len;   // positions per split (>= 1)
-  uint n_splits;    // ceil((pos_base + rows) / split_len)
-  float eps;        // q/k RMSNorm epsilon
+  uint nq;                              // query heads
+  uint nkv;                             // key/value heads; nq % nkv == 0
+  uint q_stride;                        // elements between rows of q
+  uint k_stride;                        // elements between rows of k
+  uint v_stride;                        // elements between rows of v
+  uint out_stride;                      // elements between rows of out
+  uint max_ctx;                         // cache rows of a slot (places the q8 scale plane)
+  uint cache_slot_bytes;                // bytes between slots' caches (>= one cache)
+  uint n_splits;                        // splits of the dispatch: max over segments of n_splits_i
+  uint split_len[MQ_MAX_SEGMENTS];      // per segment: positions per split (>= 1)
+  float eps;                            // q/k RMSNorm epsilon
 };
 //
 // attn_prefill_{q8,f16} (a chunk of rows after attn_qk_norm_rope_append, flash attention

@@ -24,29 +24,34 @@
 //   norm_w  bf16 [D]: output norm weight, multiplied as stored (NOT shifted)
 //   state   [n_v][D (dv)][D (dk)]: S[h][i][j], row i (a dv index) contiguous over dk
 //   out     [rows][n_v*D]: the scan's y, normalised in place into the input of out_proj
+// Rows belong to the step's segments (StepSegments, params/common.h): x, a, b, z and out
+// are indexed by the step's row, while state, hist and state_snaps are per sequence slot,
+// slot s at s * state_slot_stride, s * hist_slot_stride, s * snap_slot_stride floats
+// (multiples of 4), and `position` below is the segment's.
 // The ring is why neither a device-wide barrier nor a history snapshot is needed: a step
 // at position pos reads positions pos-K+1 .. pos-1 (scan) and writes pos .. pos+rows-1
 // (after the scan, in delta_norm_history). A verify step that keeps a of its rows
 // continues at pos+a+1, reading positions this step wrote for its kept rows and older
 // ones no step since has overwritten, as long as hist_slots >= K-1 + the largest
 // rows of a verify step: the rows it rejected are simply rewritten later.
-// State snapshots for speculative rollback: plane t (t < snap_rows) holds the state as it
-// is AFTER row t, at state_snaps + t*state_snap_stride (layout of state). Strides are in
+// State snapshots for speculative rollback: plane t (t < snap_rows, t < the segment's rows - 1)
+// of a slot holds its state as it is AFTER the segment's row t, at t*state_snap_stride in the slot's planes. Strides are in
 // floats, so the engine may interleave layers (plane stride = layers * plane size) and
 // restore every layer with one delta_restore dispatch.
 // All bindings 16-byte aligned; x_stride and z_stride multiples of 4 (float4 loads).
 
-// delta_conv_scan_alog_{f32,bf16}[_wf32]: for each row t, the causal depthwise conv +
-// silu of the channels a SIMD-group needs, q/k L2 norms, the gates
+// delta_conv_scan_alog_{f32,bf16}[_wf32]: for each row t of a segment in turn, the causal
+// depthwise conv + silu of the channels a SIMD-group needs, q/k L2 norms, the gates
 //   decay = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b),
 // and the recurrent scan per v-head h (k-head h / (n_v / n_k)):
 //   S *= decay; kv = S k; S += ((v - kv) * beta) outer k; y = S q  (y unnormalised to out)
 // Each SIMD-group owns MQ_DELTA_SCAN_ROWS dv rows of one head's state (in registers) and
 // computes its own conv inputs, so SIMD-groups never wait for each other: dispatch
-// ceil(n_v * D / MQ_DELTA_SCAN_ROWS / s) threadgroups of 32 * s threads, any s up to
-// MQ_DELTA_SCAN_THREADS / 32 (its declared maximum: one head). MQ_DELTA_SCAN_SIMDGROUPS
-// is the engine's choice: small threadgroups spread 16 heads over 128 of them, enough
-// for a 40-core GPU. It only reads hist.
+// threadgroups (ceil(n_v * D / MQ_DELTA_SCAN_ROWS / s), segments) of 32 * s threads, any s
+// up to MQ_DELTA_SCAN_THREADS / 32 (its declared maximum: one head); grid y is the segment
+// (segments are independent: each has its own slot's state, ring and snapshots).
+// MQ_DELTA_SCAN_SIMDGROUPS is the engine's choice: small threadgroups spread 16 heads over
+// 128 of them, enough for a 40-core GPU. It only reads hist.
 #define MQ_DELTA_SCAN_ROWS 8
 #define MQ_DELTA_SCAN_THREADS (32 * MQ_DELTA_HEAD_DIM / MQ_DELTA_SCAN_ROWS)
 #define MQ_DELTA_SCAN_SIMDGROUPS 2
@@ -54,31 +59,32 @@ struct DeltaScanParams {
   uint n_k;                // key heads
   uint n_v;                // value heads
   uint ksize;              // conv kernel size K >= 1
-  uint rows;               // token rows in this step
-  uint position;           // absolute position of row 0 (the ring index of the history)
   uint hist_slots;         // ring slots of hist (>= K - 1)
-  uint snap_rows;          // state snapshots after rows [0, snap_rows); 0 = none
+  uint snap_rows;          // state snapshots after a segment's rows [0, min(snap_rows, rows - 1)); 0 = none
   uint x_stride;           // floats between rows of x (>= C, multiple of 4)
   uint ab_stride;          // floats between rows of a and of b (>= n_v)
   uint state_snap_stride;  // floats between state snapshot planes
+  uint state_slot_stride;  // floats between slots' states (>= n_v * D * D)
+  uint hist_slot_stride;   // floats between slots' history rings (>= hist_slots * C)
+  uint snap_slot_stride;   // floats between slots' snapshot planes (>= snap_rows planes)
   float qk_eps;            // inside the q/k L2 norms' sqrt (1e-6)
 };
 
-// delta_norm_history[_wf32]: what must wait for the whole scan. Threadgroups 0..n_v-1: the
-// gated output norm of v-head h, in place: out = y * rsqrt(mean_D(y^2) + eps) * norm_w *
-// silu(z). Threadgroups n_v + b, b < C / D: the raw inputs of channel block b for the last
-// min(rows, hist_slots) rows into the history ring. Dispatch n_v + C / D threadgroups of
+// delta_norm_history[_wf32]: what must wait for the whole scan, per segment (grid y).
+// Threadgroups 0..n_v-1: the gated output norm of v-head h over the segment's rows, in
+// place: out = y * rsqrt(mean_D(y^2) + eps) * norm_w * silu(z). Threadgroups n_v + b,
+// b < C / D: the raw inputs of channel block b for the segment's last min(rows, hist_slots)
+// rows into its slot's history ring. Dispatch threadgroups (n_v + C / D, segments) of
 // 32 * s threads, any s (SIMD-group g takes rows g, g + s, ...).
 #define MQ_DELTA_NORM_SIMDGROUPS 4
 struct DeltaNormParams {
   uint n_k;
   uint n_v;
-  uint rows;
-  uint position;    // absolute position of row 0
-  uint hist_slots;  // ring slots of hist
-  uint x_stride;    // floats between rows of x
-  uint z_stride;    // floats between rows of z (>= n_v * D, multiple of 4)
-  float norm_eps;   // rms_norm_eps of the output norm
+  uint hist_slots;        // ring slots of hist
+  uint x_stride;          // floats between rows of x
+  uint z_stride;          // floats between rows of z (>= n_v * D, multiple of 4)
+  uint hist_slot_stride;  // floats between slots' history rings (multiple of 4)
+  float norm_eps;         // rms_norm_eps of the output norm
 };
 
 // delta_restore: state = state_snaps[plane] (rejecting the speculative rows after row

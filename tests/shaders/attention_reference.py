@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 
-from .params import header_constants
+from .params import MAX_SEGMENTS, header_constants
 
 
 C = header_constants("attention")
@@ -30,11 +30,11 @@ PREP_PARAMS = np.dtype([(name, "<u4") for name in
 # struct AttnParams { uint rows, nq, nkv, q_stride, out_stride, pos_base, max_ctx; }
 ATTN_PARAMS = np.dtype([(name, "<u4") for name in
                         ("rows", "nq", "nkv", "q_stride", "out_stride", "pos_base", "max_ctx")])
-# struct AttnDecodeParams { uint rows, nq, nkv, q_stride, k_stride, v_stride, out_stride, pos_base, max_ctx,
-#                           split_len, n_splits; float eps; }
+# struct AttnDecodeParams { uint nq, nkv, q_stride, k_stride, v_stride, out_stride, max_ctx, cache_slot_bytes,
+#                           n_splits, split_len[MQ_MAX_SEGMENTS]; float eps; }
 DECODE_PARAMS = np.dtype([(name, "<u4") for name in
-                          ("rows", "nq", "nkv", "q_stride", "k_stride", "v_stride", "out_stride", "pos_base",
-                           "max_ctx", "split_len", "n_splits")] + [("eps", "<f4")])
+                          ("nq", "nkv", "q_stride", "k_stride", "v_stride", "out_stride", "max_ctx", "cache_slot_bytes",
+                           "n_splits")] + [("split_len", "<u4", (MAX_SEGMENTS,)), ("eps", "<f4")])
 
 
 def prep_params(**fields) -> np.ndarray:
@@ -46,6 +46,9 @@ def attn_params(**fields) -> np.ndarray:
 
 
 def decode_params(**fields) -> np.ndarray:
+    """AttnDecodeParams; split_len is a list with one entry per segment (the rest padded with 1)."""
+    lens = list(fields["split_len"])
+    fields = dict(fields, split_len=lens + [1] * (MAX_SEGMENTS - len(lens)))
     return np.array([tuple(fields[name] for name in DECODE_PARAMS.names)], dtype=DECODE_PARAMS)
 
 

@@ -24,10 +24,11 @@ NORM_SIMDGROUPS = CONST["MQ_DELTA_NORM_SIMDGROUPS"]
 # ---------------------------------------------------------------------------
 # Parameter structs (field order and types exactly as in params/deltanet.h)
 
-SCAN_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "ksize", "rows", "position", "hist_slots", "snap_rows",
-                                                "x_stride", "ab_stride", "state_snap_stride")] + [("qk_eps", "<f4")])
-NORM_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "rows", "position", "hist_slots", "x_stride",
-                                                "z_stride")] + [("norm_eps", "<f4")])
+SCAN_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "ksize", "hist_slots", "snap_rows", "x_stride", "ab_stride",
+                                                "state_snap_stride", "state_slot_stride", "hist_slot_stride",
+                                                "snap_slot_stride")] + [("qk_eps", "<f4")])
+NORM_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "hist_slots", "x_stride", "z_stride",
+                                                "hist_slot_stride")] + [("norm_eps", "<f4")])
 RESTORE_PARAMS = np.dtype([(n, "<u4") for n in ("state_floats", "state_snap_stride", "planes")])
 
 

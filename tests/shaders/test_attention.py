@@ -26,6 +26,7 @@ from .attention_reference import (
     TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, decode_params, dequant_q8, f16_cache_bytes,
     make_f16_cache, make_q8_cache, pack_q, prep_params, q8_cache_bytes, quantize_q8_reference, rms_heads, rope,
     rope_turns, seeded, split_q8)
+from .params import step_segments
 
 BF16 = np.uint16  # bf16 tensors travel as their bit patterns
 EPS = 1e-6
@@ -258,9 +259,10 @@ def run_decode(dev, lib, kind, r, kraw, vraw, step, theta, pos_base, max_ctx, nq
     out_stride = nq * HD + out_pad
     ctx = pos_base + rows
     n_splits = cdiv(ctx, split_len)
-    params = decode_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=k_stride, v_stride=v_stride,
-                           out_stride=out_stride, pos_base=pos_base, max_ctx=max_ctx, split_len=split_len,
-                           n_splits=n_splits, eps=EPS)
+    params = decode_params(nq=nq, nkv=nkv, q_stride=q_stride, k_stride=k_stride, v_stride=v_stride,
+                           out_stride=out_stride, max_ctx=max_ctx, cache_slot_bytes=cache_bytes(kind, max_ctx, kv_dim),
+                           n_splits=n_splits, split_len=[split_len], eps=EPS)
+    segs = step_segments((0, rows, pos_base))
     kb = np.full((rows, k_stride), np.nan, np.float32)
     kb[:, :kv_dim] = k.reshape(rows, kv_dim)
     vb = np.full((rows, v_stride), np.nan, np.float32)
@@ -275,11 +277,11 @@ def run_decode(dev, lib, kind, r, kraw, vraw, step, theta, pos_base, max_ctx, nq
     cb = dev.command_buffer()
     cb.dispatch(lib.kernel(f"attn_decode_{kind}_r{r}" + ("_wf32" if wf32 else "")),
                 {0: qbuf, 1: dev.buffer(kb), 2: dev.buffer(vb), 3: norm(q_norm), 4: norm(k_norm),
-                 5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: part_o, 9: part_ms, 10: out, 11: params},
+                 5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: part_o, 9: part_ms, 10: out, 11: segs, 12: params},
                 threadgroups=(n_splits, nkv * cdiv(nq // nkv, heads), cdiv(rows, r)), threads=(heads * 32,))
     if n_splits > 1:
         cb.barrier()
-        cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: params},
+        cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: segs, 5: params},
                     threadgroups=(nq, rows), threads=(combine_threads,))
     cb.commit()
     cb.wait()
@@ -478,6 +480,106 @@ def test_decode_partials_are_log2_scaled(dev, lib):
 
 
 # ---------------------------------------------------------------------------
+# Several sequences in one decode step (StepSegments): per-slot caches, per-segment splits
+
+
+def run_decode_segments(dev, lib, kind, r, segments, split_lens, caches, steps, max_ctx, nq, nkv, theta=1e7):
+    """attn_decode_<kind>_r<r> (+ combine) for segments [(slot, rows, position)] with per-segment
+    split lengths over K and V buffers [slots][slot_bytes] (caches: their initial bytes) and each
+    segment's step (decode_inputs), rows stacked in order. Returns (out [rows, nq, HD], K bytes,
+    V bytes [slots][slot_bytes])."""
+    kv_dim, rows = nkv * HD, sum(seg[1] for seg in segments)
+    q_stride, kv_stride, out_stride = nq * 2 * HD + 4, kv_dim + 4, nq * HD + 4
+    n_splits = max(cdiv(position + n, length) for (_, n, position), length in zip(segments, split_lens))
+    params = decode_params(nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_stride, v_stride=kv_stride,
+                           out_stride=out_stride, max_ctx=max_ctx, cache_slot_bytes=caches[0].shape[1],
+                           n_splits=n_splits, split_len=split_lens, eps=EPS)
+    segs = step_segments(*segments)
+
+    def stacked(i, width, stride):
+        rows_of = np.concatenate([step[i].reshape(step[i].shape[0], width) for step in steps])
+        return np.concatenate([rows_of, np.full((rows, stride - width), np.nan, np.float32)], 1)
+    qbuf = dev.buffer(np.concatenate([pack_q(step[0], step[1], q_stride) for step in steps]))
+    kc, vc = dev.buffer(caches[0].copy()), dev.buffer(caches[1].copy())
+    out = dev.buffer(np.full((rows, out_stride), np.nan, np.float32))
+    part_o = dev.empty(rows * nq * n_splits * HD * 4)
+    part_ms = dev.empty(rows * nq * n_splits * 8)
+    q_norm, k_norm = steps[0][4], steps[0][5]  # one layer: one pair of norm weights
+    cb = dev.command_buffer()
+    cb.dispatch(lib.kernel(f"attn_decode_{kind}_r{r}"),
+                {0: qbuf, 1: dev.buffer(stacked(2, kv_dim, kv_stride)), 2: dev.buffer(stacked(3, kv_dim, kv_stride)),
+                 3: dev.buffer(ref.bf16_bits(q_norm)), 4: dev.buffer(ref.bf16_bits(k_norm)),
+                 5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: part_o, 9: part_ms, 10: out, 11: segs, 12: params},
+                threadgroups=(n_splits, nkv, sum(cdiv(n, r) for _, n, _ in segments)), threads=(nq // nkv * 32,))
+    if n_splits > 1:
+        cb.barrier()
+        cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: segs, 5: params},
+                    threadgroups=(nq, rows), threads=(COMBINE_THREADS,))
+    cb.commit()
+    cb.wait()
+    got = out.numpy(np.float32, (rows, out_stride))
+    ref.assert_untouched(got[:, nq * HD:], "out row padding")
+    return (got[:, :nq * HD].reshape(rows, nq, HD), kc.numpy(np.uint8, caches[0].shape),
+            vc.numpy(np.uint8, caches[1].shape))
+
+
+# kernel, [(slot, rows, position)], per-segment split lengths: slots out of order and not
+# adjacent, a first token (position 0), contexts past 128 with several splits next to one
+# with a single split (written directly, skipped by the combine), 1-row and multi-row
+# segments (r4: 5 rows = row groups of 4 + 1, never shared with the next segment).
+DECODE_SEGMENT_CASES = [
+    ("q8", 4, [(2, 3, 200), (0, 1, 0), (3, 5, 131)], [64, 64, 32]),
+    ("f16", 4, [(1, 4, 150), (3, 2, 9)], [40, 128]),
+    ("q8", 1, [(3, 1, 300), (0, 1, 0), (2, 1, 140), (1, 1, 7)], [128, 64, 35, 8]),
+    ("f16", 1, [(0, 1, 129), (2, 1, 4)], [32, 64]),
+]
+
+
+@pytest.mark.parametrize("kind,r,segments,split_lens", DECODE_SEGMENT_CASES)
+def test_decode_segments_equal_each_segment_alone_bitwise(dev, lib, kind, r, segments, split_lens):
+    """Each segment's output rows and its slot's K/V caches equal the segment decoded alone, bit
+    for bit; no other slot's cache (nor the padding between slots) changes; the segment alone
+    matches the float64 reference."""
+    nq, nkv, theta = 8, 2, 1e7
+    kv_dim = nkv * HD
+    rng = seeded("decode-segments", kind, r, tuple(segments))
+    max_ctx = max(position + rows for _, rows, position in segments) + 3
+    n_slots = max(slot for slot, _, _ in segments) + 2  # the last slot is never used
+    one = cache_bytes(kind, max_ctx, kv_dim)
+    slot_bytes = one + 16  # padding between slots (random bytes) must stay as it is
+    caches = [rng.integers(0, 256, (n_slots, slot_bytes), dtype=np.uint8) for _ in range(2)]
+    for slot, _, position in segments:  # the sequence's positions < position; the rest poisoned
+        for c in caches:
+            c[slot, :one] = make_cache(rng, kind, position, max_ctx, kv_dim)[0]
+    steps = [decode_inputs(rng, rows, nq, nkv) for _, rows, _ in segments]
+    steps = [step[:4] + steps[0][4:] for step in steps]  # one layer's q/k norm weights
+    out, kc, vc = run_decode_segments(dev, lib, kind, r, segments, split_lens, caches, steps, max_ctx, nq, nkv, theta)
+    used = {slot for slot, _, _ in segments}
+    for name, got, before in (("K", kc, caches[0]), ("V", vc, caches[1])):
+        for slot in range(n_slots):
+            start = one if slot in used else 0
+            assert np.array_equal(got[slot, start:], before[slot, start:]), f"{name} cache of slot {slot} from {start}"
+    first = 0
+    for segment, length, step in zip(segments, split_lens, steps):
+        slot, rows, position = segment
+        what = f"{kind} r{r} segment {segment} split_len {length}"
+        out_1, kc_1, vc_1 = run_decode_segments(dev, lib, kind, r, [segment], [length], caches, [step], max_ctx, nq,
+                                                nkv, theta)
+        assert np.array_equal(out[first:first + rows].view(np.uint32), out_1.view(np.uint32)), f"{what}: out"
+        assert np.array_equal(kc[slot], kc_1[slot]), f"{what}: K cache"
+        assert np.array_equal(vc[slot], vc_1[slot]), f"{what}: V cache"
+        for other in range(n_slots):
+            if other != slot:
+                assert np.array_equal(kc_1[other], caches[0][other]), f"{what} alone: K cache of slot {other}"
+                assert np.array_equal(vc_1[other], caches[1][other]), f"{what} alone: V cache of slot {other}"
+        check_appended(kind, caches[0][slot, :one], caches[1][slot, :one], kc_1[slot, :one], vc_1[slot, :one], step,
+                       theta, position, max_ctx, nkv)
+        _, want = decode_reference(kind, kc_1[slot, :one], vc_1[slot, :one], step, theta, position, max_ctx, nq, nkv)
+        ref.assert_close(out_1, want, TOL_ATTN, what)
+        first += rows
+
+
+# ---------------------------------------------------------------------------
 # Prefill (flash attention on SIMD-group matrices)
 
 
@@ -601,16 +703,19 @@ def test_prefill_then_decode_through_the_cache(dev, lib, kind):
                         threadgroups=(cdiv(rows, 8), nkv), threads=(nq // nkv * 32,))
         else:  # flash-decode, 3 splits of 4
             n_splits = cdiv(pos_base + rows, 4)
-            attn = decode_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_dim, v_stride=kv_dim,
-                                 out_stride=nq * HD, pos_base=pos_base, max_ctx=max_ctx, split_len=4,
-                                 n_splits=n_splits, eps=EPS)
+            attn = decode_params(nq=nq, nkv=nkv, q_stride=q_stride, k_stride=kv_dim, v_stride=kv_dim,
+                                 out_stride=nq * HD, max_ctx=max_ctx,
+                                 cache_slot_bytes=cache_bytes(kind, max_ctx, kv_dim), n_splits=n_splits, split_len=[4],
+                                 eps=EPS)
+            segs = step_segments((0, rows, pos_base))
             part_o = dev.empty(rows * nq * n_splits * HD * 4)
             part_ms = dev.empty(rows * nq * n_splits * 8)
             cb.dispatch(lib.kernel(f"attn_decode_{kind}_r4"),
-                        {0: qbuf, 1: kbuf, 2: vbuf, **norms, 6: kc, 7: vc, 8: part_o, 9: part_ms, 10: out, 11: attn},
+                        {0: qbuf, 1: kbuf, 2: vbuf, **norms, 6: kc, 7: vc, 8: part_o, 9: part_ms, 10: out, 11: segs,
+                         12: attn},
                         threadgroups=(n_splits, nkv, 1), threads=(nq // nkv * 32,))
             cb.barrier()
-            cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: attn},
+            cb.dispatch(lib.kernel("attn_decode_combine"), {0: qbuf, 1: part_o, 2: part_ms, 3: out, 4: segs, 5: attn},
                         threadgroups=(nq, rows), threads=(COMBINE_THREADS,))
         cb.commit()
         cb.wait()

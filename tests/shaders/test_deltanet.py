@@ -31,6 +31,7 @@ from .. import reference as ref
 from .deltanet_reference import (
     D, NORM_PARAMS, NORM_SIMDGROUPS, RESTORE_PARAMS, SCAN_PARAMS, SCAN_ROWS, SCAN_SIMDGROUPS, SCAN_THREADS, channels,
     conv_inputs, conv_ref, gate_inputs, gated_norm_ref, gates_ref, pack, qk_norm_ref, scan_ref, seeded, silu)
+from .params import step_segments
 
 TOL_FAST = 2e-5
 TOL_SCAN = 1e-5
@@ -161,9 +162,9 @@ def run_conv_scan(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, state, n_k
     out = nan_buffer(dev, rows + 1, n_v * D)
     snaps = nan_buffer(dev, (snap_rows + 1) * snap_stride)
     alog_buf = dev.buffer(ref.bf16_bits(a_log).astype(BF16) if alog_bf16 else a_log.astype(np.float32))
-    params = pack(SCAN_PARAMS, n_k=n_k, n_v=n_v, ksize=ksize, rows=rows, position=position, hist_slots=slots,
-                  snap_rows=snap_rows, x_stride=x_stride, ab_stride=ab_stride, state_snap_stride=snap_stride,
-                  qk_eps=QK_EPS)
+    params = pack(SCAN_PARAMS, n_k=n_k, n_v=n_v, ksize=ksize, hist_slots=slots, snap_rows=snap_rows,
+                  x_stride=x_stride, ab_stride=ab_stride, state_snap_stride=snap_stride, state_slot_stride=plane,
+                  hist_slot_stride=slots * c, snap_slot_stride=(snap_rows + 1) * snap_stride, qk_eps=QK_EPS)
     kernel = lib.kernel(("delta_conv_scan_alog_bf16" if alog_bf16 else "delta_conv_scan_alog_f32") +
                         ("_wf32" if wf32 else ""))
 
@@ -173,8 +174,8 @@ def run_conv_scan(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, state, n_k
     groups = -(-n_v * (D // SCAN_ROWS) // simdgroups)
     kernel.dispatch({0: dev.buffer(padded(x, x_stride)), 1: vector(w_bits), 2: ring_b, 3: dev.buffer(padded(a, ab_stride)),
                      4: dev.buffer(padded(b, ab_stride)), 5: alog_buf, 6: vector(dt_bias), 7: st, 8: out, 9: snaps,
-                     10: params},
-                    threadgroups=(groups,), threads=(32 * simdgroups,))
+                     10: step_segments((0, rows, position)), 11: params},
+                    threadgroups=(groups, 1), threads=(32 * simdgroups,))
     got = out.numpy(np.float32, (rows + 1, n_v * D))
     ref.assert_untouched(got[rows], "out past the last row")
     raw = snaps.numpy(np.float32)
@@ -265,12 +266,13 @@ def run_norm_history(dev, lib, *, y, z, w_bits, x, ring, position, simdgroups=NO
     x_stride, z_stride = c + 4, n_v * D + 4
     out = dev.buffer(np.concatenate([y.reshape(rows, -1), np.full((1, n_v * D), np.nan, np.float32)]))
     ring_b = dev.buffer(ring.reshape(-1).copy())
-    params = pack(NORM_PARAMS, n_k=n_k, n_v=n_v, rows=rows, position=position, hist_slots=slots, x_stride=x_stride,
-                  z_stride=z_stride, norm_eps=NORM_EPS)
+    params = pack(NORM_PARAMS, n_k=n_k, n_v=n_v, hist_slots=slots, x_stride=x_stride, z_stride=z_stride,
+                  hist_slot_stride=slots * c, norm_eps=NORM_EPS)
     lib.kernel("delta_norm_history" + ("_wf32" if wf32 else "")).dispatch(
         {0: dev.buffer(padded(x, x_stride)), 1: dev.buffer(padded(z, z_stride)),
-         2: dev.buffer(ref.bf16_to_f32(w_bits) if wf32 else w_bits.astype(BF16)), 3: out, 4: ring_b, 5: params},
-        threadgroups=(n_v + c // D,), threads=(32 * simdgroups,))
+         2: dev.buffer(ref.bf16_to_f32(w_bits) if wf32 else w_bits.astype(BF16)), 3: out, 4: ring_b,
+         5: step_segments((0, rows, position)), 6: params},
+        threadgroups=(n_v + c // D, 1), threads=(32 * simdgroups,))
     got = out.numpy(np.float32, (rows + 1, n_v * D))
     ref.assert_untouched(got[rows], "out past the last row")
     return got[:rows].reshape(rows, n_v, D), ring_b.numpy(np.float32, (slots, c))
@@ -348,26 +350,29 @@ class Layer:
         self.hist = dev.buffer(ring_with(hist, position, self.slots, self.c))
         self.state = dev.buffer((rng.standard_normal((n_v, D, D)) * 0.1).astype(np.float32))
         self.state_plane = n_v * D * D
+        self.max_rows = max_rows
         self.state_snaps = nan_buffer(dev, max_rows * self.state_plane)
 
     def step(self, x, a, b, z, snap_rows=0):
         dev, rows = self.dev, x.shape[0]
         out = nan_buffer(dev, rows, self.n_v * D)
-        scan_p = pack(SCAN_PARAMS, n_k=self.n_k, n_v=self.n_v, ksize=self.ksize, rows=rows, position=self.position,
-                      hist_slots=self.slots, snap_rows=snap_rows, x_stride=self.c, ab_stride=self.n_v,
-                      state_snap_stride=self.state_plane, qk_eps=QK_EPS)
-        norm_p = pack(NORM_PARAMS, n_k=self.n_k, n_v=self.n_v, rows=rows, position=self.position,
-                      hist_slots=self.slots, x_stride=self.c, z_stride=self.n_v * D, norm_eps=NORM_EPS)
+        scan_p = pack(SCAN_PARAMS, n_k=self.n_k, n_v=self.n_v, ksize=self.ksize, hist_slots=self.slots,
+                      snap_rows=snap_rows, x_stride=self.c, ab_stride=self.n_v, state_snap_stride=self.state_plane,
+                      state_slot_stride=self.state_plane, hist_slot_stride=self.slots * self.c,
+                      snap_slot_stride=self.max_rows * self.state_plane, qk_eps=QK_EPS)
+        norm_p = pack(NORM_PARAMS, n_k=self.n_k, n_v=self.n_v, hist_slots=self.slots, x_stride=self.c,
+                      z_stride=self.n_v * D, hist_slot_stride=self.slots * self.c, norm_eps=NORM_EPS)
+        segs = step_segments((0, rows, self.position))
         xb = dev.buffer(x)
         cb = dev.command_buffer()
         cb.dispatch(self.lib.kernel("delta_conv_scan_alog_f32"),
                     {0: xb, 1: self.conv_w, 2: self.hist, 3: dev.buffer(a), 4: dev.buffer(b), 5: self.a_log,
-                     6: self.dt_bias, 7: self.state, 8: out, 9: self.state_snaps, 10: scan_p},
-                    (-(-self.n_v * (D // SCAN_ROWS) // SCAN_SIMDGROUPS),), (32 * SCAN_SIMDGROUPS,))
+                     6: self.dt_bias, 7: self.state, 8: out, 9: self.state_snaps, 10: segs, 11: scan_p},
+                    (-(-self.n_v * (D // SCAN_ROWS) // SCAN_SIMDGROUPS), 1), (32 * SCAN_SIMDGROUPS,))
         cb.barrier()
         cb.dispatch(self.lib.kernel("delta_norm_history"),
-                    {0: xb, 1: dev.buffer(z), 2: self.norm_w, 3: out, 4: self.hist, 5: norm_p},
-                    (self.n_v + self.c // D,), (32 * NORM_SIMDGROUPS,))
+                    {0: xb, 1: dev.buffer(z), 2: self.norm_w, 3: out, 4: self.hist, 5: segs, 6: norm_p},
+                    (self.n_v + self.c // D, 1), (32 * NORM_SIMDGROUPS,))
         cb.commit()
         cb.wait()
         self.position += rows
@@ -456,3 +461,140 @@ def test_restore_copies_exactly_the_plane_and_nothing_else(dev, lib):
     got = state.numpy(np.float32)
     np.testing.assert_array_equal(got[:state_floats], state_snaps[2 * s_stride:2 * s_stride + state_floats])
     ref.assert_untouched(got[state_floats:], "state past state_floats")
+
+
+# ---------------------------------------------------------------------------
+# Several sequences in one step (StepSegments): each segment reads and writes only its slot's
+# state, ring and snapshots, and its rows come out exactly as with the segment alone.
+
+
+class SlotLayer:
+    """One DeltaNet layer's per-slot buffers ([slots][...] with padded strides, padding NaN)
+    and a step of any segments over them: scan (then y read back), then norm + ring store."""
+
+    def __init__(self, dev, lib, rng, n_k, n_v, ksize, n_slots, snap_rows):
+        self.dev, self.lib, self.n_k, self.n_v, self.ksize, self.snap_rows = dev, lib, n_k, n_v, ksize, snap_rows
+        self.c = channels(n_k, n_v)
+        self.hist_slots = ksize - 1 + 8
+        self.plane = n_v * D * D
+        # Strides past each slot's data (multiples of 4 floats): a slot mix-up reads NaN or leaves a trace.
+        self.state_stride = self.plane + 4
+        self.hist_stride = self.hist_slots * self.c + 8
+        self.snap_stride = max(snap_rows, 1) * self.plane + 4
+        _, w_bits, _ = conv_inputs(rng, 1, n_k, n_v, ksize)
+        _, _, self.a_log, dt_bias = gate_inputs(rng, 1, n_v)
+        self.w_bits, self.dt_bias = w_bits, dt_bias
+        self.norm_bits = ref.bf16_bits(rng.uniform(0.5, 1.5, D).astype(np.float32))
+        self.state = np.full((n_slots, self.state_stride), np.nan, np.float32)
+        self.hist = np.full((n_slots, self.hist_stride), np.nan, np.float32)
+        self.snaps = np.full((n_slots, self.snap_stride), np.nan, np.float32)
+        self.slot_hist = {}
+        for s in range(n_slots):
+            self.state[s, :self.plane] = scan_state(rng, n_v).reshape(-1)
+
+    def set_history(self, slot, position, hist):
+        """Slot's ring holding hist (positions position-K+1 .. position-1), other ring slots NaN."""
+        self.hist[slot, :self.hist_slots * self.c] = ring_with(hist, position, self.hist_slots, self.c).reshape(-1)
+        self.slot_hist[slot] = hist
+
+    def step(self, segments, x, a, b, z):
+        """segments [(slot, rows, position)], rows laid out in order. Returns (y, out, state, hist,
+        snaps) after the step: y the scan's output, out the normalised rows, buffers [slots][stride]."""
+        dev, rows = self.dev, x.shape[0]
+        segs = step_segments(*segments)
+        scan_p = pack(SCAN_PARAMS, n_k=self.n_k, n_v=self.n_v, ksize=self.ksize, hist_slots=self.hist_slots,
+                      snap_rows=self.snap_rows, x_stride=self.c, ab_stride=self.n_v, state_snap_stride=self.plane,
+                      state_slot_stride=self.state_stride, hist_slot_stride=self.hist_stride,
+                      snap_slot_stride=self.snap_stride, qk_eps=QK_EPS)
+        norm_p = pack(NORM_PARAMS, n_k=self.n_k, n_v=self.n_v, hist_slots=self.hist_slots, x_stride=self.c,
+                      z_stride=self.n_v * D, hist_slot_stride=self.hist_stride, norm_eps=NORM_EPS)
+        xb, out = dev.buffer(x), nan_buffer(dev, rows + 1, self.n_v * D)
+        st, hist, snaps = dev.buffer(self.state.copy()), dev.buffer(self.hist.copy()), dev.buffer(self.snaps.copy())
+        self.lib.kernel("delta_conv_scan_alog_f32").dispatch(
+            {0: xb, 1: dev.buffer(self.w_bits.astype(BF16)), 2: hist, 3: dev.buffer(a), 4: dev.buffer(b),
+             5: dev.buffer(self.a_log), 6: dev.buffer(self.dt_bias.astype(BF16)), 7: st, 8: out, 9: snaps, 10: segs,
+             11: scan_p},
+            threadgroups=(-(-self.n_v * (D // SCAN_ROWS) // SCAN_SIMDGROUPS), len(segments)),
+            threads=(32 * SCAN_SIMDGROUPS,))
+        y = out.numpy(np.float32, (rows + 1, self.n_v * D)).copy()
+        self.lib.kernel("delta_norm_history").dispatch(
+            {0: xb, 1: dev.buffer(z), 2: dev.buffer(self.norm_bits.astype(BF16)), 3: out, 4: hist, 5: segs,
+             6: norm_p},
+            threadgroups=(self.n_v + self.c // D, len(segments)), threads=(32 * NORM_SIMDGROUPS,))
+        got = out.numpy(np.float32, (rows + 1, self.n_v * D))
+        ref.assert_untouched(got[rows], "out past the step's rows")
+        shape = self.state.shape
+        return (y[:rows], got[:rows], st.numpy(np.float32, shape), hist.numpy(np.float32, self.hist.shape),
+                snaps.numpy(np.float32, self.snaps.shape))
+
+
+# (slot, rows, position): slots out of order and not adjacent, a sequence's first rows
+# (position 0: no history), a long one, one row and several rows.
+SEGMENT_CASES = {
+    "two": [(2, 3, 200), (0, 1, 0)],
+    "three": [(3, 1, 37), (1, 5, 2), (0, 2, 130)],
+    "four": [(0, 1, 5), (3, 4, 0), (1, 1, 300), (4, 3, 64)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEGMENT_CASES))
+def test_segments_equal_each_segment_alone_bitwise(dev, lib, case):
+    """A step of several sequences gives each one's rows, state, ring and snapshots exactly as
+    the sequence alone, touches no other slot and no byte between slots; the sequence alone
+    (in a slot other than 0) matches the float64 reference."""
+    segments = SEGMENT_CASES[case]
+    n_k, n_v, ksize, snap_rows = 2, 6, 4, 2
+    n_slots = max(s for s, _, _ in segments) + 2  # the last slot is never used
+    rng = seeded("segments", case)
+    layer = SlotLayer(dev, lib, rng, n_k, n_v, ksize, n_slots, snap_rows)
+    per_seg = []
+    for slot, rows, position in segments:
+        x, _, hist = conv_inputs(rng, rows, n_k, n_v, ksize)
+        a, b, _, _ = gate_inputs(rng, rows, n_v)
+        z = (rng.standard_normal((rows, n_v * D)) * 2.0).astype(np.float32)
+        layer.set_history(slot, position, hist)
+        per_seg.append((x, a, b, z))
+    together = layer.step(segments, *(np.concatenate(parts) for parts in zip(*per_seg)))
+    y_all, out_all, state_all, hist_all, snaps_all = together
+    used = [slot for slot, _, _ in segments]
+    ends = {"state": layer.plane, "ring": layer.hist_slots * layer.c, "snapshots": snap_rows * layer.plane}
+    for name, got, before in (("state", state_all, layer.state), ("ring", hist_all, layer.hist),
+                              ("snapshots", snaps_all, layer.snaps)):
+        for slot in range(n_slots):  # unused slots whole, used ones past their data
+            start = ends[name] if slot in used else 0
+            np.testing.assert_array_equal(got[slot, start:].view(np.uint32), before[slot, start:].view(np.uint32),
+                                          err_msg=f"{name} of slot {slot} from {start}")
+    first = 0
+    for i, (slot, rows, position) in enumerate(segments):
+        what = f"segment {i} (slot {slot}, rows {rows}, position {position})"
+        alone = layer.step([(slot, rows, position)], *per_seg[i])
+        y_1, out_1, state_1, hist_1, snaps_1 = alone
+        rows_of = slice(first, first + rows)
+        for name, got, want in (("y", y_all[rows_of], y_1), ("out", out_all[rows_of], out_1),
+                                ("state", state_all[slot], state_1[slot]), ("ring", hist_all[slot], hist_1[slot]),
+                                ("snapshots", snaps_all[slot], snaps_1[slot])):
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{what}: {name}")
+        for other in range(n_slots):  # alone, it touches its slot only
+            if other != slot:
+                for name, got, before in (("state", state_1, layer.state), ("ring", hist_1, layer.hist),
+                                          ("snapshots", snaps_1, layer.snaps)):
+                    np.testing.assert_array_equal(got[other].view(np.uint32), before[other].view(np.uint32),
+                                                  err_msg=f"{what} alone: {name} of slot {other}")
+        x, a, b, _ = per_seg[i]
+        inputs = dict(x=x, w_bits=layer.w_bits, hist=layer.slot_hist[slot], a=a, b=b, a_log=layer.a_log,
+                      dt_bias=layer.dt_bias, state=layer.state[slot, :layer.plane].reshape(n_v, D, D), n_k=n_k,
+                      n_v=n_v)
+        want_y, want_s, want_after = conv_scan_reference(**inputs, position=position)
+        ref.assert_close(y_1.reshape(rows, n_v, D), want_y, TOL_SCAN + TOL_FAST, f"{what}: y")
+        ref.assert_close(state_1[slot, :layer.plane].reshape(n_v, D, D), want_s, TOL_SCAN + TOL_FAST,
+                         f"{what}: state")
+        kept = min(snap_rows, rows)
+        snaps = snaps_1[slot, :kept * layer.plane].reshape(kept, n_v, D, D)
+        ref.assert_close(snaps, want_after[:kept], TOL_SCAN + TOL_FAST, f"{what}: snapshots")
+        ref.assert_untouched(snaps_1[slot, kept * layer.plane:], f"{what}: snapshot planes past its rows")
+        want_ring = layer.hist[slot, :layer.hist_slots * layer.c].reshape(layer.hist_slots, layer.c).copy()
+        for t in range(rows):
+            want_ring[(position + t) % layer.hist_slots] = x[t]
+        np.testing.assert_array_equal(hist_1[slot, :layer.hist_slots * layer.c].reshape(layer.hist_slots, layer.c)
+                                      .view(np.uint32), want_ring.view(np.uint32), err_msg=f"{what}: ring")
+        first += rows

@@ -1,9 +1,12 @@
-"""One engine, one thread: requests queue here (FIFO, bounded) and run one at a time.
+"""One engine, one thread: requests queue here (FIFO, bounded) and run on it.
 
-The engine is not thread-safe, and a decode step is bound by streaming the weights, so
-requests take turns. Each job streams its chunks back to the asyncio loop that waits for
-them; a cancelled job (client gone) stops before its next decode step. On shutdown every
-job not yet finished ends with ShuttingDown, so its stream closes with an error chunk.
+The engine is not thread-safe, and a decode step is bound by streaming the weights. With one
+sequence slot (``load(max_sequences=1)``) requests take turns; with more, up to that many run
+together in shared steps (``batching.Scheduler``: continuous batching, joining and leaving
+between steps), the rest wait here. Each job streams its chunks back to the asyncio loop that
+waits for them; a cancelled job (client gone) stops before its next step and frees its slot.
+On shutdown every job not yet finished ends with ShuttingDown, so its stream closes with an
+error chunk.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..batching import Scheduler, Sequence
 from ..model import Model
 
 _DONE = object()
@@ -49,6 +53,10 @@ class Job:
             raise self.error
 
 
+class _Stop(Exception):
+    """The engine thread's queue got the stop mark."""
+
+
 class Worker:
     def __init__(self, model: Model, max_queue: int):
         self.model, self.max_queue = model, max_queue
@@ -57,7 +65,10 @@ class Worker:
         self._unfinished: dict[int, Job] = {}  # the jobs submitted and not done, by id()
         self._closing = False
         self._lock = threading.RLock()  # drain() may run in a signal handler that interrupted submit()
-        self._thread = threading.Thread(target=self._run, name="metalqwen-engine", daemon=True)
+        batched = model.max_sequences > 1
+        self._scheduler = Scheduler(model) if batched else None
+        self._thread = threading.Thread(target=self._run_batched if batched else self._run, name="metalqwen-engine",
+                                        daemon=True)
         self._thread.start()
 
     @property
@@ -92,9 +103,65 @@ class Worker:
                 self._waiting -= 1
             if not job.cancelled:
                 self._generate(job)
-            with self._lock:  # a drain from here on no longer touches this finished job
-                del self._unfinished[id(job)]
-            job._put(_DONE)
+            self._done(job)
+
+    def _take(self, block: bool) -> Job | None:
+        """The next job from the queue (None when stopping or, not blocking, when none waits)."""
+        try:
+            job = self._jobs.get(block=block)
+        except queue.Empty:
+            return None
+        if job is None:
+            raise _Stop
+        with self._lock:
+            self._waiting -= 1
+        return job
+
+    def _done(self, job: Job) -> None:
+        with self._lock:  # a drain from here on no longer touches this finished job
+            del self._unfinished[id(job)]
+        job._put(_DONE)
+
+    def _run_batched(self) -> None:
+        """Continuous batching: jobs join the scheduler while it has room, every step advances them all."""
+        scheduler = self._scheduler
+        active: dict[int, tuple[Job, Sequence]] = {}  # by id(job)
+        try:
+            while True:
+                # Wait for work when idle; otherwise take what waits, up to the free slots.
+                while len(active) < self.model.max_sequences:
+                    job = self._take(block=not active)
+                    if job is None:
+                        break
+                    if job.cancelled:
+                        self._done(job)
+                        continue
+                    try:
+                        active[id(job)] = job, scheduler.submit(job.prompt, **job.options)
+                    except Exception as e:  # a bad request: refused, the others go on
+                        job.error = e
+                        self._done(job)
+                for job, seq in list(active.values()):
+                    if job.cancelled:
+                        scheduler.cancel(seq)
+                try:
+                    scheduler.step()
+                except Exception as e:  # handed to every request of the failed step
+                    for job, seq in active.values():
+                        job.error = e
+                        scheduler.cancel(seq)
+                for key, (job, seq) in list(active.items()):
+                    for chunk in seq.take():
+                        job._put(chunk)
+                    if seq.finished:
+                        job.stats, job.finish_reason = seq.output.stats, seq.output.finish_reason
+                        del active[key]
+                        self._done(job)
+        except _Stop:
+            for job, seq in active.values():
+                scheduler.cancel(seq)
+                job.error = job.error or ShuttingDown("the server is shutting down")
+                self._done(job)
 
     def _generate(self, job: Job) -> None:
         try:
