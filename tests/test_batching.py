@@ -171,3 +171,20 @@ def test_shared_steps_run_without_speculation_reserved(demo, device):
     want = m.last_tokens
     m.reset()
     assert m.generate_batch([[5, 6, 7]], max_tokens=4)[0].tokens == want
+
+
+def test_a_shared_step_has_the_barriers_of_a_one_sequence_step(batched, prompts):
+    """Four sequences in one step: the same dependent dispatches as one sequence alone; only
+    the per-sequence embeds and acceptances are added, beside the first one's (no barrier)."""
+    engine = batched._engine
+    for slot, p in enumerate(prompts):
+        engine.select(slot)
+        engine.reset()
+        engine.prefill(p)
+    engine.select(0)
+    engine.step([(0, [], {})])
+    one = batched.counters()
+    engine.step([(slot, [], {}) for slot in range(4)])
+    four = batched.counters()
+    assert four["barriers_last_step"] == one["barriers_last_step"]
+    assert four["dispatches_last_step"] == one["dispatches_last_step"] + 2 * 3
