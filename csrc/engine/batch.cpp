@@ -21,9 +21,7 @@ void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
     if (t >= uint32_t(model_.dims.vocab))
       throw EngineError(where + ": draft id " + std::to_string(t) + " is outside the vocabulary");
   if (q.position == 0) throw EngineError(where + " holds no sequence (prefill it first)");
-  if (size_t(q.position) + s.drafts.size() + 2 > size_t(options_.max_context))
-    throw ContextFull(where + ": context full at " + std::to_string(q.position) + " tokens (max_context " +
-                      std::to_string(options_.max_context) + ")");
+  check_room(s.drafts.size() + 2, q, "step: slot " + std::to_string(s.slot) + ": ");
   if (rows_before + 1 + s.drafts.size() > kMaxVerifyRows)
     throw EngineError("[engine] step: more than " + std::to_string(kMaxVerifyRows) +
                       " rows in one step (slots plus their drafts)");
@@ -41,9 +39,7 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
   uint32_t rows = 0;
   bool speculative = false;
   for (const SlotStep& s : steps) {
-    if (s.slot < 0 || s.slot >= options_.max_sequences)
-      throw EngineError("[engine] step: slot " + std::to_string(s.slot) + " is outside 0.." +
-                        std::to_string(options_.max_sequences - 1));
+    check_slot(s.slot, "step: ");
     for (uint32_t i = 0; i < segs.count; ++i)
       if (segs.seg[i].slot == uint32_t(s.slot))
         throw EngineError("[engine] step: slot " + std::to_string(s.slot) + " is listed twice");

@@ -79,10 +79,14 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
 
 Engine::~Engine() = default;
 
-void Engine::select(int slot) {
+void Engine::check_slot(int slot, const std::string& caller) const {
   if (slot < 0 || slot >= options_.max_sequences)
-    throw EngineError("[engine] slot " + std::to_string(slot) + " is outside 0.." +
+    throw EngineError("[engine] " + caller + "slot " + std::to_string(slot) + " is outside 0.." +
                       std::to_string(options_.max_sequences - 1) + " (max_sequences, set at load)");
+}
+
+void Engine::select(int slot) {
+  check_slot(slot, "");
   decode_end();
   bind_slot(slot);
 }
@@ -96,10 +100,10 @@ void Engine::reset() {
   *seq_ = Sequence{};
 }
 
-void Engine::check_room(size_t extra) const {
-  if (size_t(seq_->position) + extra > size_t(options_.max_context))
-    throw ContextFull("[engine] context full: " + std::to_string(seq_->position) + " tokens + " +
-                             std::to_string(extra) + " exceed max_context " + std::to_string(options_.max_context));
+void Engine::check_room(size_t extra, const Sequence& q, const std::string& caller) const {
+  if (size_t(q.position) + extra > size_t(options_.max_context))
+    throw ContextFull("[engine] " + caller + "context full: " + std::to_string(q.position) + " tokens + " +
+                      std::to_string(extra) + " exceed max_context " + std::to_string(options_.max_context));
 }
 
 void Engine::check_sampling(const Sampling& s) const {

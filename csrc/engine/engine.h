@@ -187,7 +187,13 @@ class Engine {
   // Every kernel a step may dispatch for this model, with its threadgroup needs, into the
   // slots (k_, each layer's and projection's kernels) the plan fills at load.
   void plan_kernels(KernelPlan& plan);
-  void check_room(size_t extra) const;
+  // ContextFull unless `extra` more positions fit the sequence (the selected one by default);
+  // `caller` prefixes the message, e.g. "step: slot 2: ".
+  struct Sequence;
+  void check_room(size_t extra) const { check_room(extra, *seq_, ""); }
+  void check_room(size_t extra, const Sequence& q, const std::string& caller) const;
+  // EngineError unless `slot` is one of the slots reserved at load.
+  void check_slot(int slot, const std::string& caller) const;
   void check_sampling(const Sampling& sampling) const;
   // Encodes the model over `rows` tokens at position() (ids[position() ..]): logits of
   // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token
