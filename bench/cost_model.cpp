@@ -102,6 +102,15 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
                 (silu ? " +silu" : "") + " +norm" + name.variant,
             w + act + p.in_dim * F, 2.0 * p.rows * weights_out * p.in_dim};
   }
+  if (starts_with(k, "qmv_head_norm")) {  // before qmv_: DeltaNet's out_proj with the gated norm's factor
+    const auto p = params_of<QmvHeadNormParams>(d);
+    const MatvecName name = matvec_name(k, starts_with(k, "qmv_head_norm_rows") ? "qmv_head_norm_rows" : "qmv_head_norm");
+    const double w = double(p.out_dim) * p.in_dim * weight_bytes_per_element(name.format);
+    const double partials = double(p.in_dim) / MQ_DELTA_HEAD_DIM * MQ_DELTA_HEAD_PARTIALS;
+    // g and the heads' partial sums in, y out
+    return {by(p.out_dim, p.in_dim) + (p.rows > 1 ? " x" + std::to_string(p.rows) : "") + " +head norm" + name.variant,
+            w + p.rows * (p.in_dim + partials + p.out_dim) * F, 2.0 * p.rows * p.out_dim * p.in_dim};
+  }
   if (starts_with(k, "qmv_rows_") || starts_with(k, "qmv_") || starts_with(k, "qmm_")) {
     const auto p = params_of<QuantMatmulParams>(d);
     const char* op = starts_with(k, "qmv_rows_") ? "qmv_rows" : starts_with(k, "qmv_") ? "qmv" : "qmm";
@@ -156,11 +165,14 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
     const StepSegments segs = segments_of(d);
     const double D = MQ_DELTA_HEAD_DIM, state = p.n_v * D * D * F, rows = step_rows(segs);
     const double C = (2.0 * p.n_k + p.n_v) * D;
-    // per sequence, the f32 state read and written once and its history; per row raw inputs,
-    // a/b in and y out; the taps (the q/k conv repeats per SIMD-group, from cache: counted once)
+    // per sequence, the f32 state read and written once and its history; per row raw inputs
+    // (and their ring copy with store_history), a/b and z in, g and the y^2 partials out; the
+    // taps and norm weight (the q/k conv repeats per SIMD-group, from cache: counted once)
+    const double partials = double(p.n_v) * MQ_DELTA_HEAD_PARTIALS;
     const double bytes = segs.count * (2 * state + (p.ksize - 1) * C * F) +
-                         rows * (C * F + 2 * p.n_v * F + p.n_v * D * F) + C * p.ksize * vector_bytes(k);
-    return {std::to_string(p.n_v) + " heads", bytes, rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize)};
+                         rows * (C * F * (p.store_history ? 2 : 1) + 2 * p.n_v * F + 2 * p.n_v * D * F + partials * F) +
+                         C * p.ksize * vector_bytes(k) + D * (p.norm_f32 ? 4 : 2);
+    return {std::to_string(p.n_v) + " heads", bytes, rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize + 6.0 * p.n_v * D)};
   }
   if (starts_with(k, "delta_norm_history")) {
     const auto p = params_of<DeltaNormParams>(d);
@@ -168,9 +180,9 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
     const double D = MQ_DELTA_HEAD_DIM, C = (2.0 * p.n_k + p.n_v) * D, rows = step_rows(segs);
     double stored = 0;  // per sequence, its last rows into its history ring
     for (uint32_t i = 0; i < segs.count; ++i) stored += std::min(segs.seg[i].rows, p.hist_slots);
-    // y and z in, the normalised y out; raw inputs copied into the history ring
-    return {std::to_string(p.n_v) + " heads", rows * 3 * p.n_v * D * F + 2 * stored * C * F + D * vector_bytes(k),
-            rows * p.n_v * D * 8.0};
+    // g and the heads' y^2 partials in, the normalised g out; raw inputs copied into the history ring
+    return {std::to_string(p.n_v) + " heads",
+            rows * (2 * p.n_v * D + p.n_v * MQ_DELTA_HEAD_PARTIALS) * F + 2 * stored * C * F, rows * p.n_v * D * 1.0};
   }
   if (starts_with(k, "attn_qk_norm_rope_append")) {
     const auto p = params_of<AttnPrepParams>(d);

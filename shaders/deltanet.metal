@@ -1,8 +1,13 @@
 // Gated DeltaNet mixer core, between the in_proj_* matvecs and out_proj (DESIGN.md
-// section 2), in two dependent dispatches per layer and step:
+// section 2):
 //   delta_conv_scan: causal conv + silu, q/k L2 norms, decay/beta gates, the recurrent
-//                    scan (unnormalised y), state snapshots; SIMD-groups independent
-//   delta_norm_history: gated output norm in place, conv inputs into the history ring
+//                    scan, the gated output norm but its per-head factor (g = y * norm_w *
+//                    silu(z) and partial sums of y^2), state snapshots, and in decode and
+//                    verify steps the conv inputs into the history ring; SIMD-groups
+//                    independent
+//   delta_norm_history: prefill only, after the scan: the per-head factor in place and
+//                    the conv inputs into the ring (decode and verify steps leave the
+//                    factor to out_proj's input load, qmv_head_norm.metal)
 // plus delta_restore for speculative rollback. Buffer layouts: shaders/params/deltanet.h.
 #include <metal_stdlib>
 using namespace metal;
@@ -19,6 +24,16 @@ inline float silu(float x) { return x / (1.0f + exp(min(-x, 88.0f))); }
 inline float4 silu(float4 x) { return x / (1.0f + exp(min(-x, 88.0f))); }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + exp(min(-x, 88.0f))); }
+
+// The gated norm's factor rsqrt(mean(y^2) + eps) of one head's row from its scan partials
+// (MQ_DELTA_HEAD_PARTIALS floats, 16-byte aligned), summed in one fixed order, so out_proj's
+// fold (qmv_head_norm) and the prefill pass (delta_norm_history) apply the same bits.
+inline float head_norm_inv(device const float* partials, float eps) {
+  device const float4* p4 = (device const float4*)partials;
+  float4 s = p4[0];
+  for (uint i = 1; i < MQ_DELTA_HEAD_PARTIALS / 4; i++) s += p4[i];
+  return rsqrt(((s.x + s.y) + (s.z + s.w)) / (float)D + eps);
+}
 
 // log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow, and for e = e^-|x| < 1e-4 the
 // series e - e^2/2 keeps the relative accuracy that log(1 + e) loses (it is 0 below 6e-8).
@@ -74,11 +89,17 @@ inline float conv1(ConvInputs in, device const W* w, uint K, int t, uint c) {
 // SIMD-group of that k-head repeats these K-tap sums: cheaper than a barrier); lane l also
 // convolves the v channel of block row l % R, broadcast by simd_shuffle. Per row, using
 // S_new q = decay (S_old q) + delta (k.q), all 2R+1 dot products read the old state, so
-// their SIMD reductions are independent; then S = decay S + delta k elementwise.
-//   x [rows][x_stride] raw inputs; conv_w W [C][K]; hist [hist_slots][C] ring (read only);
-//   a, b [rows][ab_stride]; a_log [n_v] (ALogT); dt_bias W [n_v]; state [slots][n_v][D][D]
-//   read-write; out [rows][n_v*D] the unnormalised y; state_snaps [slots][planes of
-//   [n_v][D][D]]; hist [slots][hist_slots][C]; segs: the step's segments (params/common.h).
+// their SIMD reductions are independent; then S = decay S + delta k elementwise. The block's
+// outputs leave gated, g = y * norm_w * silu(z), with sum(y^2) over the block in head_ss.
+// With p.store_history each SIMD-group copies its R v channels of the row into the ring,
+// and the first block of a k-head's first v-head its q and k channels: positions the
+// step reads are other ring slots (params/deltanet.h), so no SIMD-group waits.
+//   x [rows][x_stride] raw inputs; conv_w W [C][K]; hist [slots][hist_slots][C] ring;
+//   a, b [rows][ab_stride]; a_log [n_v] (ALogT); dt_bias W [n_v]; z [rows][z_stride];
+//   norm_w [D] bf16, or f32 when p.norm_f32; state [slots][n_v][D][D] read-write;
+//   out [rows][n_v*D] g; head_ss [rows][ss_stride] (head h's partials at
+//   h * MQ_DELTA_HEAD_PARTIALS); state_snaps [slots][planes of [n_v][D][D]];
+//   segs: the step's segments (params/common.h).
 //   W is bfloat, or float for checkpoints whose vectors are f32/f16 (host names *_wf32).
 // Grid: (ceil(n_v * SCAN_BLOCKS / s), segments) threadgroups of 32 * s threads; SIMD-groups
 // past the last block do nothing. Threadgroup (g, i) runs segment i's rows from its slot.
@@ -89,16 +110,19 @@ template <typename ALogT, typename W>
 [[max_total_threads_per_threadgroup(MQ_DELTA_SCAN_THREADS)]]
 [[kernel]] void delta_conv_scan(device const float* x [[buffer(0)]],
                                 device const W* conv_w [[buffer(1)]],
-                                device const float* hist [[buffer(2)]],
+                                device float* hist [[buffer(2)]],
                                 device const float* a [[buffer(3)]],
                                 device const float* b [[buffer(4)]],
                                 device const ALogT* a_log [[buffer(5)]],
                                 device const W* dt_bias [[buffer(6)]],
-                                device float* state [[buffer(7)]],
-                                device float* out [[buffer(8)]],
-                                device float* state_snaps [[buffer(9)]],
-                                constant StepSegments& segs [[buffer(10)]],
-                                constant DeltaScanParams& p [[buffer(11)]],
+                                device const float* z [[buffer(7)]],
+                                device const uchar* norm_w [[buffer(8)]],
+                                device float* state [[buffer(9)]],
+                                device float* out [[buffer(10)]],
+                                device float* head_ss [[buffer(11)]],
+                                device float* state_snaps [[buffer(12)]],
+                                constant StepSegments& segs [[buffer(13)]],
+                                constant DeltaScanParams& p [[buffer(14)]],
                                 uint2 group [[threadgroup_position_in_grid]],
                                 uint sg [[simdgroup_index_in_threadgroup]],
                                 uint n_sg [[simdgroups_per_threadgroup]],
@@ -112,6 +136,8 @@ template <typename ALogT, typename W>
   x += (ulong)first_row * p.x_stride;
   a += (ulong)first_row * p.ab_stride;
   b += (ulong)first_row * p.ab_stride;
+  z += (ulong)first_row * p.z_stride;
+  head_ss += (ulong)first_row * p.ss_stride;
   hist += (ulong)slot * p.hist_slot_stride;
   state += (ulong)slot * p.state_slot_stride;
   state_snaps += (ulong)slot * p.snap_slot_stride;
@@ -121,19 +147,35 @@ template <typename ALogT, typename W>
   const uint vdim = p.n_v * D;
   const uint hk = head / (p.n_v / p.n_k);
   const uint K = p.ksize;
+  const uint channels = 2 * qk + vdim;
   out += (ulong)first_row * vdim;
-  const ConvInputs in{x, hist, p.x_stride, 2 * qk + vdim, position, p.hist_slots};
+  const ConvInputs in{x, hist, p.x_stride, channels, position, p.hist_slots};
   const uint q_c = hk * D + lane * 4;
   const uint k_c = qk + q_c;
   const uint v_c = 2 * qk + head * D + row0 + lane % SCAN_ROWS;
   const float a_rate = exp((float)a_log[head]);
   const float bias = (float)dt_bias[head];
+  // Lane r < R: block row r's output element and its norm weight.
+  const uint e_mine = head * D + row0 + lane % SCAN_ROWS;
+  const float w_mine = p.norm_f32 ? ((device const float*)norm_w)[e_mine - head * D]
+                                  : (float)((device const bfloat*)norm_w)[e_mine - head * D];
+  const bool stores_qk = head % (p.n_v / p.n_k) == 0 && row0 == 0;
 
   const ulong state_off = ((ulong)head * D + row0) * D + lane * 4;
   float4 s[SCAN_ROWS];
   for (uint r = 0; r < SCAN_ROWS; r++) s[r] = *(device const float4*)(state + state_off + r * D);
 
   for (uint t = 0; t < rows; t++) {
+    if (p.store_history) {
+      device float* ring_row = hist + (ulong)((position + t) % p.hist_slots) * channels;
+      device const float* x_row = x + (ulong)t * p.x_stride;
+      const uint v4 = 2 * qk + head * D + row0 + 4 * lane;  // lanes < R / 4: this block's v channels
+      if (lane < SCAN_ROWS / 4) *(device float4*)(ring_row + v4) = *(device const float4*)(x_row + v4);
+      if (stores_qk) {
+        *(device float4*)(ring_row + q_c) = *(device const float4*)(x_row + q_c);
+        *(device float4*)(ring_row + k_c) = *(device const float4*)(x_row + k_c);
+      }
+    }
     float4 q4 = conv4(in, conv_w, K, (int)t, q_c);
     float4 k4 = conv4(in, conv_w, K, (int)t, k_c);
     q4 *= rsqrt(simd_sum(dot(q4, q4)) + p.qk_eps) * rsqrt((float)D);
@@ -158,7 +200,9 @@ template <typename ALogT, typename W>
       const float y = fma(decay, sq[r], delta * kq);
       y_mine = lane == r ? y : y_mine;
     }
-    if (lane < SCAN_ROWS) out[(ulong)t * vdim + head * D + row0 + lane] = y_mine;
+    const float ss = simd_sum(lane < SCAN_ROWS ? y_mine * y_mine : 0.0f);
+    if (lane < SCAN_ROWS) out[(ulong)t * vdim + e_mine] = y_mine * w_mine * silu(z[(ulong)t * p.z_stride + e_mine]);
+    if (lane == 0) head_ss[(ulong)t * p.ss_stride + index] = ss;
 
     if (t < p.snap_rows && t + 1 < rows) {  // a segment's last row is never rolled back to
       device float* plane = state_snaps + (ulong)t * p.state_snap_stride + state_off;
@@ -170,50 +214,51 @@ template <typename ALogT, typename W>
 
 template [[host_name("delta_conv_scan_alog_f32")]] [[kernel]] void delta_conv_scan<float, bfloat>(
     device const float* x [[buffer(0)]], device const bfloat* conv_w [[buffer(1)]],
-    device const float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
+    device float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
     device const float* a_log [[buffer(5)]], device const bfloat* dt_bias [[buffer(6)]],
-    device float* state [[buffer(7)]], device float* out [[buffer(8)]], device float* state_snaps [[buffer(9)]],
-    constant StepSegments& segs [[buffer(10)]], constant DeltaScanParams& p [[buffer(11)]],
-    uint2 group [[threadgroup_position_in_grid]],
+    device const float* z [[buffer(7)]], device const uchar* norm_w [[buffer(8)]],
+    device float* state [[buffer(9)]], device float* out [[buffer(10)]], device float* head_ss [[buffer(11)]],
+    device float* state_snaps [[buffer(12)]], constant StepSegments& segs [[buffer(13)]],
+    constant DeltaScanParams& p [[buffer(14)]], uint2 group [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("delta_conv_scan_alog_bf16")]] [[kernel]] void delta_conv_scan<bfloat, bfloat>(
     device const float* x [[buffer(0)]], device const bfloat* conv_w [[buffer(1)]],
-    device const float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
+    device float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
     device const bfloat* a_log [[buffer(5)]], device const bfloat* dt_bias [[buffer(6)]],
-    device float* state [[buffer(7)]], device float* out [[buffer(8)]], device float* state_snaps [[buffer(9)]],
-    constant StepSegments& segs [[buffer(10)]], constant DeltaScanParams& p [[buffer(11)]],
-    uint2 group [[threadgroup_position_in_grid]],
+    device const float* z [[buffer(7)]], device const uchar* norm_w [[buffer(8)]],
+    device float* state [[buffer(9)]], device float* out [[buffer(10)]], device float* head_ss [[buffer(11)]],
+    device float* state_snaps [[buffer(12)]], constant StepSegments& segs [[buffer(13)]],
+    constant DeltaScanParams& p [[buffer(14)]], uint2 group [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 template [[host_name("delta_conv_scan_alog_f32_wf32")]] [[kernel]] void delta_conv_scan<float, float>(
     device const float* x [[buffer(0)]], device const float* conv_w [[buffer(1)]],
-    device const float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
+    device float* hist [[buffer(2)]], device const float* a [[buffer(3)]], device const float* b [[buffer(4)]],
     device const float* a_log [[buffer(5)]], device const float* dt_bias [[buffer(6)]],
-    device float* state [[buffer(7)]], device float* out [[buffer(8)]], device float* state_snaps [[buffer(9)]],
-    constant StepSegments& segs [[buffer(10)]], constant DeltaScanParams& p [[buffer(11)]],
-    uint2 group [[threadgroup_position_in_grid]],
+    device const float* z [[buffer(7)]], device const uchar* norm_w [[buffer(8)]],
+    device float* state [[buffer(9)]], device float* out [[buffer(10)]], device float* head_ss [[buffer(11)]],
+    device float* state_snaps [[buffer(12)]], constant StepSegments& segs [[buffer(13)]],
+    constant DeltaScanParams& p [[buffer(14)]], uint2 group [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]], uint n_sg [[simdgroups_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
 
-// The layer's second stage, after every SIMD-group of delta_conv_scan, per segment (grid y:
-// segment i's rows, its slot's ring). Threadgroup h < n_v: v-head h's gated norm in place,
-// row t by SIMD-group t % s (a row's norm sums lane partials of 4 y^2 each by simd_sum,
-// whatever s is). Threadgroup n_v + b: channel block b (lane l: channels b*D + 4l .. +3) of
-// the segment's last min(rows, hist_slots) rows of x into its history ring, row t by
-// SIMD-group t % s; distinct rows hit distinct ring slots.
-//   x [rows][x_stride] raw conv inputs; z [rows][z_stride]; norm_w W [D] (bfloat, or float:
-//   host name delta_norm_history_wf32); out [rows][n_v*D] y in, normalised out;
-//   hist [slots][hist_slots][C] rings, written; segs: the step's segments (params/common.h).
+// A prefill step's second stage, after every SIMD-group of delta_conv_scan, per segment
+// (grid y: segment i's rows, its slot's ring). Threadgroup h < n_v: v-head h's gated norm
+// factor (head_norm_inv) applied to g in place, row t by SIMD-group t % s. Threadgroup
+// n_v + b: channel block b (lane l: channels b*D + 4l .. +3) of the segment's last
+// min(rows, hist_slots) rows of x into its history ring, row t by SIMD-group t % s; distinct
+// rows hit distinct ring slots.
+//   x [rows][x_stride] raw conv inputs; head_ss [rows][ss_stride] the scan's partials;
+//   out [rows][n_v*D] g in, normalised out; hist [slots][hist_slots][C] rings, written;
+//   segs: the step's segments (params/common.h).
 // Grid: (n_v + C / D, segments) threadgroups of 32 * s threads.
-template <typename W>
 [[kernel]] void delta_norm_history(device const float* x [[buffer(0)]],
-                                   device const float* z [[buffer(1)]],
-                                   device const W* norm_w [[buffer(2)]],
-                                   device float* out [[buffer(3)]],
-                                   device float* hist [[buffer(4)]],
-                                   constant StepSegments& segs [[buffer(5)]],
-                                   constant DeltaNormParams& p [[buffer(6)]],
+                                   device const float* head_ss [[buffer(1)]],
+                                   device float* out [[buffer(2)]],
+                                   device float* hist [[buffer(3)]],
+                                   constant StepSegments& segs [[buffer(4)]],
+                                   constant DeltaNormParams& p [[buffer(5)]],
                                    uint2 tg [[threadgroup_position_in_grid]],
                                    uint sg [[simdgroup_index_in_threadgroup]],
                                    uint n_sg [[simdgroups_per_threadgroup]],
@@ -225,15 +270,11 @@ template <typename W>
   const uint rows = segs.seg[tg.y].rows, position = segs.seg[tg.y].position;
   if (group < p.n_v) {
     const uint head = group;
-    const float4 w = float4((float)norm_w[lane * 4], (float)norm_w[lane * 4 + 1], (float)norm_w[lane * 4 + 2],
-                            (float)norm_w[lane * 4 + 3]);
     for (uint t = sg; t < rows; t += n_sg) {
       const ulong row = first_row + t;
+      const float inv = head_norm_inv(head_ss + row * p.ss_stride + head * MQ_DELTA_HEAD_PARTIALS, p.norm_eps);
       device float4* o = (device float4*)(out + row * vdim + head * D + lane * 4);
-      const float4 y = *o;
-      const float inv = rsqrt(simd_sum(dot(y, y)) / (float)D + p.norm_eps);
-      const float4 zv = *(device const float4*)(z + row * p.z_stride + head * D + lane * 4);
-      *o = y * inv * w * silu(zv);
+      *o = *o * inv;
     }
     return;
   }
@@ -246,19 +287,6 @@ template <typename W>
         *(device const float4*)(x + (ulong)(first_row + t) * p.x_stride + c0);
   }
 }
-
-template [[host_name("delta_norm_history")]] [[kernel]] void delta_norm_history<bfloat>(
-    device const float* x [[buffer(0)]], device const float* z [[buffer(1)]], device const bfloat* norm_w [[buffer(2)]],
-    device float* out [[buffer(3)]], device float* hist [[buffer(4)]], constant StepSegments& segs [[buffer(5)]],
-    constant DeltaNormParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]],
-    uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("delta_norm_history_wf32")]] [[kernel]] void delta_norm_history<float>(
-    device const float* x [[buffer(0)]], device const float* z [[buffer(1)]], device const float* norm_w [[buffer(2)]],
-    device float* out [[buffer(3)]], device float* hist [[buffer(4)]], constant StepSegments& segs [[buffer(5)]],
-    constant DeltaNormParams& p [[buffer(6)]], uint2 tg [[threadgroup_position_in_grid]],
-    uint sg [[simdgroup_index_in_threadgroup]],
-    uint n_sg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]);
 
 // Rollback after a rejected speculative draft: state becomes snapshot plane `*plane` (the
 // state after that row), read on the device because the verify step that decides it runs

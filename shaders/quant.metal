@@ -107,6 +107,27 @@ inline void qmv_clamped_rows(ulong row_base, uint row0, uint out_dim, thread ulo
 }
 
 // ---------------------------------------------------------------------------------------
+// The matvec kernels' common body: y[r][row] = (weight row row_base + row) . (activation row
+// r of xs) for this SIMD-group's R rows < out_dim and r < nrows <= M; y rows y_stride apart.
+template <typename Fmt, int M, int R, typename X>
+inline void qmv_rows_body(QuantWeights<Fmt> m, thread X& xs, device float* y, uint y_stride, uint in_dim,
+                          uint out_dim, ulong row_base, uint nrows, uint tg, uint sg, uint lane) {
+  const uint row0 = qmv_first_row(tg, sg, R);
+  if (row0 >= out_dim) return;  // uniform over the SIMD-group
+  ulong rows[R];
+  qmv_clamped_rows<R>(row_base, row0, out_dim, rows);
+  float acc[M * R];
+  for (int i = 0; i < M * R; i++) acc[i] = 0.0f;
+  qmv_walk<Fmt, M, R, R>(m, m, rows, in_dim / QBLOCK, nrows, lane, xs, acc);
+  for (int r = 0; r < M; r++) {
+    if ((uint)r >= nrows) break;  // uniform
+    for (int i = 0; i < R; i++) {
+      const float sum = simd_sum(acc[r * R + i]);
+      if (lane == 0 && row0 + i < out_dim) y[(ulong)r * y_stride + row0 + i] = sum;
+    }
+  }
+}
+
 // Decode matvec: y = W x for one activation row.
 // The body of qmv over rows row_base .. row_base + out_dim of w (a stack of matrices, e.g.
 // MoE experts [experts][out_dim][..], is addressed by its first row); y gets out_dim values.
@@ -115,19 +136,9 @@ template <typename Fmt, int R = MQ_QMV_ROWS_PER_SIMDGROUP>
 inline void qmv_body(device const uint* w, device const typename Fmt::scale_t* scales,
                      device const typename Fmt::scale_t* biases, device const float* x, device float* y,
                      uint in_dim, uint out_dim, ulong row_base, uint tg, uint sg, uint lane) {
-  const uint row0 = qmv_first_row(tg, sg, R);
-  if (row0 >= out_dim) return;  // uniform over the SIMD-group
-  ulong rows[R];
-  qmv_clamped_rows<R>(row_base, row0, out_dim, rows);
-  float acc[R];
-  for (int i = 0; i < R; i++) acc[i] = 0.0f;
-  const QuantWeights<Fmt> m{w, scales, biases};
   PlainRows xs{x, 0};
-  qmv_walk<Fmt, 1, R, R>(m, m, rows, in_dim / QBLOCK, 1, lane, xs, acc);
-  for (int i = 0; i < R; i++) {
-    const float sum = simd_sum(acc[i]);
-    if (lane == 0 && row0 + i < out_dim) y[row0 + i] = sum;
-  }
+  qmv_rows_body<Fmt, 1, R>(QuantWeights<Fmt>{w, scales, biases}, xs, y, 0, in_dim, out_dim, row_base, 1, tg, sg,
+                           lane);
 }
 
 template <typename Fmt, int R>
@@ -159,23 +170,9 @@ template <typename Fmt, int R>
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
   constexpr int M = MQ_QMV_MAX_ROWS;
-  const uint row0 = qmv_first_row(tg, sg, R);
-  if (row0 >= p.out_dim) return;  // uniform over the SIMD-group
-  const uint nrows = min(p.rows, (uint)M);
-  ulong rows[R];
-  qmv_clamped_rows<R>(0, row0, p.out_dim, rows);
-  float acc[M * R];
-  for (int i = 0; i < M * R; i++) acc[i] = 0.0f;
-  const QuantWeights<Fmt> m{w, scales, biases};
   PlainRows xs{x, p.x_stride};
-  qmv_walk<Fmt, M, R, R>(m, m, rows, p.in_dim / QBLOCK, nrows, lane, xs, acc);
-  for (int r = 0; r < M; r++) {
-    if ((uint)r >= nrows) break;  // uniform
-    for (int i = 0; i < R; i++) {
-      const float sum = simd_sum(acc[r * R + i]);
-      if (lane == 0 && row0 + i < p.out_dim) y[(ulong)r * p.y_stride + row0 + i] = sum;
-    }
-  }
+  qmv_rows_body<Fmt, M, R>(QuantWeights<Fmt>{w, scales, biases}, xs, y, p.y_stride, p.in_dim, p.out_dim, 0,
+                           min(p.rows, (uint)M), tg, sg, lane);
 }
 
 // ---------------------------------------------------------------------------------------

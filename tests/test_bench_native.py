@@ -19,10 +19,9 @@ BUILD = ROOT / "build" / "metalqwen-bench-test"
 
 # Every kernel a greedy one-row decode step of a dense model encodes (forward.cpp).
 # Matvec variants as the engine picks them at the tiny shape for 10 cores (the CPU runtime's): R = 8 for
-# the norm-fused groups (1024+ rows), 4 for out_proj / o_proj / down (512 rows).
+# the norm-fused groups (1024+ rows), 4 for out_proj (with the gated norm's factor) / o_proj / down (512 rows).
 DECODE_KERNELS = {"embed_b4_g64", "qmv_norm_r8_b4_g64", "qmv_r4_b4_g64", "qmv_norm_silu_r8_b4_g64",
-                  "delta_conv_scan_alog_f32",
-                  "delta_norm_history", "attn_decode_q8_r1", "argmax_partial",
+                  "delta_conv_scan_alog_f32", "qmv_head_norm_r4_b4_g64", "attn_decode_q8_r1", "argmax_partial",
                   "argmax_final"}
 
 

@@ -155,7 +155,9 @@ def layer_dispatches(kind: str, split: bool = False) -> int:
     norm inside gate/up, whose epilogue applies silu(gate) * up. At a context of at most 128
     positions attention is one split; past it (`split`) the combine follows the decode."""
     if kind == "linear_attention":
-        return 4  # norm + in_proj_qkv/z/b/a, conv + gates + scan, gated norm + history ring, out_proj
+        # norm + in_proj_qkv/z/b/a; conv + gates + scan + gated norm but its per-head factor (+ history
+        # ring); out_proj with the per-head factor in its input load
+        return 3
     return 3 + split  # norm + q/k/v_proj, decode (q/k norm + rope + append inside), o_proj
 
 

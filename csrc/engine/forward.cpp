@@ -122,23 +122,34 @@ void Engine::encode_layer(Encoder& enc, const LayerWeights& l, const StepSegment
                               {{&m.in_proj_qkv, w.qkv_raw, C}, {&m.in_proj_z, w.z, nv * D}, {&m.in_proj_b, w.b, nv},
                                {&m.in_proj_a, w.a, nv}},
                               rows);
-    // Two stages (shaders/deltanet.metal): conv + gates + scan in SIMD-groups that never
-    // wait for each other, then the gated norm and the history-ring store. A verify step
-    // keeps the state after each draft row for its rollback (snap_rows_).
-    const uint32_t slots = history_slots(d);
+    // Conv + gates + scan + the gated norm but its per-head factor, in SIMD-groups that never
+    // wait for each other (shaders/deltanet.metal). Matvec steps' rows fit the history ring
+    // beside the positions they read, so the scan stores them and out_proj applies the factor
+    // as it loads its input: one barrier. Prefill steps apply it and store the ring in a
+    // second stage. A verify step keeps the state after each draft row for its rollback.
+    const uint32_t slots = history_slots(d), ss_stride = nv * MQ_DELTA_HEAD_PARTIALS;
     const Arg state_snaps = snap_rows_ ? Arg(l.state_snaps.buffer) : Arg(w.no_snapshots);
-    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), slots, snap_rows_, C, nv, strides.state_words,
-                             strides.state_words, strides.history_words, strides.snapshot_words, 1e-6f};
+    const DeltaScanParams sp{nk, nv, uint32_t(d.conv_kernel), slots, snap_rows_, matvec_ ? 1u : 0u, C, nv, nv * D,
+                             ss_stride, strides.state_words, strides.state_words, strides.history_words,
+                             strides.snapshot_words, m.norm.desc->dtype == "F32" ? 1u : 0u, 1e-6f};
     const uint32_t scan_groups = ceil_div(nv * (D / MQ_DELTA_SCAN_ROWS), k.conv_scan->threads / MQ_SIMD_WIDTH);
     enc.dispatch(*k.conv_scan,
-                 {w.qkv_raw, at(m.conv1d), l.hist.buffer, w.a, w.b, at(m.a_log), at(m.dt_bias), l.state.buffer, w.delta_out,
-                  state_snaps, Arg::value(segs), Arg::value(sp)},
+                 {w.qkv_raw, at(m.conv1d), l.hist.buffer, w.a, w.b, at(m.a_log), at(m.dt_bias), w.z, at(m.norm),
+                  l.state.buffer, w.delta_out, w.head_ss, state_snaps, Arg::value(segs), Arg::value(sp)},
                  {scan_groups, segs.count});
-    const DeltaNormParams np{nk, nv, slots, C, nv * D, strides.history_words, d.eps};
-    enc.dispatch(*k.norm_history,
-                 {w.qkv_raw, w.z, at(m.norm), w.delta_out, l.hist.buffer, Arg::value(segs), Arg::value(np)},
-                 {nv + C / D, segs.count});
-    encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
+    if (matvec_) {
+      const QmvHeadNormParams op{nv * D, m.out_proj.out, rows, nv * D, H, ss_stride, d.eps};
+      const QmvVariant& v = m.out_proj.kernels.qmv_head_norm;
+      enc.dispatch(v.pipeline(rows),
+                   {at(m.out_proj.weight), scales_of(m.out_proj), biases_of(m.out_proj), w.delta_out, w.head_ss, w.mix,
+                    Arg::value(op)},
+                   {v.threadgroups(m.out_proj.out)}, {MQ_QMV_THREADS});
+    } else {
+      const DeltaNormParams np{nk, nv, slots, C, ss_stride, strides.history_words, d.eps};
+      enc.dispatch(*k.norm_history, {w.qkv_raw, w.head_ss, w.delta_out, l.hist.buffer, Arg::value(segs), Arg::value(np)},
+                   {nv + C / D, segs.count});
+      encode_projection(enc, m.out_proj, w.delta_out, nv * D, w.mix, H, rows);
+    }
   } else {
     const AttentionWeights& m = *l.attn;
     const uint32_t nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;

@@ -122,8 +122,9 @@ void Engine::plan_kernels(KernelPlan& plan) {
       DeltaNetWeights& m = *l.delta;
       normed_group({&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a});
       projection(m.out_proj);
+      matvec(m.out_proj.kernels.qmv_head_norm, "qmv_head_norm", m.out_proj, m.out_proj.out);
       plan.need(k.conv_scan, delta_scan_kernel(m), up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS));
-      plan.need(k.norm_history, "delta_norm_history" + vector_suffix(m.norm), up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
+      plan.need(k.norm_history, "delta_norm_history", up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
     } else {
       AttentionWeights& m = *l.attn;
       normed_group({&m.q_proj, &m.k_proj, &m.v_proj});

@@ -47,6 +47,7 @@ struct ProjectionKernels {
   QmvVariant qmv;                                          // y = W x: 1 row, 2..8 verify rows
   QmvVariant qmv_norm;                                     // norm-fused (shaders/qmv_norm.metal), R per group
   QmvVariant qmv_norm_silu;                                // gate_proj's: gate, up and silu
+  QmvVariant qmv_head_norm;                                // DeltaNet out_proj's: the gated norm's factor folded in
   const Pipeline* qmm = nullptr;                           // prefill
   const Pipeline *moe_qmv = nullptr, *moe_qmm = nullptr;  // a stack of experts
   const Pipeline* moe_qmv_route_silu = nullptr;           // the experts' gate_proj's: routing, gate, up and silu

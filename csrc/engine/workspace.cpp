@@ -121,7 +121,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::x, R * H}, {&Workspace::x_next, R * H}, {&Workspace::xn, R * H}, {&Workspace::mix, R * H},
       {&Workspace::qkv_raw, R * C},
       {&Workspace::z, R * nv * D}, {&Workspace::a, R * nv}, {&Workspace::b, R * nv},
-      {&Workspace::delta_out, R * nv * D},
+      {&Workspace::delta_out, R * nv * D}, {&Workspace::head_ss, R * nv * MQ_DELTA_HEAD_PARTIALS},
       {&Workspace::q, R * nq * 2 * HD}, {&Workspace::k, R * nkv * HD}, {&Workspace::v, R * nkv * HD},
       {&Workspace::attn, R * nq * HD},
       {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD}, {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},

@@ -110,7 +110,8 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> x_next;
   std::shared_ptr<gpu::Buffer> qkv_raw;      // [rows][C]: in_proj_qkv out (the conv input)
   std::shared_ptr<gpu::Buffer> z, a, b;      // [rows][nv*dv], [rows][nv], [rows][nv]
-  std::shared_ptr<gpu::Buffer> delta_out;    // [rows][nv*dv]: the scan's y, then its gated norm
+  std::shared_ptr<gpu::Buffer> delta_out;    // [rows][nv*dv]: the scan's gated y (prefill: normalised in place)
+  std::shared_ptr<gpu::Buffer> head_ss;      // [rows][nv][MQ_DELTA_HEAD_PARTIALS]: the scan's sums of y^2
   std::shared_ptr<gpu::Buffer> q, k, v;      // [rows][nq*2*HD], [rows][nkv*HD] x2
   std::shared_ptr<gpu::Buffer> attn;         // [rows][nq*HD]
   std::shared_ptr<gpu::Buffer> part_o, part_ms;  // decode splits: [8][nq][splits][HD], float2 [8][nq][splits]

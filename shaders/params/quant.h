@@ -1,8 +1,9 @@
 // Parameters of shaders/quant.metal: projections and embedding gather for every weight
 // format of shaders/quant_formats.h.
 //
-// Formats and host names `<op>_<format>` (op: qmv, qmv_rows, qmm, embed; and in
-// shaders/qmv_norm.metal qmv_norm, qmv_norm_rows, qmv_norm_silu, qmv_norm_silu_rows):
+// Formats and host names `<op>_<format>` (op: qmv, qmv_rows, qmm, embed; in
+// shaders/qmv_norm.metal qmv_norm, qmv_norm_rows, qmv_norm_silu, qmv_norm_silu_rows; in
+// shaders/qmv_head_norm.metal qmv_head_norm, qmv_head_norm_rows):
 //   b<bits>_g<group>  MLX affine, bits 2, 3, 4, 5, 6, 8, group 32, 64, 128: weight uint32
 //                     [out][in*bits/32] (each row one little-endian bit stream, code 0 in the
 //                     lowest bits; 3/5/6-bit codes straddle words), scales and biases bf16
@@ -96,6 +97,21 @@ struct QmvNormParams {
   uint out_dim[MQ_QMV_GROUP_MAX];   // rows of each member's W (any >= 1)
   uint y_stride[MQ_QMV_GROUP_MAX];  // floats from one y_m row to the next (>= out_dim[m])
   uint tg_end[MQ_QMV_GROUP_MAX];    // member m owns threadgroups [tg_end[m-1], tg_end[m]), tg_end[-1] = 0
+};
+
+// qmv_head_norm[_rows] (qmv_head_norm.metal): DeltaNet's out_proj with the gated output norm's
+// per-head factor folded into its input load: y[r] = W (g[r] * f[r]), f[r] constant over each
+// head of MQ_DELTA_HEAD_DIM inputs, from the head's MQ_DELTA_HEAD_PARTIALS sums of y^2 in
+// head_ss (params/deltanet.h). g is [rows][x_stride], head_ss [rows][ss_stride], y
+// [rows][y_stride]; grid, threadgroups and R variants as qmv[_rows].
+struct QmvHeadNormParams {
+  uint in_dim;     // n_v * MQ_DELTA_HEAD_DIM
+  uint out_dim;    // rows of W (any >= 1)
+  uint rows;       // activation rows: 1 (qmv_head_norm), 1..MQ_QMV_MAX_ROWS (*_rows)
+  uint x_stride;   // floats from one g row to the next (>= in_dim, multiple of 4)
+  uint y_stride;   // floats from one y row to the next (>= out_dim)
+  uint ss_stride;  // floats from one head_ss row to the next (multiple of 4)
+  float eps;       // the output norm's rms_norm_eps
 };
 
 // hidden[r][:] = dequantized table row ids[first + r], r < rows.

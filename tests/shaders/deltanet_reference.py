@@ -20,14 +20,16 @@ SCAN_THREADS = CONST["MQ_DELTA_SCAN_THREADS"]
 SCAN_ROWS = CONST["MQ_DELTA_SCAN_ROWS"]
 SCAN_SIMDGROUPS = CONST["MQ_DELTA_SCAN_SIMDGROUPS"]
 NORM_SIMDGROUPS = CONST["MQ_DELTA_NORM_SIMDGROUPS"]
+HEAD_PARTIALS = CONST["MQ_DELTA_HEAD_PARTIALS"]
 
 # ---------------------------------------------------------------------------
 # Parameter structs (field order and types exactly as in params/deltanet.h)
 
-SCAN_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "ksize", "hist_slots", "snap_rows", "x_stride", "ab_stride",
-                                                "state_snap_stride", "state_slot_stride", "hist_slot_stride",
-                                                "snap_slot_stride")] + [("qk_eps", "<f4")])
-NORM_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "hist_slots", "x_stride", "z_stride",
+SCAN_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "ksize", "hist_slots", "snap_rows", "store_history",
+                                                "x_stride", "ab_stride", "z_stride", "ss_stride", "state_snap_stride",
+                                                "state_slot_stride", "hist_slot_stride", "snap_slot_stride",
+                                                "norm_f32")] + [("qk_eps", "<f4")])
+NORM_PARAMS = np.dtype([(n, "<u4") for n in ("n_k", "n_v", "hist_slots", "x_stride", "ss_stride",
                                                 "hist_slot_stride")] + [("norm_eps", "<f4")])
 RESTORE_PARAMS = np.dtype([(n, "<u4") for n in ("state_floats", "state_snap_stride", "planes")])
 
@@ -169,3 +171,11 @@ def gated_norm_ref(y, z, w, eps: float):
     y = np.asarray(y, np.float64)
     inv = 1.0 / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + eps)
     return y * inv * np.asarray(w, np.float64) * silu(z)
+
+
+def head_partials_ref(y):
+    """The scan's partial sums of y^2 per head: [rows][n_v][HEAD_PARTIALS], partial b over dv
+    rows b*SCAN_ROWS .. +SCAN_ROWS-1. y [rows][n_v][D]."""
+    y = np.asarray(y, np.float64)
+    rows, n_v, dv = y.shape
+    return np.sum((y * y).reshape(rows, n_v, dv // SCAN_ROWS, SCAN_ROWS), axis=-1)
