@@ -160,9 +160,10 @@ def gate_values(rng, rows, n_v):
 
 
 def run_conv_scan(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, z, norm_bits, state, n_k, n_v, snap_rows,
-                  position=20, slots=None, simdgroups=SCAN_SIMDGROUPS, alog_bf16=False, wf32=False, store=False):
-    """delta_conv_scan; ``wf32``: the *_wf32 variant, given the same conv/dt_bias/norm values as
-    f32; ``store``: store_history (checked: exactly the step's rows land in the ring, else none).
+                  position=20, slots=None, simdgroups=SCAN_SIMDGROUPS, alog_bf16=False, wf32=False, norm_f32=None,
+                  store=False):
+    """delta_conv_scan; ``wf32``: the *_wf32 variant, given the same conv/dt_bias values as f32;
+    ``norm_f32`` (default: wf32): the norm weight as f32 (flag norm_f32); ``store``: store_history (checked: exactly the step's rows land in the ring, else none).
     Returns (g [rows][n_v][D], partials [rows][n_v][HEAD_PARTIALS], state, snapshots
     [snap_rows][n_v][D][D])."""
     rows, c = x.shape
@@ -179,21 +180,22 @@ def run_conv_scan(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, z, norm_bi
     ss = nan_buffer(dev, rows + 1, ss_stride)
     snaps = nan_buffer(dev, (snap_rows + 1) * snap_stride)
     alog_buf = dev.buffer(ref.bf16_bits(a_log).astype(BF16) if alog_bf16 else a_log.astype(np.float32))
+    norm_f32 = wf32 if norm_f32 is None else norm_f32
     params = pack(SCAN_PARAMS, n_k=n_k, n_v=n_v, ksize=ksize, hist_slots=slots, snap_rows=snap_rows,
                   store_history=int(store), x_stride=x_stride, ab_stride=ab_stride, z_stride=z_stride,
                   ss_stride=ss_stride, state_snap_stride=snap_stride, state_slot_stride=plane,
-                  hist_slot_stride=slots * c, snap_slot_stride=(snap_rows + 1) * snap_stride, norm_f32=int(wf32),
+                  hist_slot_stride=slots * c, snap_slot_stride=(snap_rows + 1) * snap_stride, norm_f32=int(norm_f32),
                   qk_eps=QK_EPS)
     kernel = lib.kernel(("delta_conv_scan_alog_bf16" if alog_bf16 else "delta_conv_scan_alog_f32") +
                         ("_wf32" if wf32 else ""))
 
-    def vector(bits):
-        return dev.buffer(ref.bf16_to_f32(bits) if wf32 else bits.astype(BF16))
+    def vector(bits, f32=wf32):
+        return dev.buffer(ref.bf16_to_f32(bits) if f32 else bits.astype(BF16))
 
     groups = -(-n_v * (D // SCAN_ROWS) // simdgroups)
     kernel.dispatch({0: dev.buffer(padded(x, x_stride)), 1: vector(w_bits), 2: ring_b, 3: dev.buffer(padded(a, ab_stride)),
                      4: dev.buffer(padded(b, ab_stride)), 5: alog_buf, 6: vector(dt_bias),
-                     7: dev.buffer(padded(z, z_stride)), 8: vector(norm_bits), 9: st, 10: out, 11: ss, 12: snaps,
+                     7: dev.buffer(padded(z, z_stride)), 8: vector(norm_bits, norm_f32), 9: st, 10: out, 11: ss, 12: snaps,
                      13: step_segments((0, rows, position)), 14: params},
                     threadgroups=(groups, 1), threads=(32 * simdgroups,))
     got = out.numpy(np.float32, (rows + 1, n_v * D))
@@ -358,11 +360,13 @@ def test_norm_history_any_threadgroup_size_gives_identical_results(dev, lib, sim
         np.testing.assert_array_equal(o, g, err_msg=f"{name} differs with {simdgroups} simdgroups")
 
 
-def test_wf32_variant_reads_f32_vectors(dev, lib):
-    """delta_conv_scan_alog_f32_wf32 (f32 conv, dt_bias and norm weights, as f32 or f16
-    checkpoints give them) reproduces the bf16 variant bit for bit."""
+@pytest.mark.parametrize("wf32,norm_f32", [(True, True), (False, True), (True, False)])
+def test_f32_vectors_give_the_bf16_bits(dev, lib, wf32, norm_f32):
+    """delta_conv_scan_alog_f32_wf32 (f32 conv and dt_bias, as f32 or f16 checkpoints give them)
+    and the norm_f32 flag (an f32 norm weight), together or apart, reproduce the bf16 kernel bit
+    for bit."""
     inputs = conv_scan_inputs(seeded("wf32"), 7, 2, 6, 4)
-    for got, want in zip(run_conv_scan(dev, lib, **inputs, snap_rows=3, wf32=True),
+    for got, want in zip(run_conv_scan(dev, lib, **inputs, snap_rows=3, wf32=wf32, norm_f32=norm_f32),
                          run_conv_scan(dev, lib, **inputs, snap_rows=3)):
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
