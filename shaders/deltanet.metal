@@ -155,10 +155,10 @@ template <typename ALogT, typename W>
   const uint v_c = 2 * qk + head * D + row0 + lane % SCAN_ROWS;
   const float a_rate = exp((float)a_log[head]);
   const float bias = (float)dt_bias[head];
-  // Lane r < R: block row r's output element and its norm weight.
-  const uint e_mine = head * D + row0 + lane % SCAN_ROWS;
-  const float w_mine = p.norm_f32 ? ((device const float*)norm_w)[e_mine - head * D]
-                                  : (float)((device const bfloat*)norm_w)[e_mine - head * D];
+  // Lane r < R: block row r (dv index row0 + r), its output element and its norm weight.
+  const uint dv_mine = row0 + lane % SCAN_ROWS;
+  const uint e_mine = head * D + dv_mine;
+  const float w_mine = p.norm_f32 ? ((device const float*)norm_w)[dv_mine] : (float)((device const bfloat*)norm_w)[dv_mine];
   const bool stores_qk = head % (p.n_v / p.n_k) == 0 && row0 == 0;
 
   const ulong state_off = ((ulong)head * D + row0) * D + lane * 4;

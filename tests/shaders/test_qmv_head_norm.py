@@ -15,15 +15,13 @@ import pytest
 
 from .. import reference as ref
 from ..conftest import require
-from .deltanet_reference import D, HEAD_PARTIALS, NORM_PARAMS, pack
-from .params import step_segments
+from .deltanet_reference import D, HEAD_PARTIALS, channels, head_partials_ref
 from .quant_reference import (
-    FORMATS, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_THREADS, activations, cdiv, matmul_params, matmul_ref, seeded,
-    tol_f32_dot)
-from .test_deltanet import padded
-from .test_quant import Weights, nan_buffer
+    FORMATS, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)
+from .test_deltanet import NORM_EPS, padded, run_norm_history
+from .test_quant import Weights, nan_buffer, run_qmv_rows
 
-EPS = 1e-6
+EPS = NORM_EPS  # prefill_order runs delta_norm_history with it
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +48,7 @@ class HeadRows:
     def random(cls, dev, rng, rows, n_v):
         """Sums of y^2 of heads of different sizes, as the scan leaves them."""
         y = rng.standard_normal((rows, n_v, D)) * rng.uniform(0.05, 3.0, (rows, n_v, 1))
-        partials = np.sum((y * y).reshape(rows, n_v, HEAD_PARTIALS, -1), axis=-1).astype(np.float32)
-        return cls(dev, activations(rng, rows, n_v * D), partials)
+        return cls(dev, activations(rng, rows, n_v * D), head_partials_ref(y).astype(np.float32))
 
     def row(self, dev, i):
         return HeadRows(dev, self.g[i:i + 1], self.partials[i:i + 1])
@@ -111,20 +108,12 @@ def test_qmv_head_norm(dev, lib, fmt, rows, n_v, out_dim, r):
 
 
 def prefill_order(dev, lib, wt, inp):
-    """delta_norm_history's factor in place (its first n_v threadgroups: no ring store), then qmv_rows."""
-    out = dev.buffer(inp.g.copy())
-    params = pack(NORM_PARAMS, n_k=1, n_v=inp.n_v, hist_slots=1, x_stride=inp.x_stride, ss_stride=inp.ss_stride,
-                  hist_slot_stride=0, norm_eps=EPS)
-    lib.kernel("delta_norm_history").dispatch(
-        {0: inp.g_buf, 1: inp.ss_buf, 2: out, 3: nan_buffer(dev, 4), 4: step_segments((0, inp.rows, 0)), 5: params},
-        threadgroups=(inp.n_v, 1), threads=(128,))
-    out_dim = wt.value.shape[0]
-    y = nan_buffer(dev, inp.rows, out_dim)
-    b = wt.buffers(dev)
-    lib.kernel("qmv_rows_r4_" + wt.fmt).dispatch(
-        {0: b[0], 1: b[1], 2: b[2], 3: out, 4: y, 5: matmul_params(inp.in_dim, out_dim, inp.rows)},
-        threadgroups=(cdiv(out_dim, QMV_SIMDGROUPS * 4),), threads=(QMV_THREADS,))
-    return y.numpy(np.float32, (inp.rows, out_dim))
+    """Prefill's two steps: delta_norm_history's factor in place (with a ring store beside it),
+    then qmv_rows."""
+    c = channels(1, inp.n_v)
+    normed, _ = run_norm_history(dev, lib, g=inp.g.reshape(inp.rows, inp.n_v, D), partials=inp.partials,
+                                 x=np.zeros((inp.rows, c), np.float32), ring=np.zeros((1, c), np.float32), position=0)
+    return run_qmv_rows(dev, lib, wt, normed.reshape(inp.rows, -1))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
