@@ -83,7 +83,7 @@ inline float values_dot(thread const typename Fmt::Block& blk, thread const floa
 template <int BITS, int GROUP, typename S = bfloat>
 struct affine {
   typedef S scale_t;
-  static constexpr int WORDS = BITS;
+  static constexpr constant int WORDS = BITS;
   struct Block {
     uint w[BITS];
     float s, b;
@@ -115,7 +115,7 @@ struct affine {
 template <int BITS>
 struct mxfp {
   typedef uchar scale_t;
-  static constexpr int WORDS = BITS;  // 32 codes of BITS bits
+  static constexpr constant int WORDS = BITS;  // 32 codes of BITS bits
   struct Block {
     uint w[WORDS];
     float s;
@@ -143,7 +143,7 @@ typedef mxfp<8> mxfp8;
 
 struct nvfp4 {
   typedef uchar scale_t;
-  static constexpr int WORDS = 4;
+  static constexpr constant int WORDS = 4;
   struct Block {
     uint w[4];
     float s[2];  // weights 0..15, 16..31
@@ -173,7 +173,7 @@ struct nvfp4 {
 template <typename T>
 struct dense {
   typedef uchar scale_t;
-  static constexpr int WORDS = QBLOCK * sizeof(T) / 4;
+  static constexpr constant int WORDS = QBLOCK * sizeof(T) / 4;
   struct Block {
     float v[QBLOCK];
   };
