@@ -3,6 +3,7 @@ and long prefills show tokens done / total."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import metalqwen
@@ -59,6 +60,7 @@ def test_prefill_progress_shows_only_after_a_second(capsys):
     quick = PrefillProgress(after=1.0)
     quick(64, 128)
     quick(128, 128)
+    quick.close()
     assert capsys.readouterr().err == ""
     slow = PrefillProgress(after=0.0)
     slow(64, 128)
@@ -68,3 +70,17 @@ def test_prefill_progress_shows_only_after_a_second(capsys):
     slow.close()
     err = capsys.readouterr().err
     assert "64/128 tokens" in err and "128/128 tokens" in err and err.endswith("\n") and not err.endswith("\n\n")
+
+
+def test_a_ctrl_c_during_a_prefill_is_acknowledged_at_once(capfd):
+    bar = PrefillProgress(after=60.0)
+    try:
+        signal.raise_signal(signal.SIGINT)  # as if typed while the engine holds the main thread
+    except KeyboardInterrupt:
+        pass
+    deadline = time.monotonic() + 60
+    while "stopping after this chunk" not in capfd.readouterr().err:  # the watcher prints from its thread
+        assert time.monotonic() < deadline, "no acknowledgement"
+        time.sleep(0.05)
+    bar.close()
+    assert signal.set_wakeup_fd(-1) == -1, "close() restores the previous wakeup fd"

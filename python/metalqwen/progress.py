@@ -3,6 +3,8 @@ placing the weights, the first-run kernel compile, long prefills, benchmark phas
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -83,11 +85,44 @@ class LoadProgress:
             self._ticker = None
 
 
+class _InterruptNotice:
+    """Says at once that a Ctrl-C was seen while the engine holds the main thread (a prefill
+    chunk can run for seconds; KeyboardInterrupt is raised only between chunks). Python's C
+    signal handler writes to the wakeup fd, which a thread watches. Main thread only."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # set_wakeup_fd requires it
+        self._previous = signal.set_wakeup_fd(self._write)
+        self._closing = False
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while data := os.read(self._read, 64):
+            if self._closing:
+                return
+            if signal.SIGINT in data:
+                _line(self.text, end="\n")
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        self._closing = True
+        os.write(self._write, b"\0")  # wakes the watcher, which sees _closing
+        self._thread.join()
+        os.close(self._read)
+        os.close(self._write)
+
+
 class PrefillProgress:
-    """Shows tokens fed / total once a prefill has run for `after` seconds."""
+    """Shows tokens fed / total once a prefill has run for `after` seconds; a Ctrl-C is
+    acknowledged at once (the prefill stops after the chunk it is in)."""
 
     def __init__(self, after: float = 1.0):
         self.after, self.started, self.shown = after, time.perf_counter(), False
+        in_main = threading.current_thread() is threading.main_thread()
+        self._notice = _InterruptNotice("stopping after this chunk...") if in_main else None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.shown and time.perf_counter() - self.started < self.after:
@@ -99,6 +134,9 @@ class PrefillProgress:
 
     def close(self) -> None:
         """Ends the line of a prefill that stopped early (interrupt, error)."""
+        if self._notice:
+            self._notice.close()
+            self._notice = None
         if self.shown:
             print(file=sys.stderr, flush=True)
             self.shown = False
