@@ -196,6 +196,34 @@ def test_version_and_help_for_every_option():
             assert action.help, f"metalqwen {name} {action.option_strings} has no help text"
 
 
+def test_python_dash_m_metalqwen_is_the_command():
+    out = subprocess.run([sys.executable, "-m", "metalqwen", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"metalqwen {metalqwen.__version__}", out.stderr
+
+
+def test_the_prompt_from_stdin_or_a_file_is_the_prompt_given_inline(demo, device, tmp_path):
+    prompt = "Why is the sky blue?\nAnswer in one line."  # a newline, as pasted text has
+    common = ["generate", "-m", demo, "--device", device.kind, "--raw", "--max-tokens", "4"]
+    inline = _run(*common, "-p", prompt)
+    assert inline.returncode == 0 and inline.stdout.strip(), inline.stderr
+    piped = _run(*common, "-p", "-", stdin=prompt)
+    (tmp_path / "prompt.txt").write_text(prompt, encoding="utf-8")
+    from_file = _run(*common, "--prompt-file", str(tmp_path / "prompt.txt"))
+    assert piped.stdout == inline.stdout == from_file.stdout, (piped.stderr, from_file.stderr)
+    both = _run(*common, "-p", "hi", "--prompt-file", str(tmp_path / "prompt.txt"))
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_a_reader_that_goes_away_ends_generate_quietly(demo, device):
+    with subprocess.Popen([sys.executable, "-m", "metalqwen.cli", "generate", "-m", demo, "--device", device.kind,
+                           "-p", "a", "--max-tokens", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout.read(8)  # like `| head -c 8`: read a little, then close the pipe
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=300) == 0, err
+    assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
 def test_demo_prints_its_prompt_and_removes_its_checkpoint(device, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 
@@ -120,10 +121,19 @@ def _speculation(s) -> str:
             f"acceptance {s.acceptance:.2f} ({s.accepted} of {s.drafted} drafts; by depth {by_depth})")
 
 
+def _prompt_text(args: argparse.Namespace) -> str:
+    """-p TEXT, -p - (standard input) or --prompt-file PATH, read before the (possibly long) load."""
+    if args.prompt_file is not None:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            return f.read()
+    return sys.stdin.read() if args.prompt == "-" else args.prompt
+
+
 def _generate(args: argparse.Namespace) -> int:
     options = _options(args)
+    prompt = _prompt_text(args)
     model = _load(args)
-    _print_stream(model, args.prompt, options, chat=not args.raw)
+    _print_stream(model, prompt, options, chat=not args.raw)
     _report(model)
     return 0
 
@@ -285,7 +295,9 @@ def parser() -> argparse.ArgumentParser:
     devices.set_defaults(run=_devices)
     generate = commands.add_parser("generate", help="stream a reply to one prompt, then speed figures")
     _add_model_options(generate)
-    generate.add_argument("-p", "--prompt", required=True, help="the prompt (a user message unless --raw)")
+    prompt = generate.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("-p", "--prompt", help="the prompt (a user message unless --raw); - reads standard input")
+    prompt.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a UTF-8 text file")
     generate.add_argument("--raw", action="store_true", help="feed the prompt as is (no chat template)")
     generate.set_defaults(run=_generate)
     chat = commands.add_parser("chat", help="multi-turn chat in the terminal")
@@ -370,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("metalqwen: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`metalqwen generate ... | head`): stop quietly, as Unix tools do.
+        # stdout is pointed at /dev/null so the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (MetalqwenError, ValueError, TypeError, OSError) as e:
         print(f"metalqwen: {e}", file=sys.stderr)
         return 1
