@@ -261,7 +261,8 @@ def test_bench_quick_writes_every_figure(demo, device, tmp_path):
     assert ours["engine"]["dispatches_last_step"] > ours["engine"]["barriers_last_step"] > 0
     assert "prefill 64 tok/s" in out.stdout and "decode at context 64 tok/s" in out.stdout
     assert "say nothing about an Apple GPU" in out.stdout or device.kind != "cpu"
-    assert "metalqwen: prefill 32 tokens" in out.stderr
+    assert "metalqwen: prefill 32 tokens" in out.stderr and "metalqwen: metalqwen:" not in out.stderr
+    assert "\r" not in out.stderr and "\033[K" not in out.stderr, "not a terminal: plain lines"
 
 
 def test_bench_clamps_the_sizes_to_max_context_and_says_so(demo, device, tmp_path):
@@ -315,6 +316,16 @@ def test_serve_passes_max_sequences_to_the_load(monkeypatch):
                  ["generate", "-m", "x", "-p", "hi"]):
         cli._load(cli.parser().parse_args(argv))
     assert loads == [4, 1, 1]  # serve: 4 unless told; generate and chat: one sequence
+
+
+def test_serve_on_a_busy_port_fails_in_one_line_before_loading(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        # The folder does not exist: only a check made before the load can give this error.
+        out = _run("serve", "-m", str(tmp_path / "absent"), "--port", str(port))
+    _one_line_error(out, f"cannot listen on 127.0.0.1:{port}: Address already in use")
 
 
 @pytest.mark.parametrize("value", ["0", "9"])

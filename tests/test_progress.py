@@ -8,7 +8,7 @@ import time
 
 import metalqwen
 from metalqwen import _core, gpu
-from metalqwen.progress import LoadProgress, PrefillProgress
+from metalqwen.progress import ByteBar, LoadProgress, PrefillProgress, phase
 
 _KERNEL = """
 #include <metal_stdlib>
@@ -84,3 +84,15 @@ def test_a_ctrl_c_during_a_prefill_is_acknowledged_at_once(capfd):
         time.sleep(0.05)
     bar.close()
     assert signal.set_wakeup_fd(-1) == -1, "close() restores the previous wakeup fd"
+
+
+def test_progress_off_a_terminal_is_a_few_plain_lines(capsys):
+    bar = ByteBar("loading", 100)
+    for done in range(101):  # a hundred redraws on a terminal
+        bar.set(done)
+    phase("mlx-lm: loading")
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\033" not in err
+    lines = err.splitlines()
+    assert lines[0].startswith("metalqwen: loading [") and "100% of" in lines[-2] and len(lines) <= 4, lines
+    assert lines[-1] == "mlx-lm: loading", "a phase names its engine, with no second prefix"

@@ -208,16 +208,21 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from .server import create_app
-    from .server.graceful import GracefulServer
+    from .server.graceful import GracefulServer, listening_socket
 
     _check_max_sequences(args.max_sequences)
-    model = _load(args)
-    app = create_app(model, api_key=args.api_key, max_queue=args.max_queue)
-    memory = model.counters()["memory_estimate"] / 2**30
-    print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "
-          f"{model.max_sequences} sequence slot(s) of {model.max_context} tokens, {memory:.2f} GiB of GPU memory",
-          file=sys.stderr)
-    GracefulServer(app, host=args.host, port=args.port, log_level="warning").serve_until_signal()
+    sock = listening_socket(args.host, args.port)
+    with sock:
+        model = _load(args)
+        app = create_app(model, api_key=args.api_key, max_queue=args.max_queue)
+        memory = model.counters()["memory_estimate"] / 2**30
+
+        def say_serving() -> None:
+            print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "
+                  f"{model.max_sequences} sequence slot(s) of {model.max_context} tokens, {memory:.2f} GiB of GPU "
+                  "memory", file=sys.stderr, flush=True)
+
+        GracefulServer(app, sock, say_serving, log_level="warning").serve_until_signal()
     return 0
 
 

@@ -10,8 +10,28 @@ import threading
 import time
 
 
-def _line(text: str, end: str = "") -> None:
-    print(f"\rmetalqwen: {text}\033[K", end=end, file=sys.stderr, flush=True)
+# Where stderr is not a terminal (a log, CI), redraws become plain lines, at most one per this many seconds.
+_PLAIN_REDRAW_SECONDS = 5.0
+_last_plain_redraw = None
+
+
+def _line(text: str, end: str = "", prefix: str = "metalqwen: ") -> None:
+    """A progress line on stderr: redrawn in place on a terminal (end=""), else a few plain lines."""
+    global _last_plain_redraw
+    if sys.stderr.isatty():
+        print(f"\r{prefix}{text}\033[K", end=end, file=sys.stderr, flush=True)
+        return
+    now = time.monotonic()
+    if not end and _last_plain_redraw is not None and now - _last_plain_redraw < _PLAIN_REDRAW_SECONDS:
+        return
+    _last_plain_redraw = None if end else now  # a finished line lets the next bar show its start
+    print(f"{prefix}{text}", file=sys.stderr, flush=True)
+
+
+def _end_line() -> None:
+    """Ends a line left open by redraws (only a terminal has one)."""
+    if sys.stderr.isatty():
+        print(file=sys.stderr, flush=True)
 
 
 def _bar(done: int, total: int, width: int = 30) -> str:
@@ -81,7 +101,7 @@ class LoadProgress:
         """Stops a ticker left running when the load failed."""
         if self._ticker:
             self._ticker.stop()
-            print(file=sys.stderr)
+            _end_line()
             self._ticker = None
 
 
@@ -138,10 +158,10 @@ class PrefillProgress:
             self._notice.close()
             self._notice = None
         if self.shown:
-            print(file=sys.stderr, flush=True)
+            _end_line()
             self.shown = False
 
 
 def phase(label: str) -> None:
-    """One line announcing a phase of a long job (benchmarks)."""
-    _line(label, end="\n")
+    """One line announcing a phase of a long job (benchmarks); the label names the engine."""
+    _line(label, end="\n", prefix="")
