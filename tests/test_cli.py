@@ -358,6 +358,7 @@ def test_bench_without_mlx_lm_says_it_skipped_it(demo, device, tmp_path):
                           "--compare", "mlx-lm", "--json", str(path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "mlx-lm: skipped: mlx-lm is not installed" in out.stdout
+    assert out.stderr.startswith("mlx-lm: will be skipped: mlx-lm is not installed"), "said before metalqwen runs"
     assert json.loads(path.read_text())["mlx_lm_skipped"].startswith("mlx-lm is not installed")
 
 

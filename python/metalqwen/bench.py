@@ -478,10 +478,13 @@ def run(args) -> int:
                          f"{p.concurrency[-1]}")
     vocab = load_checkpoint(args.model).config.vocab_size
     device = args.device or gpu.Device().kind
+    # Said before the (long) metalqwen half, not found out after it.
+    skipped = mlx_lm_missing() if args.compare == "mlx-lm" else ""
+    if skipped:
+        phase(f"mlx-lm: will be skipped: {skipped}")
     ours = run_metalqwen(args.model, device, args.kv_bits, p, vocab, args.speculative, max_sequences)
-    theirs, skipped = None, ""
+    theirs = None
     if args.compare == "mlx-lm":
-        skipped = mlx_lm_missing()
         if not skipped:
             batch_missing = mlx_lm_batch_missing() if p.concurrency else ""
             if batch_missing:
