@@ -98,6 +98,15 @@ def test_generate_stops_at_the_context_limit_and_says_so(demo, device):
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stdout.strip()
     assert "decode: 28 tokens" in out.stderr and "stopped: context full (max_context 40)" in out.stderr
+    assert "dispatches" not in out.stderr and "speculative" not in out.stderr, "developer figures need --stats"
+
+
+def test_stats_adds_the_engine_counters_and_the_stop_reason_is_said(demo, device):
+    out = _run("generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "3", "-v")
+    assert out.returncode == 0, out.stderr
+    assert "decode: 3 tokens" in out.stderr and "stopped: max tokens" in out.stderr
+    assert "dispatches" in out.stderr and "barriers per step" in out.stderr and "MB of weights per token" in out.stderr
+    assert "speculative (lookup): " in out.stderr, "with --stats even when speculation did nothing"
 
 
 @pytest.mark.parametrize("args, message", [

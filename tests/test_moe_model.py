@@ -199,6 +199,6 @@ def test_missing_router_is_refused_naming_the_tensor(converted, tmp_path):
 
 def test_cli_generate_reports_active_expert_bytes(converted):
     result = subprocess.run([sys.executable, "-m", "metalqwen.cli", "generate", "-m", converted("moe")[1], "--device",
-                             "cpu", "-p", "hello", "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
+                             "cpu", "-p", "hello", "--max-tokens", "4", "--stats"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "tok/s" in result.stderr and "MB of weights per token (active experts: 2 of 8)" in result.stderr

@@ -97,19 +97,27 @@ def _print_stream(model, prompt, options: dict, chat: bool) -> str:
     return "".join(text)
 
 
-def _report(model) -> None:
+def _stop_reason(model) -> str:
+    s = model.last_stats
+    if s.context_full:
+        return f"context full (max_context {model.max_context})"
+    return "end of answer" if model.last_finish_reason == "stop" else "max tokens"
+
+
+def _report(model, stats: bool) -> None:
+    """Speed and why the answer ended; with ``stats`` (--stats) the engine's counters too."""
     s, c = model.last_stats, model.config
     reused = f" ({s.prompt_tokens_reused} reused)" if s.prompt_tokens_reused else ""
-    # What a decode step streams: for MoE models the router, shared expert and chosen experts only.
-    active = f" (active experts: {c.num_experts_per_tok} of {c.num_experts})" if c.is_moe else ""
-    full = f" | stopped: context full (max_context {model.max_context})" if s.context_full else ""
     print(f"prompt: {s.prompt_tokens} tokens{reused}, {s.prompt_tokens_per_second:.1f} tok/s | "
           f"decode: {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s | "
-          f"{s.engine.get('dispatches_last_step', 0)} dispatches, {s.engine.get('barriers_last_step', 0)} barriers "
-          "per step | "
-          f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}{full}",
-          file=sys.stderr)
-    if model.speculative != "off":
+          f"stopped: {_stop_reason(model)}", file=sys.stderr)
+    if stats:
+        # What a decode step streams: for MoE models the router, shared expert and chosen experts only.
+        active = f" (active experts: {c.num_experts_per_tok} of {c.num_experts})" if c.is_moe else ""
+        print(f"engine: {s.engine.get('dispatches_last_step', 0)} dispatches, "
+              f"{s.engine.get('barriers_last_step', 0)} barriers per step | "
+              f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}", file=sys.stderr)
+    if model.speculative != "off" and (stats or s.verify_steps):
         print(f"speculative ({model.speculative}): {_speculation(s)}", file=sys.stderr)
 
 
@@ -134,7 +142,7 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = _prompt_text(args)
     model = _load(args)
     _print_stream(model, prompt, options, chat=not args.raw)
-    _report(model)
+    _report(model, args.stats)
     return 0
 
 
@@ -181,7 +189,7 @@ def _chat(args: argparse.Namespace) -> int:
             print("(answer stopped)", file=sys.stderr)
             reply = model.tokenizer.decode(model.last_tokens, skip_special_tokens=True)
         conversation.record(prompt, line, reply)
-        _report(model)
+        _report(model, args.stats)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -199,7 +207,7 @@ def _demo(args: argparse.Namespace) -> int:
         model = load(folder, device=args.device, max_context=512, progress=True if args.progress else None)
         print(f"> {args.prompt}", flush=True)
         text = _print_stream(model, args.prompt, dict(max_tokens=args.max_tokens, temperature=0.0), chat=True)
-        _report(model)
+        _report(model, args.stats)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
@@ -259,6 +267,12 @@ def _add_common_options(p: argparse.ArgumentParser) -> None:
                    help="show load and prompt progress on stderr even when it is not a terminal")
 
 
+def _add_stats_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--stats", action="store_true",
+                   help="after each answer also print the engine's counters: dispatches and barriers per step, "
+                        "weight bytes per token, speculative decoding's figures")
+
+
 def _add_speculative_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", choices=["auto", "mtp", "lookup", "off"], default="auto",
                    help="draft tokens and verify several per step, same output: mtp = the checkpoint's MTP head "
@@ -272,6 +286,7 @@ def _add_speculative_options(p: argparse.ArgumentParser) -> None:
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
     _add_common_options(p)
+    _add_stats_option(p)
     _add_speculative_options(p)
     p.add_argument("--max-context", type=int, default=4096,
                    help="prompt + generated tokens the caches hold (default 4096)")
@@ -314,6 +329,7 @@ def parser() -> argparse.ArgumentParser:
     chat.set_defaults(run=_chat)
     demo = commands.add_parser("demo", help="write a tiny random checkpoint and generate from it (works anywhere)")
     _add_common_options(demo)
+    _add_stats_option(demo)
     demo.add_argument("--keep", metavar="DIR", default=None,
                       help="write the checkpoint to DIR and keep it (default: a temporary folder, removed after)")
     demo.add_argument("-p", "--prompt", default="Hello! Who are you?", help="the user message")
