@@ -184,6 +184,54 @@ def test_chat_turns_reuse_the_cache_refuse_empty_messages_and_end_on_ctrl_d(demo
     assert out.stdout.endswith("> \n"), "Ctrl-D ends the prompt line"
 
 
+def test_chat_commands_and_a_multi_line_message(demo, device):
+    stdin = ('/help\n/nonsense\n"""\nfirst line\nsecond line\n"""\nhi\n/clear\nhi\n/system be brief\nhi\n'
+             '/exit\nnever read\n')
+    out = _run("chat", "-m", demo, "--device", device.kind, "--max-tokens", "3", stdin=stdin)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "/system TEXT" in out.stderr and "(unknown command /nonsense" in out.stderr
+    reports = [line for line in out.stderr.splitlines() if line.startswith("prompt: ")]
+    sizes = [int(r.split()[1]) for r in reports]
+    assert len(reports) == 4, "the three-line block is one message, /exit stops before 'never read'"
+    assert "reused" in reports[1] and "reused" not in reports[2], "/clear starts afresh"
+    assert sizes[2] < sizes[0], "the block's two lines were one message"
+    assert sizes[3] > sizes[2] and "reused" not in reports[3], "/system adds a system message to a fresh start"
+
+
+def test_a_block_pasted_into_the_chat_terminal_is_one_message(demo, device, tmp_path):
+    import shutil
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    session, sock = f"mq{os.getpid()}", str(tmp_path / "tmux.sock")
+    tmux = lambda *a: subprocess.run(["tmux", "-S", sock, *a], capture_output=True, text=True, check=True)  # noqa: E731
+    screen = lambda: tmux("capture-pane", "-p", "-J", "-S", "-100", "-t", session).stdout  # noqa: E731
+    command = " ".join([sys.executable, "-m", "metalqwen.cli", "chat", "-m", demo, "--device", device.kind,
+                        "--max-tokens", "3"])
+    tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50")
+    tmux("set-option", "-t", session, "remain-on-exit", "on")  # the screen stays readable after the exit
+    tmux("respawn-pane", "-k", "-t", session, f"PYTHONPATH={os.pathsep.join(sys.path)} {command}")
+    def wait(condition) -> bool:
+        deadline = time.monotonic() + 300
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return condition()
+
+    try:
+        assert wait(lambda: "\n> " in screen()), screen()
+        (tmp_path / "paste.txt").write_text("first pasted line\nsecond pasted line\n")
+        tmux("load-buffer", str(tmp_path / "paste.txt"))
+        tmux("paste-buffer", "-p", "-t", session)  # bracketed, as a terminal pastes
+        tmux("send-keys", "-t", session, "Enter")
+        assert wait(lambda: "prompt: " in screen()), screen()
+        tmux("send-keys", "-t", session, "/exit", "Enter")
+        assert wait(lambda: tmux("display", "-p", "-t", session, "#{pane_dead}").stdout.strip() == "1"), screen()
+        reports = [line for line in screen().splitlines() if line.startswith("prompt: ")]
+        assert len(reports) == 1, screen()
+    finally:
+        subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)
+
+
 def test_chat_offers_a_fresh_context_when_full(demo, device):
     out = _run("chat", "-m", demo, "--device", device.kind, "--max-tokens", "20", "--max-context", "64",
                stdin="hi\n" + "a long message " * 3 + "\ny\n" + "another long message " * 3 + "\nn\n")

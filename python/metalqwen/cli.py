@@ -155,23 +155,64 @@ def _ask(question: str) -> bool:
         return False
 
 
+_CHAT_HELP = """commands: /clear starts a fresh conversation; /system TEXT sets the system message (and starts
+afresh); /exit quits (as Ctrl-D does); /help shows this. A line of three double quotes (\"\"\") starts
+a message of several lines, ended by another such line; a pasted block is one message too.
+Ctrl-C stops an answer."""
+
+
+def _read_message() -> str | None:
+    """The next message from the prompt: one line, or the lines between two \"\"\" lines; None at Ctrl-D."""
+    try:
+        line = input("> ")
+        if line.strip() != '"""':
+            return line.rstrip("\n")  # a pasted block brings its last newline
+        lines = []
+        while (more := input(". ")).strip() != '"""':
+            lines.append(more)
+        return "\n".join(lines)
+    except EOFError:
+        print()
+        return None
+
+
 def _chat(args: argparse.Namespace) -> int:
     """Multi-turn chat rendered by the template each turn; the prefix cache resumes each turn at
     the end of the previous user message (see Conversation)."""
     from .conversation import Conversation
+
+    with contextlib.suppress(ImportError):
+        import readline  # line editing and history for input()
+
+        if "libedit" not in (readline.__doc__ or ""):
+            # A block pasted into a terminal arrives as one message (Python turns this off by default).
+            readline.parse_and_bind("set enable-bracketed-paste on")
 
     options = _options(args)
     model = _load(args)
     conversation = Conversation(model.tokenizer, system=args.system)
     # A new turn wants room for an answer: max_tokens, or half the context when that is less.
     answer_room = min(args.max_tokens, model.max_context // 2)
-    print("metalqwen chat: Ctrl-C stops an answer, Ctrl-D quits", file=sys.stderr)
+    print("metalqwen chat: Ctrl-C stops an answer, Ctrl-D or /exit quits, /help lists the commands",
+          file=sys.stderr)
     while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print()
+        line = _read_message()
+        if line is None:
             return 0
+        command, _, rest = line.strip().partition(" ")
+        if command in ("/exit", "/quit"):
+            return 0
+        if command == "/help":
+            print(_CHAT_HELP, file=sys.stderr)
+            continue
+        if command in ("/clear", "/system"):
+            system = (rest.strip() or None) if command == "/system" else conversation.system
+            conversation = Conversation(model.tokenizer, system=system)
+            print(f"(fresh conversation{', system message set' if command == '/system' else ''})", file=sys.stderr)
+            continue
+        if command.startswith("/") and command[1:].isalpha():
+            print(f"(unknown command {command}: /help lists them)", file=sys.stderr)
+            continue
         if not line.strip():
             print("(empty message: type some text, or Ctrl-D to quit)", file=sys.stderr)
             continue
