@@ -439,3 +439,31 @@ def test_the_ttft_bench_hits_the_prefix_cache_on_the_demo_checkpoint(demo, devic
     cold, hit = (line for line in out.stdout.splitlines() if line.startswith(("cold:", "hit:")))
     assert "cached tokens 0" in cold and "cached tokens 0" not in hit  # speed is not asserted
     assert "speed-up from the prefix cache" in out.stdout
+
+
+def test_thinking_can_be_turned_off_or_hidden(demo, device):
+    common = ["generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "6"]
+    prompt_tokens = lambda out: int(out.stderr.split("prompt: ")[1].split()[0])  # noqa: E731
+    thinking, no_think = _run(*common), _run(*common, "--no-think")
+    as_kwargs = _run(*common, "--chat-template-kwargs", '{"enable_thinking": false}')
+    assert thinking.returncode == no_think.returncode == as_kwargs.returncode == 0, thinking.stderr
+    assert prompt_tokens(no_think) == prompt_tokens(as_kwargs) > prompt_tokens(thinking)
+    # Off a terminal the text is printed as generated; --hide-thinking keeps only the answer.
+    hidden = _run(*common, "--hide-thinking")
+    assert hidden.returncode == 0 and thinking.stdout.strip()
+    assert hidden.stdout.strip() in thinking.stdout and len(hidden.stdout) < len(thinking.stdout)
+    bad = _run(*common, "--chat-template-kwargs", "[1]")
+    assert bad.returncode == 2 and "must be a JSON object" in bad.stderr
+
+
+def test_on_a_terminal_the_thinking_is_dimmed_apart_from_the_answer(capsys):
+    shown = cli._AnswerPrinter(opens_thinking=True, hide_thinking=False, terminal=True)
+    for piece in ("Let me th", "ink.</th", "ink>\n\nThe answer."):
+        shown.feed(piece)
+    shown.finish()
+    assert capsys.readouterr().out == "\033[2mLet me th\033[0m\033[2mink.\033[0m\n\nThe answer.\n"
+    hidden = cli._AnswerPrinter(opens_thinking=True, hide_thinking=True, terminal=True)
+    for piece in ("Let me think.</think>", "\n\nThe answer."):
+        hidden.feed(piece)
+    hidden.finish()
+    assert capsys.readouterr().out == "The answer.\n"

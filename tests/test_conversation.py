@@ -85,3 +85,19 @@ def test_an_empty_chat_message_is_refused(chat_model, text):
     conversation = Conversation(chat_model.tokenizer)
     with pytest.raises(ValueError, match="needs some text"):
         conversation.prompt(text)
+
+
+def test_thinking_can_be_turned_off_in_a_conversation_and_a_chat_prompt(chat_model):
+    m = chat_model
+    thinking = Conversation(m.tokenizer).prompt("hi")
+    direct = Conversation(m.tokenizer, enable_thinking=False).prompt("hi")
+    as_variable = Conversation(m.tokenizer, template_kwargs={"enable_thinking": False}).prompt("hi")
+    assert thinking.opens_thinking and not direct.opens_thinking and direct.ids == as_variable.ids
+    # Qwen3.5's template closes an empty thinking block in the generation prompt.
+    assert m.tokenizer.decode(direct.ids[len(thinking.ids) - 2:]).replace("\n", "") == "<think></think>"
+    assert m.prompt_ids("hi", chat=True, enable_thinking=False) == direct.ids
+    assert m.prompt_ids("hi", chat=True) == thinking.ids
+    m.reset()
+    assert m.generate("hi", chat=True, enable_thinking=False, max_tokens=2).stats.prompt_tokens == len(direct.ids)
+    with pytest.raises(TypeError, match="enable_thinking must be True, False or None"):
+        m.generate("hi", chat=True, enable_thinking="no")

@@ -202,9 +202,17 @@ def test_bad_requests_are_400_naming_the_field(server, body, param):
 
 
 def test_malformed_requests_then_a_normal_one(server, client):
-    for raw in (b"{", b"[]", b'{"messages": "hi"}', b"\xff\xfe"):
+    for raw in (b"{", b"[]", b'{"messages": "hi"}', b"\xff\xfe", b""):
         r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 400, (raw, r.text)
+        error = r.json()["error"]  # OpenAI's shape, in its words: no pydantic or FastAPI wording
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        assert "Value error" not in error["message"] and error["param"] != "0", error
+    assert "not valid JSON" in httpx.post(server.url + "/v1/chat/completions", content=b"{",
+                                          headers={"content-type": "application/json"}).json()["error"]["message"]
+    for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/chat/completions", 405)):
+        r = httpx.request(method, server.url + path)
+        assert r.status_code == status and r.json()["error"]["message"].startswith(f"{method} {path}: "), r.text
     r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert r.usage.completion_tokens == 3
 
@@ -223,6 +231,25 @@ def test_a_client_gone_mid_stream_stops_the_engine(server, model, client):
     assert r.usage.completion_tokens == 3
 
 
+def test_a_client_gone_mid_stream_still_counts_its_tokens(server):
+    def generated() -> float:
+        text = httpx.get(server.url + "/metrics").text
+        return next(float(line.split()[1]) for line in text.splitlines()
+                    if line.startswith("metalqwen_generated_tokens_total "))
+
+    before = generated()
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+    deadline = time.monotonic() + 60
+    while generated() == before:
+        assert time.monotonic() < deadline, "the disconnected request's tokens were never counted"
+        time.sleep(0.2)
+    assert generated() - before >= 2
+
+
 def test_metrics_count_requests_and_tokens(server, client):
     client.completions.create(model="x", prompt="Hello", max_tokens=4, temperature=0)
     text = httpx.get(server.url + "/metrics").text
@@ -237,12 +264,51 @@ def test_api_key_and_a_full_queue(model):
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert httpx.post(live.url + "/v1/chat/completions", json=body).status_code == 401
         assert httpx.get(live.url + "/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
+        # Liveness probes need no key; /metrics does unless the server was told otherwise.
+        assert httpx.get(live.url + "/health").status_code == 200
+        assert httpx.get(live.url + "/metrics").status_code == 401
         ok = {"authorization": "Bearer secret"}
         assert httpx.get(live.url + "/v1/models", headers=ok).status_code == 200
         full = httpx.post(live.url + "/v1/chat/completions", json=body, headers=ok)
         assert full.status_code == 429 and full.json()["error"]["type"] == "rate_limit_error"
     finally:
         live.close()
+
+
+def test_public_metrics_cors_and_one_log_line_per_request(model, caplog):
+    import logging
+
+    live = LiveServer(create_app(model, api_key="secret", public_metrics=True, cors_origins=["http://app.test"]))
+    try:
+        assert httpx.get(live.url + "/metrics").status_code == 200
+        preflight = httpx.options(live.url + "/v1/chat/completions", headers={
+            "origin": "http://app.test", "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization,content-type"})
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "http://app.test"
+        other = httpx.options(live.url + "/v1/chat/completions", headers={
+            "origin": "http://elsewhere.test", "access-control-request-method": "POST"})
+        assert "access-control-allow-origin" not in other.headers
+        with caplog.at_level(logging.INFO, logger="metalqwen.server"):
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+            with httpx.stream("POST", live.url + "/v1/chat/completions", json=body, timeout=120,
+                              headers={"authorization": "Bearer secret"}) as r:
+                assert r.status_code == 200 and list(r.iter_lines())
+            deadline = time.monotonic() + 30
+            while not any("generated" in m for m in caplog.messages):
+                assert time.monotonic() < deadline, caplog.messages
+                time.sleep(0.05)
+        line = next(m for m in caplog.messages if m.startswith("POST /v1/chat/completions 200"))
+        assert "prompt " in line and "(cached 0)" in line and "generated 3" in line and "first token" in line
+        assert "tok/s" in line
+    finally:
+        live.close()
+    cors_off = LiveServer(create_app(model))
+    try:
+        r = httpx.options(cors_off.url + "/v1/chat/completions", headers={
+            "origin": "http://app.test", "access-control-request-method": "POST"})
+        assert "access-control-allow-origin" not in r.headers, "CORS is off by default"
+    finally:
+        cors_off.close()
 
 
 def test_omitted_sampling_fields_take_the_generation_config(client, model, demo):

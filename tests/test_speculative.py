@@ -219,16 +219,18 @@ def test_policy_goes_deep_on_high_acceptance():
 
 
 def test_policy_turns_itself_off_then_probes_again():
-    policy = spec.DepthPolicy(max_depth=4, pause=16)
-    depths = []
+    policy = spec.DepthPolicy(max_depth=4, pause=16, max_pause=128)
+    depths, pauses = [], []
     for _ in range(40):
         depths.append(policy.depth())
         if depths[-1]:
             policy.update(depths[-1], 0)  # nothing accepted
         else:
-            assert policy.plain_tokens() == 16
+            pauses.append(policy.plain_tokens())
     assert depths[0] == 4
+    assert depths.index(0) <= 10, "a drafter that is never right is found out in a few steps"
     assert depths[-6:] in ([0, 1] * 3, [1, 0] * 3)  # off, probing at depth 1 after each pause
+    assert pauses[:5] == [16, 32, 64, 128, 128], "each failed probe doubles the pause, up to max_pause"
     for _ in range(30):  # acceptance returns: depth climbs back
         k = policy.depth()
         if k:
@@ -236,6 +238,40 @@ def test_policy_turns_itself_off_then_probes_again():
         else:
             policy.plain_tokens()
     assert policy.depth() == 4
+
+
+def test_policy_weighs_the_measured_cost_of_a_verify_step():
+    cheap, dear = spec.DepthPolicy(max_depth=3), spec.DepthPolicy(max_depth=3)
+    for policy, verify_seconds in ((cheap, 1.05), (dear, 2.5)):
+        policy.observe_plain(4, 4.0)  # 1 s per plain token
+        for k in (1, 2, 3):
+            policy.observe_verify(k, verify_seconds + 0.1 * k)
+    assert cheap.cost(2) == pytest.approx(1.25) and dear.cost(2) == pytest.approx(2.7)
+    # The prior acceptance (0.6) pays where a verify step costs about a plain one, not at 2.5x.
+    assert cheap.depth() == 3 and dear.depth() == 0
+    # Unmeasured: the model of rows nearly free.
+    assert spec.DepthPolicy(max_depth=3).cost(2) == pytest.approx(1 + 2 * 0.04 + 0.03)
+
+
+class _NeverRight:
+    """A drafter whose drafts are never accepted."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def draft(self, history, k):
+        return [(history[-1] + 1 + i) % self.vocab for i in range(k)]
+
+
+def test_a_drafter_that_is_never_right_costs_a_few_steps_and_changes_nothing(converted):
+    m = load(converted, "base", 8)
+    ids = prompt(m.config.vocab_size, 40, seed=5)
+    plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
+    out = m.generate(ids, max_tokens=TOKENS, speculative=_NeverRight(m.config.vocab_size))
+    assert out.tokens == plain.tokens
+    s = out.stats
+    # Rejections only (a draft equal to the plain token would be accepted; the stats say none was).
+    assert s.accepted == 0 and 0 < s.verify_steps <= 10, (s.verify_steps, s.drafted)
 
 
 def test_policy_picks_a_middle_depth_when_acceptance_falls_with_depth():
@@ -269,6 +305,24 @@ def mtp_folder(tmp_path_factory):
     hf = mf.write_hf_checkpoint(root / "hf", seed=11, tied=False, mtp=True, mixer_gain=1e-4,
                                 edit=_mtp_predicts_the_trunk)
     return convert(hf, root / "mlx", bits=8, group_size=64)
+
+
+def test_an_mtp_head_that_is_never_right_pauses_and_changes_nothing(tmp_path):
+    import model_fixtures as mf
+    from metalqwen.convert import convert
+
+    # A random head on a random trunk: its drafts are (almost) never the trunk's tokens.
+    folder = convert(mf.write_hf_checkpoint(tmp_path / "hf", seed=12, tied=False, mtp=True), tmp_path / "mlx",
+                     bits=8, group_size=64)
+    m = metalqwen.load(folder, device="cpu", max_context=CONTEXT, progress=False, speculative="mtp")
+    ids = prompt(m.config.vocab_size, 40, seed=9)
+    plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
+    out = m.generate(ids, max_tokens=TOKENS, speculative="mtp")
+    assert out.tokens == plain.tokens
+    s = out.stats
+    assert s.acceptance < 0.2 and s.drafted <= 3 * 10, (s.verify_steps, s.drafted, s.accepted)
+    # After the pause the head drafts again (its state rebuilt by one step), so the probes happen.
+    assert s.drafted_at[0] > 1
 
 
 @pytest.mark.parametrize("kv_bits", [8, 16])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -83,18 +84,67 @@ def _options(args: argparse.Namespace) -> dict:
                 seed=args.seed, **penalties)
 
 
-def _print_stream(model, prompt, options: dict, chat: bool) -> str:
-    """Streams the answer to stdout; returns its text. A Ctrl-C stops it (the engine's state
-    keeps what was fed) and propagates once the line is ended."""
+class _AnswerPrinter:
+    """Prints an answer as it streams: on a terminal the thinking dimmed apart from the answer,
+    elsewhere the text as generated; with ``hide_thinking`` only the answer."""
+
+    _DIM, _PLAIN = "\033[2m", "\033[0m"
+
+    def __init__(self, opens_thinking: bool, hide_thinking: bool, terminal: bool):
+        from .server.output_parser import OutputParser
+
+        self.parser = OutputParser(in_reasoning=opens_thinking)
+        self.hide, self.terminal = hide_thinking, terminal
+        self.in_thinking = False
+
+    def _write(self, text: str) -> None:
+        print(text, end="", flush=True)
+
+    def _show(self, reasoning: str, content: str) -> None:
+        if reasoning and not self.hide:
+            self._write(self._DIM + reasoning + self._PLAIN)
+            self.in_thinking = True
+        if content:
+            if self.in_thinking:  # the answer starts on a line of its own
+                self._write("\n\n")
+                self.in_thinking = False
+            self._write(content)
+
+    def feed(self, text: str) -> None:
+        if self.terminal or self.hide:
+            d = self.parser.feed(text)
+            self._show(d.reasoning, d.content)
+        else:
+            self._write(text)
+
+    def finish(self) -> None:
+        if self.terminal or self.hide:
+            d = self.parser.finish()
+            self._show(d.reasoning, d.content)
+        print(flush=True)
+
+
+def _print_stream(model, prompt, options: dict, opens_thinking: bool, hide_thinking: bool = False) -> str:
+    """Streams the answer to stdout (see _AnswerPrinter); returns its text as generated. A Ctrl-C
+    stops it (the engine's state keeps what was fed) and propagates once the line is ended."""
     text = []
-    with contextlib.closing(model.stream(prompt, chat=chat, **options)) as chunks:
+    printer = _AnswerPrinter(opens_thinking, hide_thinking, sys.stdout.isatty())
+    with contextlib.closing(model.stream(prompt, **options)) as chunks:
         try:
             for chunk in chunks:
-                print(chunk.text, end="", flush=True)
+                printer.feed(chunk.text)
                 text.append(chunk.text)
         finally:
-            print(flush=True)
+            printer.finish()
     return "".join(text)
+
+
+def _conversation(args: argparse.Namespace, model, system: str | None = None):
+    """A Conversation rendered with the template options of the command line."""
+    from .conversation import Conversation
+
+    return Conversation(model.tokenizer, system=system, enable_thinking=False if args.no_think else None,
+                        template_kwargs=args.chat_template_kwargs)
 
 
 def _stop_reason(model) -> str:
@@ -141,7 +191,11 @@ def _generate(args: argparse.Namespace) -> int:
     options = _options(args)
     prompt = _prompt_text(args)
     model = _load(args)
-    _print_stream(model, prompt, options, chat=not args.raw)
+    if args.raw:
+        _print_stream(model, prompt, options, opens_thinking=False, hide_thinking=args.hide_thinking)
+    else:
+        chat = _conversation(args, model).prompt(prompt)
+        _print_stream(model, chat.ids, options, chat.opens_thinking, args.hide_thinking)
     _report(model, args.stats)
     return 0
 
@@ -179,8 +233,6 @@ def _read_message() -> str | None:
 def _chat(args: argparse.Namespace) -> int:
     """Multi-turn chat rendered by the template each turn; the prefix cache resumes each turn at
     the end of the previous user message (see Conversation)."""
-    from .conversation import Conversation
-
     with contextlib.suppress(ImportError):
         import readline  # line editing and history for input()
 
@@ -190,7 +242,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     options = _options(args)
     model = _load(args)
-    conversation = Conversation(model.tokenizer, system=args.system)
+    conversation = _conversation(args, model, system=args.system)
     # A new turn wants room for an answer: max_tokens, or half the context when that is less.
     answer_room = min(args.max_tokens, model.max_context // 2)
     print("metalqwen chat: Ctrl-C stops an answer, Ctrl-D or /exit quits, /help lists the commands",
@@ -207,7 +259,7 @@ def _chat(args: argparse.Namespace) -> int:
             continue
         if command in ("/clear", "/system"):
             system = (rest.strip() or None) if command == "/system" else conversation.system
-            conversation = Conversation(model.tokenizer, system=system)
+            conversation = _conversation(args, model, system=system)
             print(f"(fresh conversation{', system message set' if command == '/system' else ''})", file=sys.stderr)
             continue
         if command.startswith("/") and command[1:].isalpha():
@@ -225,7 +277,8 @@ def _chat(args: argparse.Namespace) -> int:
             prompt = conversation.restart(line, model.max_context - answer_room)
             print(f"(fresh context: {len(conversation.turns)} earlier turns kept)", file=sys.stderr)
         try:
-            reply = _print_stream(model, prompt.ids, dict(options, boundaries=prompt.boundaries), chat=False)
+            reply = _print_stream(model, prompt.ids, dict(options, boundaries=prompt.boundaries),
+                                  prompt.opens_thinking, args.hide_thinking)
         except KeyboardInterrupt:
             print("(answer stopped)", file=sys.stderr)
             reply = model.tokenizer.decode(model.last_tokens, skip_special_tokens=True)
@@ -238,6 +291,7 @@ def _demo(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
+    from .conversation import Conversation
     from .demo_checkpoint import write_demo_checkpoint
     from .model import load
 
@@ -247,7 +301,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"demo checkpoint (random weights, so the text is noise) in {folder}", file=sys.stderr)
         model = load(folder, device=args.device, max_context=512, progress=True if args.progress else None)
         print(f"> {args.prompt}", flush=True)
-        text = _print_stream(model, args.prompt, dict(max_tokens=args.max_tokens, temperature=0.0), chat=True)
+        chat = Conversation(model.tokenizer).prompt(args.prompt)
+        text = _print_stream(model, chat.ids, dict(max_tokens=args.max_tokens, temperature=0.0), chat.opens_thinking)
         _report(model, args.stats)
     finally:
         if not args.keep:
@@ -256,14 +311,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import create_app
+    from .server import access_log, create_app
     from .server.graceful import GracefulServer, listening_socket
 
     _check_max_sequences(args.max_sequences)
     sock = listening_socket(args.host, args.port)
     with sock:
         model = _load(args)
-        app = create_app(model, api_key=args.api_key, max_queue=args.max_queue)
+        access_log.configure(args.log_level)
+        app = create_app(model, api_key=args.api_key, max_queue=args.max_queue, public_metrics=args.public_metrics,
+                         cors_origins=args.cors_origin)
         memory = model.counters()["memory_estimate"] / 2**30
 
         def say_serving() -> None:
@@ -301,6 +358,16 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value
+
+
 def _add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["metal", "cpu"], default=None,
                    help="metal (Apple GPU) or cpu (the CPU runtime); default: metal where available")
@@ -333,6 +400,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="prompt + generated tokens the caches hold (default 4096)")
     p.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default 512)")
+    p.add_argument("--no-think", action="store_true",
+                   help="ask the model to answer without thinking (the chat template's enable_thinking=false)")
+    p.add_argument("--chat-template-kwargs", metavar="JSON", type=_json_object, default=None,
+                   help='further chat template variables as a JSON object, e.g. \'{"enable_thinking": false}\'')
+    p.add_argument("--hide-thinking", action="store_true",
+                   help="print only the answer, not the thinking before it (on a terminal the thinking is dimmed)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); else sampling")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0 = off)")
@@ -384,7 +457,16 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on every route but the chat page and /health")
+    serve.add_argument("--public-metrics", action="store_true",
+                       help="answer /metrics without the API key (for Prometheus)")
+    serve.add_argument("--cors-origin", metavar="ORIGIN", action="append", default=[],
+                       help="let pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable (default: "
+                            "none, the chat page needs none)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                       help="info (default): one line per request on stderr (status, tokens, time to first token, "
+                            "tok/s); warning: errors only")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
     serve.add_argument("--cache-gb", type=float, default=2.0,
                        help="device memory for the prefix cache's saved states, GiB (default 2; 0 = off)")

@@ -38,9 +38,15 @@ class Conversation:
     ``record(text, reply)`` then stores the turn (also a partial answer after an interrupt).
     A turn that is never recorded leaves the conversation as it was."""
 
-    def __init__(self, tokenizer: Tokenizer, system: str | None = None):
+    def __init__(self, tokenizer: Tokenizer, system: str | None = None, enable_thinking: bool | None = None,
+                 template_kwargs: dict | None = None):
+        """``enable_thinking`` (None: the template's default) and ``template_kwargs`` (further
+        template variables, as mlx-lm's --chat-template-config) go to every rendering."""
         self.tokenizer = tokenizer
         self.system = system
+        self.template_kwargs = dict(template_kwargs or {})
+        if enable_thinking is not None:
+            self.template_kwargs["enable_thinking"] = enable_thinking
         self.turns: list[_Turn] = []
 
     def _messages(self, turns: list[_Turn], user: str) -> list[dict]:
@@ -52,9 +58,9 @@ class Conversation:
 
     def _render(self, turns: list[_Turn], user: str) -> ChatPrompt:
         messages = self._messages(turns, user)
-        text = self.tokenizer.apply_chat_template(messages)
+        text = self.tokenizer.apply_chat_template(messages, **self.template_kwargs)
         ids = self.tokenizer.encode(text)
-        return ChatPrompt(ids, message_boundaries(self.tokenizer, messages, ids),
+        return ChatPrompt(ids, message_boundaries(self.tokenizer, messages, ids, **self.template_kwargs),
                           text.rfind(_THINK_OPEN) > text.rfind(_THINK_CLOSE))
 
     def prompt(self, user: str) -> ChatPrompt:

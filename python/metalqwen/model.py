@@ -194,14 +194,15 @@ class Model:
         self._engine.reset()
         return self._engine.prefill(ids, logits="all")
 
-    def prompt_ids(self, prompt: Prompt, chat: bool = False) -> list[int]:
-        """Token ids of a prompt: a list of ids is used as is; text is encoded (with the chat template if chat)."""
+    def prompt_ids(self, prompt: Prompt, chat: bool = False, enable_thinking: bool | None = None) -> list[int]:
+        """Token ids of a prompt: a list of ids is used as is; text is encoded (with the chat template if chat,
+        ``enable_thinking`` passed to it: None leaves the template's default, thinking on for Qwen3.5)."""
         if arguments.prompt_kind(prompt) == "ids":
             return arguments.token_ids("prompt", prompt, self.config.vocab_size)
         if chat:
             if not prompt.strip():
                 raise ValueError("prompt is empty (a chat message needs some text)")
-            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}], enable_thinking=enable_thinking)
         return self.tokenizer.encode(prompt)
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, **options) -> Generation:
@@ -236,8 +237,9 @@ class Model:
                chat: bool = False, boundaries: Sequence[int] = (), min_p: float = 0.0,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                repetition_penalty: float = 1.0, logprobs: int | None = None,
-               speculative: str | spec.Drafter | None = None) -> Iterator[Chunk]:
-        """Yields text as tokens are generated. ``prompt``: text (chat template applied when ``chat``) or ids.
+               speculative: str | spec.Drafter | None = None, enable_thinking: bool | None = None) -> Iterator[Chunk]:
+        """Yields text as tokens are generated. ``prompt``: text (chat template applied when ``chat``,
+        with ``enable_thinking`` when given: False asks Qwen3.5 to answer without thinking) or ids.
 
         Greedy when temperature is 0; else sampling with top-k (0 = off), top-p (1 = off) and
         min-p (0 = off), in that order after the temperature, reproducible for a given seed.
@@ -263,14 +265,15 @@ class Model:
         request = self.request(prompt, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                stop=stop, chat=chat, boundaries=boundaries, min_p=min_p,
                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                               repetition_penalty=repetition_penalty, logprobs=logprobs, speculative=speculative)
+                               repetition_penalty=repetition_penalty, logprobs=logprobs, speculative=speculative,
+                               enable_thinking=enable_thinking)
         return self._run(request)
 
     def request(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                 top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None, chat: bool = False,
                 boundaries: Sequence[int] = (), min_p: float = 0.0, presence_penalty: float = 0.0,
                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logprobs: int | None = None,
-                speculative: str | spec.Drafter | None = None) -> Request:
+                speculative: str | spec.Drafter | None = None, enable_thinking: bool | None = None) -> Request:
         """Checks a generation's arguments (those of ``stream``); raises what ``stream`` would."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
         sampling = arguments.sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
@@ -279,7 +282,9 @@ class Model:
         sampling["logprobs"] = arguments.logprobs(logprobs)
         stop = arguments.stop_strings(stop)
         drafter = self._drafter(speculative, sampling)
-        ids = self.prompt_ids(prompt, chat)
+        if enable_thinking is not None and not isinstance(enable_thinking, bool):
+            raise TypeError(f"enable_thinking must be True, False or None, got {enable_thinking!r}")
+        ids = self.prompt_ids(prompt, chat, enable_thinking)
         self._check_fits(ids)
         return Request(ids, max_tokens, sampling, stop, boundaries, drafter)
 

@@ -9,6 +9,7 @@ drafts being point masses), so the output never depends on the drafter, only the
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
@@ -71,24 +72,37 @@ class MtpHead:
 @dataclass
 class DepthPolicy:
     """Chooses how many drafts a step verifies, from the running acceptance at each depth
-    and a cost model: a verify step of k + 1 rows costs ``1 + row_cost * k + wait_cost``
-    plain steps (rows are nearly free while the weights dominate; the step ends in a CPU
-    wait that pipelined plain decoding avoids). Depth k is expected to give
-    ``1 + sum_{i<=k} prod_{j<=i} a_j`` tokens, a_j the running acceptance of draft j given
-    the ones before it were accepted. When no depth beats a plain step, speculation pauses
-    for ``pause`` tokens, then probes again at depth 1."""
+    and the cost of a verify step in plain steps. Depth k is expected to give
+    ``1 + sum_{i<=k} prod_{j<=i} a_j`` tokens, a_j the running acceptance of draft j given the
+    ones before it were accepted: the mean of ``prior`` (worth ``prior_weight`` observations) and
+    the outcomes so far, turning into an average that forgets at ``decay`` per step once it has
+    enough of them, so a drafter that is never right is found out in a few steps. Costs are
+    measured where ``generate`` reports timings (seconds of a verify step of k drafts over
+    seconds per plain token); before that a model: ``1 + row_cost * k + wait_cost`` (rows are
+    nearly free while the weights dominate; the step ends in a CPU wait that pipelined plain
+    decoding avoids). When no depth beats a plain step, speculation pauses for ``pause``
+    tokens, then probes again at depth 1; each probe that fails doubles the pause (up to
+    ``max_pause``), an accepted draft resets it."""
 
     max_depth: int
     row_cost: float = 0.04
     wait_cost: float = 0.03
     decay: float = 0.9  # weight of the past in the running acceptance
     prior: float = 0.6  # the acceptance assumed before any evidence
+    prior_weight: float = 1.0  # how many observations the prior is worth
     pause: int = 16
+    max_pause: int = 256
+    timing_decay: float = 0.8  # weight of the past in the measured costs
 
     def __post_init__(self):
         self.acceptance = [self.prior] * self.max_depth
+        self._tries = [0] * self.max_depth
         self._paused = 0
-        self._probe = False
+        self._pause = self.pause
+        self._probe = False  # the next step probes (after a pause)
+        self._probing = False  # the step being verified is a probe
+        self._plain_seconds: float | None = None  # per plain token
+        self._verify_seconds: dict[int, float] = {}  # per verify step, by drafts
 
     def expected_tokens(self, k: int) -> float:
         total, run = 1.0, 1.0
@@ -97,18 +111,25 @@ class DepthPolicy:
             total += run
         return total
 
+    def cost(self, k: int) -> float:
+        """A verify step of k drafts, in plain steps: measured when both are, else modelled."""
+        if self._plain_seconds and k in self._verify_seconds:
+            return self._verify_seconds[k] / self._plain_seconds
+        return 1.0 + self.row_cost * k + self.wait_cost
+
     def speedup(self, k: int) -> float:
         """Tokens per plain-step cost at depth k (a plain step: 1)."""
-        return self.expected_tokens(k) / (1.0 + self.row_cost * k + self.wait_cost) if k else 1.0
+        return self.expected_tokens(k) / self.cost(k) if k else 1.0
 
     def depth(self) -> int:
         """Drafts for the next step; 0 means decode plainly for ``plain_tokens()`` tokens."""
+        self._probing = self._probe
         if self._probe:  # after a pause: measure again
             self._probe = False
             return min(1, self.max_depth)
         best = max(range(self.max_depth + 1), key=self.speedup)
         if best == 0 and self.max_depth:
-            self._paused, self._probe = self.pause, True
+            self._paused, self._probe = self._pause, True
         return best
 
     def plain_tokens(self) -> int:
@@ -120,50 +141,77 @@ class DepthPolicy:
         """A verify step accepted ``accepted`` of its ``drafted`` drafts: draft j was tried
         for j <= min(accepted + 1, drafted) and accepted for j <= accepted."""
         for j in range(min(accepted + 1, drafted)):
+            self._tries[j] += 1
+            rate = max(1.0 - self.decay, 1.0 / (self._tries[j] + self.prior_weight))
             hit = 1.0 if j < accepted else 0.0
-            self.acceptance[j] = self.decay * self.acceptance[j] + (1.0 - self.decay) * hit
+            self.acceptance[j] += rate * (hit - self.acceptance[j])
+        # A failed probe waits twice as long before the next one; any accepted draft starts over.
+        if accepted:
+            self._pause = self.pause
+        elif self._probing:
+            self._pause = min(2 * self._pause, self.max_pause)
+
+    def observe_verify(self, drafted: int, seconds: float) -> None:
+        """The wall time of a verify step of ``drafted`` drafts."""
+        self._verify_seconds[drafted] = self._mix(self._verify_seconds.get(drafted), seconds)
+
+    def observe_plain(self, tokens: int, seconds: float) -> None:
+        """The wall time of ``tokens`` plainly decoded tokens (pipelined steps)."""
+        if tokens > 0:
+            self._plain_seconds = self._mix(self._plain_seconds, seconds / tokens)
+
+    def _mix(self, old: float | None, new: float) -> float:
+        return new if old is None else self.timing_decay * old + (1.0 - self.timing_decay) * new
 
 
 def generate(engine, first: int, budget: int, sampling: dict, drafter: Drafter, policy: DepthPolicy,
              history: list[int]) -> Iterator[int]:
     """Yields up to ``budget`` tokens: ``first`` (the token prefill chose), then those of
     verify steps and, while the policy pauses or the drafter has nothing, of plain decoding.
-    ``history`` (prompt + tokens so far) grows as tokens are yielded."""
+    ``history`` (prompt + tokens so far) grows as tokens are yielded. The engine calls are
+    timed for the policy (the caller's time between tokens is not counted)."""
     history.append(first)
     yield first
     left = budget - 1
     mtp = isinstance(drafter, MtpHead)
+    retry = 0  # drafts the next step makes without asking the policy (see below)
     while left > 0:
-        k = min(policy.depth(), left - 1)
+        k, retry = retry or min(policy.depth(), left - 1), 0
         drafts = drafter.draft(history, k)[:k] if k > 0 else []
-        if mtp and not drafts:
-            # The head drafts (or, pausing, one-row steps that keep its state for later drafts).
-            steps = [k] if k else [0] * min(policy.plain_tokens(), left)
-            for depth in steps:
-                tokens = engine.verify_mtp(depth, **sampling)
-                if depth:
-                    policy.update(depth, len(tokens) - 1)
-                for token in tokens:
-                    history.append(token)
-                    left -= 1
-                    yield token
-            continue
-        if not drafts:
+        if mtp and not drafts and k:
+            # The head drafts in the step, unless its state is missing (after plain decoding):
+            # then the step drafts nothing, says nothing of acceptance, and rebuilds that state,
+            # so the next step drafts at this depth.
+            before = engine.counters()["drafted"]
+            start = time.perf_counter()
+            tokens = engine.verify_mtp(k, **sampling)
+            made = engine.counters()["drafted"] - before
+            if made:
+                policy.observe_verify(made, time.perf_counter() - start)
+                policy.update(made, len(tokens) - 1)
+            else:
+                retry = min(k, left - len(tokens) - 1)
+        elif not drafts:
             # Plain decoding, pipelined; its first token is the one already yielded.
             n = min(policy.plain_tokens(), left)
             engine.decode_begin(n + 1, **sampling)
             try:
                 engine.decode_next()
                 for _ in range(n):
+                    start = time.perf_counter()
                     token = engine.decode_next()
+                    policy.observe_plain(1, time.perf_counter() - start)
                     history.append(token)
                     left -= 1
                     yield token
             finally:
                 engine.decode_end()
             continue
-        tokens = engine.verify(drafts, **sampling)
-        policy.update(len(drafts), len(tokens) - 1)
+        else:
+            start = time.perf_counter()
+            tokens = engine.verify(drafts, **sampling)
+            policy.observe_verify(len(drafts), time.perf_counter() - start)
+            policy.update(len(drafts), len(tokens) - 1)
         for token in tokens:
             history.append(token)
             left -= 1

@@ -10,15 +10,19 @@ import json
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
+
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import MetalqwenError
 from ..model import Model
 from ..prefix_cache import message_boundaries
+from . import access_log
 from .logprobs import CompletionLogprobs, TokenTexts, chat_logprobs
 from .metrics import Metrics
 from .output_parser import Delta, OutputParser
@@ -57,10 +61,23 @@ def _sampling_defaults(folder: str) -> dict:
     return {k: found[k] for k in _SAMPLING_NEUTRAL if isinstance(found.get(k), (int, float))}
 
 
+def _validation_message(error: dict) -> tuple[str, str | None]:
+    """(message, param) of a request pydantic or FastAPI refused, in words of the API, not of pydantic."""
+    if error["type"] == "json_invalid":
+        return f"the request body is not valid JSON ({error.get('ctx', {}).get('error', error['msg'])})", None
+    param = ".".join(str(p) for p in error["loc"] if p != "body") or None
+    if error["type"] == "missing" and param is None:
+        return "the request needs a JSON body", None
+    message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    return f"{param or 'body'}: {message}", param
+
+
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
-               max_queue: int = 16) -> FastAPI:
+               max_queue: int = 16, public_metrics: bool = False, cors_origins: Sequence[str] = ()) -> FastAPI:
     """The server's ASGI app around a loaded model (one engine; requests take turns).
-    ``app.state.drain()`` ends the unfinished requests, for a graceful shutdown."""
+    ``app.state.drain()`` ends the unfinished requests, for a graceful shutdown. With ``api_key``
+    every route but the page and /health (and /metrics with ``public_metrics``) needs it;
+    ``cors_origins``: the browser origins allowed to call the API (none by default)."""
     worker = Worker(model, max_queue)
 
     @contextlib.asynccontextmanager
@@ -72,21 +89,43 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     model_id = model_id or os.path.basename(os.path.normpath(model.checkpoint.path))
     defaults = {**_SAMPLING_NEUTRAL, **_sampling_defaults(model.checkpoint.path)}
     metrics = Metrics(model, worker)
+    worker.on_done = metrics.finished  # every ended request counts, a cancelled or disconnected one too
     texts = TokenTexts(model.tokenizer)
     app.state.drain = worker.drain
+    # The page holds no data (it asks for the key and sends it with its API calls); probes need none.
+    open_paths = {"/", "/health"} | ({"/metrics"} if public_metrics else set())
 
     @app.middleware("http")
-    async def _bearer(request: Request, call_next):
-        # The page holds no data: it asks for the key and sends it with its API calls.
-        if api_key and request.url.path != "/" and request.headers.get("authorization") != f"Bearer {api_key}":
-            return _error(401, "missing or wrong API key (Authorization: Bearer ...)", None, "authentication_error")
-        return await call_next(request)
+    async def _bearer_and_log(request: Request, call_next):
+        started = time.monotonic()
+        if api_key and request.url.path not in open_paths and \
+                request.headers.get("authorization") != f"Bearer {api_key}":
+            response = _error(401, "missing or wrong API key (Authorization: Bearer ...)", None, "authentication_error")
+            access_log.log.info(access_log.request_line(request.method, request.url.path, 401, started))
+            return response
+        response = await call_next(request)
+        response.body_iterator = access_log.logged_body(response.body_iterator, request.method, request.url.path,
+                                                        response.status_code, started, request.state)
+        return response
+
+    if cors_origins:  # outermost, so preflight requests are answered before the key is asked for
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-        return _error(400, f"{param or 'body'}: {first['msg']}", param, "invalid_request_error")
+        message, param = _validation_message(exc.errors()[0])
+        return _error(400, message, param, "invalid_request_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", None, kind)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        access_log.log.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", None, "server_error")
 
     @app.exception_handler(_Refused)
     async def _refused(request: Request, exc: _Refused):
@@ -139,6 +178,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         """The job's chunks (model.Chunk); ends the job when the response ends, also a client gone mid-stream."""
         try:
             async for chunk in job.chunks():
+                if job.first_token_at is None:
+                    job.first_token_at = time.monotonic()
                 yield chunk
         except (MetalqwenError, ValueError, TypeError) as e:
             raise _Refused(400, str(e)) from None
@@ -146,7 +187,6 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             raise _Refused(503, str(e), None, "server_error") from None
         finally:
             job.cancelled = True  # the worker stops before its next decode step
-        metrics.finished(job)
 
     def usage(job: Job) -> dict:
         s = job.stats
@@ -158,7 +198,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest):
+    async def chat(req: ChatCompletionRequest, request: Request):
         if req.top_logprobs and not req.logprobs:
             raise _Refused(400, "top_logprobs needs logprobs: true", "top_logprobs")
         # Logprobs attach to every generated token, whichever of reasoning, content or tool calls it feeds.
@@ -172,8 +212,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                                             **req.chat_template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
-        job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens, boundaries,
-                                        logprobs), asyncio.get_running_loop()))
+        job = request.state.job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens,
+                                                            boundaries, logprobs), asyncio.get_running_loop()))
         parser = OutputParser(in_reasoning=text.rfind("<think>") > text.rfind("</think>"), tools=tools)
         head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model_id}
 
@@ -248,14 +288,14 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                              "logprobs": chat_logprobs(texts, pieces) if logprobs is not None else None}]}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         try:
             prompt = (model.tokenizer.encode(req.prompt) if isinstance(req.prompt, str)
                       else model.prompt_ids(req.prompt))
         except (ValueError, TypeError) as e:
             raise _Refused(400, str(e), "prompt") from None
-        job = start(Job(prompt, options(req, prompt, req.max_tokens or 16, logprobs=req.logprobs),
-                        asyncio.get_running_loop()))
+        job = request.state.job = start(Job(prompt, options(req, prompt, req.max_tokens or 16, logprobs=req.logprobs),
+                                            asyncio.get_running_loop()))
         legacy = CompletionLogprobs(texts) if req.logprobs is not None else None
         head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
                 "model": model_id}

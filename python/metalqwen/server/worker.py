@@ -41,6 +41,7 @@ class Job:
     error: BaseException | None = None
     stats: Any = None
     finish_reason: str = "stop"
+    first_token_at: float | None = None  # time.monotonic() when its first chunk reached the response
 
     def _put(self, item) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, item)
@@ -58,8 +59,10 @@ class _Stop(Exception):
 
 
 class Worker:
-    def __init__(self, model: Model, max_queue: int):
-        self.model, self.max_queue = model, max_queue
+    def __init__(self, model: Model, max_queue: int, on_done=None):
+        """``on_done(job)`` is called on the engine thread as each job ends: finished, failed,
+        cancelled or disconnected (its stats hold what it generated)."""
+        self.model, self.max_queue, self.on_done = model, max_queue, on_done
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
         self._unfinished: dict[int, Job] = {}  # the jobs submitted and not done, by id()
@@ -120,6 +123,8 @@ class Worker:
     def _done(self, job: Job) -> None:
         with self._lock:  # a drain from here on no longer touches this finished job
             del self._unfinished[id(job)]
+        if self.on_done:
+            self.on_done(job)
         job._put(_DONE)
 
     def _run_batched(self) -> None:
