@@ -75,6 +75,17 @@ def test_an_error_in_the_assembled_library_names_its_shader_file_and_line():
     assert re.search(rf"^shaders/norm\.metal:{bad_line}:\d+: error: .*Metal has no double", info.value.diagnostics, re.M)
 
 
+def test_a_weight_format_member_outside_constant_is_refused_at_its_line():
+    files = checkout_files()
+    text = files["quant_formats.h"]
+    line = text[:text.index("static constexpr constant int WORDS")].count("\n") + 1
+    files["quant_formats.h"] = text.replace("static constexpr constant int WORDS", "static constexpr int WORDS")
+    with pytest.raises(gpu.CompileError) as info:
+        gpu.check_msl(_core.shader_library_source(files), "metalqwen-shaders")
+    assert re.search(rf"^shaders/quant_formats\.h:{line}:\d+: error: program scope variable must reside in constant",
+                     info.value.diagnostics, re.M)
+
+
 # Metal that plain C++ cannot say, or that the check rewrites: all of it must pass.
 LEGAL_IDIOMS = HEADER + """
 struct Best { float value; uint index; };
