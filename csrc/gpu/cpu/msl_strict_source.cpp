@@ -222,7 +222,7 @@ void mark_threadgroup_variables(const std::string& text, const std::string& m, c
     else if (simple)
       edits.push_back({at, end + 1 - at, threadgroup_reference(text, at, end)});
     else
-      edits.push_back({at, 0, "static "});  // clang checks the initializer or the list
+      edits.push_back({at, 11, "mq_threadgroup_static"});  // clang checks the initializer or the list
   }
 }
 
