@@ -1,6 +1,8 @@
 """The MSL strictness check (gpu.check_msl): clang judges MSL as C++14 against a stub
-metal_stdlib with distinct address spaces, so what Apple's compiler rejects fails here
-too, with the .metal line, although the CPU runtime's C++20 translation would run it.
+metal_stdlib with distinct address spaces, then as C++ for OpenCL (Apple's address-space
+rules), so what Apple's compiler rejects fails here too, with the .metal line, although
+the CPU runtime's C++20 translation would run it. Where xcrun finds Apple's compiler the
+check uses it instead; these rule tests ask for the clang passes by name.
 
 Every rejected construct is paired with the legal code it differs from (a positive
 control), so a failure cannot come from the stub missing something else."""
@@ -30,6 +32,11 @@ def clang_available() -> bool:
 pytestmark = pytest.mark.skipif(
     not clang_available() and os.environ.get("CI") != "true", reason="the MSL check needs clang >= 14"
 )
+
+
+@pytest.fixture(autouse=True)
+def clang_passes(monkeypatch):
+    monkeypatch.setenv("METALQWEN_MSL_CHECKER", "clang")
 
 
 def marked_line(source: str) -> int:
@@ -68,18 +75,32 @@ def test_an_error_in_the_assembled_library_names_its_shader_file_and_line():
     assert re.search(rf"^shaders/norm\.metal:{bad_line}:\d+: error: .*Metal has no double", info.value.diagnostics, re.M)
 
 
+def test_a_weight_format_member_outside_constant_is_refused_at_its_line():
+    files = checkout_files()
+    text = files["quant_formats.h"]
+    line = text[:text.index("static constexpr constant int WORDS")].count("\n") + 1
+    files["quant_formats.h"] = text.replace("static constexpr constant int WORDS", "static constexpr int WORDS")
+    with pytest.raises(gpu.CompileError) as info:
+        gpu.check_msl(_core.shader_library_source(files), "metalqwen-shaders")
+    assert re.search(rf"^shaders/quant_formats\.h:{line}:\d+: error: program scope variable must reside in constant",
+                     info.value.diagnostics, re.M)
+
+
 # Metal that plain C++ cannot say, or that the check rewrites: all of it must pass.
 LEGAL_IDIOMS = HEADER + """
 struct Best { float value; uint index; };
+struct Format { static constexpr constant int WORDS = 4; };
+constant constexpr uint LANES = 32;
 template <typename T>
 [[kernel]] void scale(device const T* x [[buffer(0)]], device T* y [[buffer(1)]],
                       uint i [[thread_position_in_grid]]) {
-    threadgroup T staged[32];
-    staged[i % 32] = x[i];
-    y[i] = staged[i % 32] * T(2);
+    threadgroup T staged[LANES];
+    staged[i % LANES] = x[i];
+    y[i] = staged[i % LANES] * T(Format::WORDS);
 }
 template [[host_name("scale_half")]] [[kernel]] void scale<half>(device const half*, device half*, uint);
 template [[host_name("scale_bf16")]] [[kernel]] void scale<bfloat>(device const bfloat*, device bfloat*, uint);
+template [[host_name("scale_f32")]] [[kernel]] decltype(scale<float>) scale<float>;
 
 [[max_total_threads_per_threadgroup(256)]]
 kernel void idioms(device float4* v [[buffer(0)]], device atomic_uint* hits [[buffer(1)]],
@@ -390,6 +411,72 @@ float scale = 0.5f;  // <- rejected here
 kernel void k(device float* x [[buffer(0)]]) { x[0] *= scale; }""",
         r"no previous extern declaration for non-static variable 'scale'",
     ),
+    "program-scope constexpr outside constant": (
+        """
+constant constexpr uint kRows = 4;
+kernel void k(device float* x [[buffer(0)]]) { x[0] *= kRows; }""",
+        """
+constexpr uint kRows = 4;  // <- rejected here
+kernel void k(device float* x [[buffer(0)]]) { x[0] *= kRows; }""",
+        r"program scope variable must reside in constant address space",
+    ),
+    "static member outside constant": (
+        """
+struct Format { static constexpr constant int WORDS = 4; };
+kernel void k(device float* x [[buffer(0)]]) { x[0] *= Format::WORDS; }""",
+        """
+struct Format {
+    static constexpr int WORDS = 4;  // <- rejected here
+};
+kernel void k(device float* x [[buffer(0)]]) { x[0] *= Format::WORDS; }""",
+        r"program scope variable must reside in constant address space",
+    ),
+    "static local variable outside constant": (
+        """
+constant float kTable[2] = {0.5f, 2.0f};
+kernel void k(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] *= kTable[i % 2]; }""",
+        """
+kernel void k(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+    static float table[2] = {0.5f, 2.0f};  // <- rejected here
+    x[i] *= table[i % 2];
+}""",
+        r"static local variable must reside in constant address space",
+    ),
+    "kernel returning a value": (
+        """
+kernel void k(device float* x [[buffer(0)]]) { x[0] = 1.0f; }""",
+        """
+kernel float k(device float* x [[buffer(0)]]) {  // <- rejected here
+    return x[0];
+}""",
+        r"undefined template 'mq_kernel_must_return_void<float>'",
+    ),
+    "kernel template returning a value, instantiated as MLX does": (
+        """
+template <typename T>
+[[kernel]] void scale(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] *= T(2); }
+template [[host_name("scale_f32")]] [[kernel]] decltype(scale<float>) scale<float>;
+template [[host_name("scale_f16")]] [[kernel]] decltype(scale<half>) scale<half>;""",
+        """
+template <typename T>
+T scale(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { return x[i]; }
+template [[host_name("scale_f32")]] [[kernel]] decltype(scale<float>) scale<float>;  // <- rejected here""",
+        r"undefined template 'mq_kernel_must_return_void<float \(",
+    ),
+    "member function called on a device object": (
+        """
+struct Scale { float factor; float apply(float v) const { return v * factor; } };
+kernel void k(device float* x [[buffer(0)]], device const Scale* s [[buffer(1)]]) {
+    const Scale local = {s->factor};
+    x[0] = local.apply(x[0]);
+}""",
+        """
+struct Scale { float factor; float apply(float v) const { return v * factor; } };
+kernel void k(device float* x [[buffer(0)]], device const Scale* s [[buffer(1)]]) {
+    x[0] = s->apply(x[0]);  // <- rejected here
+}""",
+        r"'this' argument to member function 'apply'",
+    ),
     "atomic in thread memory": (
         """
 kernel void k(device atomic_uint* counter [[buffer(0)]]) {
@@ -579,3 +666,70 @@ except gpu.CompileError as e:
     assert result.returncode == 0, result.stderr
     line = marked_line(HEADER + illegal)
     assert f"rejected.metal:{line}:5: error: no matching function for call to 'bump'" in result.stdout
+
+
+def apple_compiler_found() -> bool:
+    return shutil.which("xcrun") is not None and subprocess.run(
+        ["xcrun", "--find", "metal"], capture_output=True).returncode == 0
+
+
+def test_apple_compiler_accepts_our_library(monkeypatch):
+    if not apple_compiler_found():
+        pytest.skip("Apple's compiler (xcrun metal) exists only on macOS with Xcode")
+    monkeypatch.delenv("METALQWEN_MSL_CHECKER")
+    gpu.check_msl(checkout_library(), "metalqwen-shaders")
+
+
+# Stands in for xcrun on PATH: finds `metal`, logs each compile's arguments, and rejects a
+# source containing FAKE_REJECT (with a diagnostic at its line 3).
+FAKE_XCRUN = """#!/bin/sh
+case "$1 $2" in
+  "--find metal") echo /fake/metal ;;
+  "metal --version") echo "fake metal version 1" ;;
+  metal\\ *)
+    echo "$*" >> "$FAKE_XCRUN_LOG"
+    for source; do :; done
+    if grep -q FAKE_REJECT "$source"; then echo "$source:3:1: error: fake rejection" >&2; exit 1; fi ;;
+  *) exit 2 ;;
+esac
+"""
+
+WITH_FAKE_XCRUN = f"""
+from metalqwen import gpu
+for name, source in (("accepted.metal", {RUNNABLE_BUT_REJECTED!r}),
+                     ("rejected.metal", {(RUNNABLE_BUT_REJECTED + "// FAKE_REJECT")!r})):
+    try:
+        gpu.check_msl(source, name)
+        print(name, "passed")
+    except gpu.CompileError as e:
+        print(name, "refused:", str(e).splitlines()[0], "|", " / ".join(e.diagnostics.splitlines()))
+"""
+
+
+def run_with_fake_xcrun(tmp_path, checker: str = "", **env: str) -> tuple[list[str], str]:
+    xcrun = tmp_path / "bin" / "xcrun"
+    xcrun.parent.mkdir()
+    xcrun.write_text(FAKE_XCRUN)
+    xcrun.chmod(0o755)
+    log = tmp_path / "xcrun.log"
+    log.touch()
+    result = run_python(WITH_FAKE_XCRUN, PATH=f"{xcrun.parent}{os.pathsep}{os.environ['PATH']}",
+                        FAKE_XCRUN_LOG=str(log), METALQWEN_MSL_CHECKER=checker, **env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines(), log.read_text()
+
+
+def test_where_xcrun_finds_metal_apples_compiler_judges(tmp_path):
+    lines, log = run_with_fake_xcrun(tmp_path, METALQWEN_CLANG="/nonexistent/clang++")
+    assert lines[0] == "accepted.metal passed"  # the clang passes would refuse it
+    assert lines[1].startswith("rejected.metal refused: [msl-check] rejected.metal: Apple's Metal compiler (xcrun metal)")
+    assert lines[1].endswith(":3:1: error: fake rejection")
+    calls = log.splitlines()
+    assert len(calls) == 2 and all(c.startswith("metal -std=metal3.1 -fsyntax-only ") for c in calls)
+
+
+def test_the_clang_passes_can_be_asked_for_where_xcrun_exists(tmp_path):
+    lines, log = run_with_fake_xcrun(tmp_path, checker="clang")
+    assert lines[0].startswith("accepted.metal refused: [msl-check] accepted.metal: Apple's Metal compiler would reject")
+    assert "no matching function for call to 'twice'" in lines[0]
+    assert log == ""

@@ -31,10 +31,12 @@ def metal_unavailable_reason() -> str | None:
 
 
 def check_msl(source: str, name: str = "<source>") -> None:
-    """Judges MSL as Apple's compiler would, on any machine: clang compiles it as C++14 against a
-    stub metal_stdlib whose address spaces are distinct. Raises CompileError with clang's
-    diagnostics (``name``:line) for what Metal rejects; GpuError when no clang >= 14 is found
-    (``METALQWEN_CLANG`` names one). The CPU runtime runs this on every compile."""
+    """Judges MSL as Apple's compiler would, on any machine: with Apple's compiler where
+    ``xcrun --find metal`` finds it (``METALQWEN_MSL_CHECKER=clang`` declines it), else with
+    clang's two passes against stub metal_stdlibs (C++14 with distinct address spaces, then C++
+    for OpenCL). Raises CompileError with the diagnostics (``name``:line) for what Metal
+    rejects; GpuError when neither compiler is found (``METALQWEN_CLANG`` names a clang >= 14).
+    The CPU runtime runs this on every compile."""
     if not isinstance(source, str):
         raise TypeError(f"source must be MSL text (str), got {type(source).__name__}")
     _core.check_msl(source, name)

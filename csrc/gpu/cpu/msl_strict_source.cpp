@@ -53,7 +53,7 @@ struct Edit {
 };
 
 // Blanks the Metal items of every [[...]] list in `out` and `m` alike; returns where
-// [[kernel]] stood.
+// each [[kernel]]'s list ended.
 std::vector<size_t> remove_metal_attributes(std::string& out, std::string& m) {
   std::vector<size_t> kernels;
   for (size_t open = m.find("[["); open != std::string::npos; open = m.find("[[", open + 2)) {
@@ -68,7 +68,7 @@ std::vector<size_t> remove_metal_attributes(std::string& out, std::string& m) {
       while (name_end < i && (is_ident_char(m[name_end]) || m[name_end] == ':')) ++name_end;
       const std::string name = m.substr(name_begin, name_end - name_begin);
       if (metal_attributes().count(name)) {
-        if (name == "kernel") kernels.push_back(open);
+        if (name == "kernel") kernels.push_back(close + 2);
         blank(out, item, i);
         blank(m, item, i);
       }
@@ -82,25 +82,71 @@ std::vector<size_t> remove_metal_attributes(std::string& out, std::string& m) {
   return kernels;
 }
 
-// A kernel's parameter list (its brackets) and body (its braces; npos for a declaration).
+// Where a kernel's declaration continues after its [[kernel]] or `kernel` (`after`), its
+// parameter list (brackets) and body (braces; npos for a declaration or an instantiation).
 struct KernelSpan {
-  size_t params_open, params_close, body_open, body_close;
+  size_t after, params_open, params_close, body_open, body_close;
 };
 
-// `starts` are the positions of [[kernel]]; `kernel` keywords are found here.
-std::vector<KernelSpan> find_kernels(const std::string& m, std::vector<size_t> starts) {
-  for (size_t at : find_word(m, "kernel")) starts.push_back(at);
+// `afters` are the ends of the [[kernel]] lists (already blanked); `kernel` keywords are
+// found here and blanked in `out` and `m`, so that neither pass needs a `kernel` macro.
+std::vector<KernelSpan> find_kernels(std::string& out, std::string& m, std::vector<size_t> afters) {
+  for (size_t at : find_word(m, "kernel")) {
+    blank(out, at, at + 6);
+    blank(m, at, at + 6);
+    afters.push_back(at + 6);
+  }
   std::vector<KernelSpan> kernels;
-  for (size_t at : starts) {
-    const size_t params = m.find('(', at);
+  for (size_t after : afters) {
+    const size_t params = m.find('(', after);
     const size_t params_end = params == std::string::npos ? params : closing_bracket(m, params);
     if (params_end == std::string::npos) continue;
     const size_t body = skip_space(m, params_end + 1);
     const bool defined = body < m.size() && m[body] == '{';
-    kernels.push_back({params, params_end, defined ? body : std::string::npos,
+    kernels.push_back({after, params, params_end, defined ? body : std::string::npos,
                        defined ? closing_bracket(m, body) : std::string::npos});
   }
   return kernels;
+}
+
+// Where the name before the parameter list at `params_open` starts (with its template
+// arguments, as in an explicit instantiation `f<half>(...)`).
+size_t declarator_name_begin(const std::string& m, size_t params_open) {
+  size_t i = params_open;
+  while (i > 0 && std::isspace(static_cast<unsigned char>(m[i - 1]))) --i;
+  if (i > 0 && m[i - 1] == '>') {
+    for (int depth = 0; i > 0;) {
+      --i;
+      depth += (m[i] == '>') - (m[i] == '<');
+      if (depth == 0) break;
+    }
+    while (i > 0 && std::isspace(static_cast<unsigned char>(m[i - 1]))) --i;
+  }
+  while (i > 0 && (is_ident_char(m[i - 1]) || m[i - 1] == ':')) --i;
+  return i;
+}
+
+// A kernel returns void: its return type T is written
+// mq_kernel_result<T, sizeof(mq_kernel_must_return_void<T>)>, and the stub completes that
+// class only for void (and for a function type returning void, which the instantiation form
+// `[[kernel]] decltype(f<A>) f<A>;` declares), so clang rejects any other at its line.
+void mark_kernel_return_types(const std::string& text, const std::string& m, const std::vector<KernelSpan>& kernels,
+                              std::vector<Edit>& edits) {
+  for (const KernelSpan& k : kernels) {
+    size_t begin = skip_space(m, k.after);
+    while (m.compare(begin, 2, "[[") == 0) begin = skip_space(m, m.find("]]", begin) + 2);  // other attributes
+    size_t end = std::string::npos;
+    if (m.compare(begin, 8, "decltype") == 0 && begin + 8 <= k.params_open && skip_space(m, begin + 8) == k.params_open)
+      end = k.params_close + 1;
+    else if (k.params_open > begin)
+      end = declarator_name_begin(m, k.params_open);
+    while (end != std::string::npos && end > begin && std::isspace(static_cast<unsigned char>(m[end - 1]))) --end;
+    if (end == std::string::npos || end <= begin) continue;
+    std::string type = text.substr(begin, end - begin);
+    std::replace(type.begin(), type.end(), '\n', ' ');  // the copy must not add lines
+    edits.push_back({end, 0, ", sizeof(mq_kernel_must_return_void<" + type + ">)>"});
+    edits.push_back({begin, 0, "mq_kernel_result<"});
+  }
 }
 
 // Metal requires an address space on every pointer or reference parameter of a kernel.
@@ -176,7 +222,7 @@ void mark_threadgroup_variables(const std::string& text, const std::string& m, c
     else if (simple)
       edits.push_back({at, end + 1 - at, threadgroup_reference(text, at, end)});
     else
-      edits.push_back({at, 0, "static "});  // clang checks the initializer or the list
+      edits.push_back({at, 11, "mq_threadgroup_static"});  // clang checks the initializer or the list
   }
 }
 
@@ -222,13 +268,14 @@ std::string strict_check_source(const std::string& preprocessed_msl) {
   std::string out = preprocessed_msl;
   std::string m = mask_comments_and_strings(out);
   const std::vector<size_t> bracketed_kernels = remove_metal_attributes(out, m);
-  const std::vector<KernelSpan> kernels = find_kernels(m, bracketed_kernels);
+  const std::vector<KernelSpan> kernels = find_kernels(out, m, bracketed_kernels);
   std::vector<Edit> edits;
+  mark_kernel_return_types(out, m, kernels, edits);
   mark_unqualified_kernel_pointers(m, kernels, edits);
   mark_threadgroup_variables(out, m, kernels, edits);
   mark_vector_constructors(m, edits);
   mark_upper_case_half_literals(m, edits);
-  std::sort(edits.begin(), edits.end(), [](const Edit& a, const Edit& b) { return a.pos > b.pos; });
+  std::stable_sort(edits.begin(), edits.end(), [](const Edit& a, const Edit& b) { return a.pos > b.pos; });
   for (const Edit& e : edits) out.replace(e.pos, e.len, e.text);
   return "#include <metal_stdlib>\n" + out;
 }

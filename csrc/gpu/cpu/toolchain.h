@@ -12,7 +12,7 @@ struct Toolchain {
   std::string cxx_flags;    // what this compiler needs for GPU-like numerics (kernel builds)
   std::string identity;     // its --version text, part of every cache key
   std::string cache_dir;    // sources, objects and headers live here
-  std::string include_dir;  // abi.h, msl/metal_stdlib, ... and the MSL check's msl_strict/
+  std::string include_dir;  // abi.h, msl/metal_stdlib, ... and the MSL check's msl_strict/, msl_opencl/
   std::string standin_dir;  // an empty file named like each msl/ header
 };
 

@@ -100,7 +100,7 @@ typedef _atomic<float> atomic_float;
   template <class T> void atomic_store_explicit(AS _atomic<T>*, mq_same_t<T>, memory_order);                             \
   template <class T> T atomic_exchange_explicit(AS _atomic<T>*, mq_same_t<T>, memory_order);                             \
   template <class T>                                                                                           \
-  bool atomic_compare_exchange_weak_explicit(AS _atomic<T>*, thread T*, mq_same_t<T>, memory_order, memory_order);       \
+  bool atomic_compare_exchange_weak_explicit(AS _atomic<T>*, thread mq_same_t<T>*, mq_same_t<T>, memory_order, memory_order);       \
   template <class T> T atomic_fetch_add_explicit(AS _atomic<T>*, mq_same_t<T>, memory_order);                            \
   template <class T> T atomic_fetch_sub_explicit(AS _atomic<T>*, mq_same_t<T>, memory_order);                            \
   template <class T> T atomic_fetch_min_explicit(AS _atomic<T>*, mq_same_t<T>, memory_order);                            \

@@ -1,12 +1,6 @@
-// Address spaces, scalar and vector types of MSL for the strict check.
+// Scalar and vector types of MSL for both passes of the strict check; the including
+// metal_stdlib has defined the address spaces (device, constant, threadgroup, thread).
 #pragma once
-
-// Metal's address spaces; `thread` is the default one. `constant` is read-only.
-#define device __attribute__((address_space(1)))
-#define constant const __attribute__((address_space(2)))
-#define threadgroup __attribute__((address_space(3)))
-#define thread
-#define kernel  // a kernel is a plain function here; msl_strict_source.h finds its body
 
 typedef unsigned char uchar;
 typedef unsigned short ushort;
@@ -22,7 +16,9 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long int64_t;
 typedef unsigned long uint64_t;
+#ifndef __OPENCL_CPP_VERSION__  // OpenCL's half is built in (cl_khr_fp16), as clang's __fp16
 typedef _Float16 half;
+#endif
 
 // Half literals (1.5h; the check turns 1.5H into 1.5h).
 half operator"" h(long double);
@@ -44,9 +40,13 @@ typedef double mq_strict_double __attribute__((unavailable("Metal has no double;
 #define register MQ_STRICT_UNSUPPORTED("register variables")
 #pragma clang diagnostic pop
 
-// bfloat (MSL 3.1) as clang's storage-only __fp16: a distinct 2-byte type whose arithmetic
-// happens in float (clang 14/16 have no arithmetic __bf16).
+// bfloat (MSL 3.1) as a 2-byte type distinct from half (clang 14/16 have no arithmetic
+// __bf16): clang's __fp16, whose arithmetic happens in float; OpenCL's half is __fp16.
+#ifdef __OPENCL_CPP_VERSION__
+typedef _Float16 bfloat;
+#else
 typedef __fp16 bfloat;
+#endif
 
 // Metal's bool2..4 are left out: clang 14/16 have no bool ext_vector_type. Packed vectors
 // differ only in alignment, which a syntax check does not see: they are the same types.
@@ -127,6 +127,14 @@ MQ_STRICT_MAKERS(bfloat)
 
 // Threadgroup variables of a kernel refer to this (msl_strict_source.h): never constructed.
 template <class T> T& mq_threadgroup_variable();
+
+// A kernel's return type T is written mq_kernel_result<T, sizeof(mq_kernel_must_return_void<T>)>
+// (msl_strict_source.h): complete for void, and for the function type returning void of an
+// instantiation through decltype; any other fails at the kernel's line.
+template <class T> struct mq_kernel_must_return_void;
+template <> struct mq_kernel_must_return_void<void> {};
+template <class... A> struct mq_kernel_must_return_void<void(A...)> {};
+template <class T, decltype(sizeof(0))> using mq_kernel_result = T;
 
 #define INFINITY __builtin_inff()
 #define NAN __builtin_nanf("")
