@@ -15,6 +15,10 @@
 namespace mq::engine {
 namespace {
 
+constexpr uint64_t kTensorAlign = 16;  // the kernels' vector loads (shaders/README.md)
+
+uint64_t align_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
 // IEEE half -> float, exact (subnormals, infinities and NaN included).
 float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
@@ -45,16 +49,8 @@ uint64_t placed_bytes(const TensorDesc& t) {
   return widened_on_load(t) ? t.nbytes / (t.dtype == "F32" ? 4 : 2) * 4 : t.nbytes;
 }
 
-namespace {
-
-constexpr uint64_t kTensorAlign = 16;  // the kernels' vector loads (shaders/README.md)
-
-uint64_t align_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
-
-}  // namespace
-
-// A shard open for reading, and its read-only mapping (whole pages), which wrapped spans keep
-// alive: unmapped and closed when the last of them goes.
+// A shard open for reading (until done_reading), and its read-only mapping (whole pages), which
+// wrapped spans keep alive: unmapped when the last of them goes.
 struct Weights::ShardFile {
   std::string path;
   int fd = -1;
@@ -76,9 +72,13 @@ struct Weights::ShardFile {
       throw std::runtime_error("[weights] cannot map " + path + ": " + std::strerror(error));
     }
   }
+  void done_reading() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
   ~ShardFile() {
     munmap(data, mapped);
-    close(fd);
+    done_reading();
   }
 };
 
@@ -142,6 +142,7 @@ void Weights::place_file(gpu::Device& device, const std::string& path, std::vect
   }
   wrap_span();
   place_arenas(device, *file, in_arenas, placed);
+  file->done_reading();
 }
 
 // Lays `entries` (file order) out back to back at aligned offsets in arenas of at most
