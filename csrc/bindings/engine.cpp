@@ -243,6 +243,8 @@ void bind_engine(py::module_& m) {
         d["weight_bytes_per_token"] = c.weight_bytes_per_token;
         d["weight_bytes_copied"] = c.weight_bytes_copied;
         d["weight_buffers"] = c.weight_buffers;
+        d["load_rss_before"] = c.load_rss_before;
+        d["load_peak_rss"] = c.load_peak_rss;
         d["memory_estimate"] = c.memory_estimate;
         d["verify_steps"] = c.verify_steps;
         d["drafted"] = c.drafted;

@@ -66,7 +66,12 @@ void bind_gpu(py::module_& m) {
       .def_property_readonly("max_buffer_length", &Device::max_buffer_length)
       .def_property_readonly("recommended_working_set", &Device::recommended_working_set)
       .def_property_readonly("gpu_cores", &Device::gpu_cores)
-      .def("new_buffer", &Device::new_buffer, py::arg("nbytes"))
+      .def("new_buffer", [](Device& d, size_t nbytes) { return d.new_buffer(nbytes); }, py::arg("nbytes"))
+      .def_property_readonly("resident",
+                             [](const Device& d) {
+                               const mq::gpu::Residency r = d.resident();
+                               return std::make_pair(r.buffers, r.bytes);
+                             })
       .def("compile", &Device::compile, py::arg("source"), py::arg("name"), py::call_guard<py::gil_scoped_release>())
       .def("compile_notice", &Device::compile_notice, py::arg("source"), py::arg("name"))
       .def("new_command_buffer", &Device::new_command_buffer);

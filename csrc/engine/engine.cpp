@@ -69,6 +69,8 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
   counters_.weight_bytes_copied = weights_.copied_bytes();
   counters_.weight_buffers = weights_.buffer_count();
+  counters_.load_rss_before = weights_.rss_before();
+  counters_.load_peak_rss = weights_.peak_rss();
   counters_.memory_estimate = memory_.total();
   KernelPlan plan;
   plan_kernels(plan);

@@ -32,8 +32,10 @@ struct Counters {
   uint64_t tokens_decoded = 0;   // decode steps
   uint64_t max_steps_in_flight = 0;  // decode steps committed and not yet waited for (2 = pipelined)
   uint64_t weight_bytes_per_token = 0;  // weights a decode step streams
-  uint64_t weight_bytes_copied = 0;     // at load, where the file could not be wrapped
-  uint64_t weight_buffers = 0;          // device buffers holding the weights (shards split at max_buffer_length)
+  uint64_t weight_bytes_copied = 0;     // at load, read into arenas where the file could not be wrapped
+  uint64_t weight_buffers = 0;          // device buffers holding the weights: wrapped spans and arenas per shard
+  uint64_t load_rss_before = 0;         // process resident set before the weights were placed (Weights::rss_before)
+  uint64_t load_peak_rss = 0;           // its peak while they were placed (Weights::peak_rss)
   uint64_t memory_estimate = 0;         // bytes the load was admitted with (weights + KV cache + workspace)
   // Speculative decoding (Engine::verify).
   uint64_t verify_steps = 0;

@@ -24,6 +24,7 @@ void Engine::load_mtp() {
   const size_t cache_bytes = kv_cache_bytes(model_.dims, options_);
   m.layer.k_cache = new_slot_buffer(*device_, cache_bytes, options_.max_sequences);
   m.layer.v_cache = new_slot_buffer(*device_, cache_bytes, options_.max_sequences);
+  device_->make_resident({m.layer.k_cache.buffer, m.layer.v_cache.buffer});
 }
 
 void Engine::encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,

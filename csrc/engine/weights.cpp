@@ -6,11 +6,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
+#include "process_memory.h"
+
 namespace mq::engine {
 namespace {
+
+constexpr uint64_t kTensorAlign = 16;  // the kernels' vector loads (shaders/README.md)
+
+uint64_t align_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
 // IEEE half -> float, exact (subnormals, infinities and NaN included).
 float half_to_float(uint16_t h) {
@@ -42,13 +49,16 @@ uint64_t placed_bytes(const TensorDesc& t) {
   return widened_on_load(t) ? t.nbytes / (t.dtype == "F32" ? 4 : 2) * 4 : t.nbytes;
 }
 
-// A read-only mapping of a whole file, unmapped when the last buffer using it goes.
-struct Weights::MappedFile {
+// A shard open for reading (until done_reading), and its read-only mapping (whole pages), which
+// wrapped spans keep alive: unmapped when the last of them goes.
+struct Weights::ShardFile {
+  std::string path;
+  int fd = -1;
   void* data = nullptr;
   size_t size = 0;     // file size
   size_t mapped = 0;   // mapping length (whole pages)
-  explicit MappedFile(const std::string& path) {
-    int fd = open(path.c_str(), O_RDONLY);
+  explicit ShardFile(const std::string& file_path) : path(file_path) {
+    fd = open(path.c_str(), O_RDONLY);
     if (fd < 0) throw std::runtime_error("[weights] cannot open " + path + ": " + std::strerror(errno));
     struct stat st;
     fstat(fd, &st);
@@ -56,13 +66,24 @@ struct Weights::MappedFile {
     const size_t page = size_t(getpagesize());
     mapped = (size + page - 1) / page * page;
     data = mmap(nullptr, mapped, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (data == MAP_FAILED) throw std::runtime_error("[weights] cannot map " + path + ": " + std::strerror(errno));
+    if (data == MAP_FAILED) {
+      const int error = errno;
+      close(fd);
+      throw std::runtime_error("[weights] cannot map " + path + ": " + std::strerror(error));
+    }
   }
-  ~MappedFile() { munmap(data, mapped); }
+  void done_reading() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  ~ShardFile() {
+    munmap(data, mapped);
+    done_reading();
+  }
 };
 
 Weights::Weights(gpu::Device& device, const ModelDesc& model, const Progress& progress) {
+  rss_before_ = peak_rss_ = resident_set_bytes();
   uint64_t total = 0, done = 0;
   std::map<std::string, std::vector<const Entry*>> by_file;
   for (const Entry& entry : model.tensors) {
@@ -75,11 +96,15 @@ Weights::Weights(gpu::Device& device, const ModelDesc& model, const Progress& pr
       if (progress) progress(done, total);
     });
   }
+  sample_rss();
+  device.make_resident(buffers_);
 }
+
+void Weights::sample_rss() { peak_rss_ = std::max(peak_rss_, resident_set_bytes()); }
 
 void Weights::place_file(gpu::Device& device, const std::string& path, std::vector<const Entry*> entries,
                          const std::function<void(uint64_t)>& placed) {
-  auto file = std::make_shared<MappedFile>(path);
+  auto file = std::make_shared<ShardFile>(path);
   std::sort(entries.begin(), entries.end(),
             [](const Entry* a, const Entry* b) { return a->second.offset < b->second.offset; });
   const uint64_t page = uint64_t(getpagesize()), limit = device.max_buffer_length();
@@ -91,73 +116,140 @@ void Weights::place_file(gpu::Device& device, const std::string& path, std::vect
   } span;
   auto wrap_span = [&] {
     if (span.tensors.empty()) return;
-    auto buffer = device.wrap_host_memory(static_cast<char*>(file->data) + span.begin, span.end - span.begin, file);
-    buffer_count_ += 1;
+    auto buffer = device.wrap_host_memory(static_cast<char*>(file->data) + span.begin, span.end - span.begin, file,
+                                          gpu::Access::read_only);
+    buffers_.push_back(buffer);
     for (const Entry* e : span.tensors) tensors_[e->first] = DeviceTensor{buffer, e->second.offset - span.begin, &e->second};
     span = Span{};
+    sample_rss();
   };
+  std::vector<const Entry*> in_arenas;
   for (const Entry* e : entries) {
     const TensorDesc& t = e->second;
     if (t.offset + t.nbytes > file->size)
       throw std::runtime_error("[weights] tensor " + e->first + " lies past the end of " + path);
     const uint64_t begin = t.offset / page * page, end = (t.offset + t.nbytes + page - 1) / page * page;
-    if (widened_on_load(t)) {
-      tensors_[e->first] = widen_tensor(device, *file, *e);
-    } else if (t.offset % 16 != 0 || end - begin > limit) {  // misaligned for the kernels, or its pages exceed a buffer
-      tensors_[e->first] = copy_tensor(device, *file, *e);
-    } else {
-      if (!span.tensors.empty() && end - span.begin > limit) wrap_span();
-      if (span.tensors.empty()) span.begin = begin;
-      span.end = std::max(span.end, end);
-      span.tensors.push_back(e);
+    // Widened, misaligned for the kernels, or its pages exceed a buffer: into an arena.
+    if (widened_on_load(t) || t.offset % kTensorAlign != 0 || end - begin > limit) {
+      in_arenas.push_back(e);
+      continue;
     }
+    if (!span.tensors.empty() && end - span.begin > limit) wrap_span();
+    if (span.tensors.empty()) span.begin = begin;
+    span.end = std::max(span.end, end);
+    span.tensors.push_back(e);
     placed(t.nbytes);
   }
   wrap_span();
+  place_arenas(device, *file, in_arenas, placed);
+  file->done_reading();
 }
 
-DeviceTensor Weights::copy_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry) {
-  const TensorDesc& t = entry.second;
-  if (t.nbytes > device.max_buffer_length())
-    throw gpu::GpuError("[weights] tensor " + entry.first + " is " + std::to_string(t.nbytes) + " bytes, more than " +
-                        device.name() + "'s largest buffer (" + std::to_string(device.max_buffer_length()) + " bytes)");
-  DeviceTensor copy{device.new_buffer(t.nbytes), 0, &t};
-  std::memcpy(copy.buffer->contents(), static_cast<const char*>(file.data) + t.offset, t.nbytes);
-  copied_bytes_ += t.nbytes;
-  buffer_count_ += 1;
-  return copy;
+// Lays `entries` (file order) out back to back at aligned offsets in arenas of at most
+// max_buffer_length bytes, then fills them: file-contiguous tensors placed contiguously are
+// one read (a run), widened tensors are converted through a chunk-sized staging buffer.
+void Weights::place_arenas(gpu::Device& device, const ShardFile& file, const std::vector<const Entry*>& entries,
+                           const std::function<void(uint64_t)>& placed) {
+  const uint64_t limit = device.max_buffer_length();
+  std::vector<uint64_t> arena_bytes;
+  std::vector<ArenaSlot> slots;
+  for (const Entry* e : entries) {
+    const uint64_t bytes = placed_bytes(e->second);
+    if (bytes > limit)
+      throw gpu::GpuError("[weights] tensor " + e->first + " is " + std::to_string(bytes) + " bytes, more than " +
+                          device.name() + "'s largest buffer (" + std::to_string(limit) + " bytes)");
+    uint64_t offset = arena_bytes.empty() ? 0 : align_up(arena_bytes.back(), kTensorAlign);
+    if (arena_bytes.empty() || offset + bytes > limit) {
+      arena_bytes.push_back(0);
+      offset = 0;
+    }
+    slots.push_back({e, arena_bytes.size() - 1, offset});
+    arena_bytes.back() = offset + bytes;
+  }
+  std::vector<std::shared_ptr<gpu::Buffer>> arenas;
+  for (uint64_t bytes : arena_bytes) arenas.push_back(device.new_buffer(bytes, gpu::Access::read_only));
+  buffers_.insert(buffers_.end(), arenas.begin(), arenas.end());
+
+  for (size_t i = 0; i < slots.size();) {
+    const ArenaSlot& first = slots[i];
+    const TensorDesc& t = first.entry->second;
+    char* base = static_cast<char*>(arenas[first.arena]->contents());
+    if (widened_on_load(t)) {
+      TensorDesc& wide = widened_[first.entry->first] = t;
+      wide.dtype = "F32";
+      wide.nbytes = placed_bytes(t);
+      wide.add = 0.0f;  // the copy holds the shifted values
+      widen(file, *first.entry, reinterpret_cast<float*>(base + first.offset), placed);
+      tensors_[first.entry->first] = DeviceTensor{arenas[first.arena], first.offset, &wide};
+      copied_bytes_ += wide.nbytes;
+      i += 1;
+      continue;
+    }
+    // The run: the following slots that continue both the file and the arena without a gap.
+    size_t next = i + 1;
+    uint64_t bytes = t.nbytes;
+    while (next < slots.size()) {
+      const ArenaSlot& s = slots[next];
+      const TensorDesc& u = s.entry->second;
+      if (widened_on_load(u) || s.arena != first.arena || u.offset != t.offset + bytes || s.offset != first.offset + bytes)
+        break;
+      bytes += u.nbytes;
+      next += 1;
+    }
+    read_run(file, t.offset, bytes, base + first.offset, placed);
+    for (size_t k = i; k < next; ++k)
+      tensors_[slots[k].entry->first] = DeviceTensor{arenas[first.arena], slots[k].offset, &slots[k].entry->second};
+    copied_bytes_ += bytes;
+    i = next;
+  }
 }
 
-DeviceTensor Weights::widen_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry) {
+// pread in chunks of kReadChunk (a single read of more than 2 GiB fails on macOS).
+void Weights::read_run(const ShardFile& file, uint64_t offset, uint64_t bytes, char* dst,
+                       const std::function<void(uint64_t)>& placed) {
+  uint64_t done = 0;
+  while (done < bytes) {
+    const size_t want = size_t(std::min(bytes - done, kReadChunk));
+    const ssize_t got = pread(file.fd, dst + done, want, off_t(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      throw std::runtime_error("[weights] cannot read " + file.path + " at byte " + std::to_string(offset + done) + ": " +
+                               (got < 0 ? std::strerror(errno) : "the file ended early"));
+    done += uint64_t(got);
+    placed(uint64_t(got));
+    sample_rss();
+  }
+}
+
+void Weights::widen(const ShardFile& file, const Entry& entry, float* dst, const std::function<void(uint64_t)>& placed) {
   const TensorDesc& t = entry.second;
   if (t.dtype != "F16" && t.dtype != "BF16" && t.dtype != "F32")
     throw std::runtime_error("[weights] tensor " + entry.first + ": cannot shift a " + t.dtype + " tensor at load");
-  TensorDesc& wide = widened_[entry.first] = t;
-  wide.dtype = "F32";
-  wide.nbytes = placed_bytes(t);
-  wide.add = 0.0f;  // the copy holds the shifted values
-  DeviceTensor copy{device.new_buffer(wide.nbytes), 0, &wide};
-  const char* src = static_cast<const char*>(file.data) + t.offset;
-  float* dst = static_cast<float*>(copy.buffer->contents());
-  for (uint64_t i = 0; i < wide.nbytes / 4; ++i) {
-    float v;
-    if (t.dtype == "F32") {
-      std::memcpy(&v, src + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      if (t.dtype == "F16") {
-        v = half_to_float(h);
+  const uint64_t width = t.dtype == "F32" ? 4 : 2, count = t.nbytes / width;
+  const uint64_t per_chunk = kReadChunk / width;
+  std::vector<char> staging(size_t(std::min(count, per_chunk) * width));
+  for (uint64_t first = 0; first < count; first += per_chunk) {
+    const uint64_t n = std::min(per_chunk, count - first);
+    read_run(file, t.offset + first * width, n * width, staging.data(), [&](uint64_t) {});
+    for (uint64_t i = 0; i < n; ++i) {
+      float v;
+      if (t.dtype == "F32") {
+        std::memcpy(&v, staging.data() + 4 * i, 4);
       } else {
-        const uint32_t bits = uint32_t(h) << 16;  // bf16: the top half of an f32
-        std::memcpy(&v, &bits, 4);
+        uint16_t h;
+        std::memcpy(&h, staging.data() + 2 * i, 2);
+        if (t.dtype == "F16") {
+          v = half_to_float(h);
+        } else {
+          const uint32_t bits = uint32_t(h) << 16;  // bf16: the top half of an f32
+          std::memcpy(&v, &bits, 4);
+        }
       }
+      dst[first + i] = v + t.add;
     }
-    dst[i] = v + t.add;
+    placed(n * width);
+    sample_rss();
   }
-  copied_bytes_ += wide.nbytes;
-  buffer_count_ += 1;
-  return copy;
 }
 
 DeviceTensor Weights::tensor(const std::string& name) const {

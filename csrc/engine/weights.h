@@ -1,10 +1,13 @@
 // Checkpoint tensors on the device: safetensors files are memory-mapped and handed
 // to the GPU without a copy where a tensor's offset allows (16-byte aligned, the
-// kernels' vector loads), copied into an aligned buffer otherwise. F16 tensors other
-// than unquantized matrices (norms, conv, dt_bias, A_log, scales, biases) are widened
-// to F32 copies: those kernels read bf16 (as stored) or f32. A file larger than
-// the device's max_buffer_length is wrapped as several buffers of whole pages, split
-// at tensor boundaries: each tensor lies entirely inside one buffer.
+// kernels' vector loads). The other tensors of a shard (MLX writes its headers unpadded,
+// so usually all of them) are read with pread, in runs of file-contiguous tensors, straight
+// into a few arena buffers per shard at 16-byte aligned offsets, never through the mapping:
+// the load's memory stays close to the weights' size. F16 tensors other than unquantized
+// matrices (norms, conv, dt_bias, A_log, scales, biases) are widened to F32 in the arenas:
+// those kernels read bf16 (as stored) or f32. Wrapped spans and arenas are at most the
+// device's max_buffer_length, split at tensor boundaries: each tensor lies entirely inside
+// one buffer. Every weight buffer is read-only to the GPU and declared resident.
 #pragma once
 #include <functional>
 #include <map>
@@ -86,24 +89,42 @@ class Weights {
   // Throws std::runtime_error naming the tensor when it is absent.
   DeviceTensor tensor(const std::string& name) const;
   QuantLinear linear(const std::string& module) const;
-  // Bytes copied at load because a tensor's offset did not allow wrapping the file.
+  // Bytes placed in arenas (read or widened) because a tensor's offset did not allow wrapping the file.
   uint64_t copied_bytes() const { return copied_bytes_; }
-  // Device buffers the tensors live in (wrapped file spans and copies).
-  size_t buffer_count() const { return buffer_count_; }
+  // Device buffers the tensors live in (wrapped file spans and arenas).
+  size_t buffer_count() const { return buffers_.size(); }
+  // The process's resident set size (process_memory.h) before the first tensor was placed, and
+  // the largest of the samples taken after each read or widened chunk (at most kReadChunk bytes)
+  // and each wrapped span: the load's peak, up to what one chunk adds between two samples.
+  uint64_t rss_before() const { return rss_before_; }
+  uint64_t peak_rss() const { return peak_rss_; }
+
+  static constexpr uint64_t kReadChunk = uint64_t(16) << 20;
 
  private:
-  struct MappedFile;
+  struct ShardFile;
   using Entry = std::pair<const std::string, TensorDesc>;
+  // A tensor's place in an arena (Weights::place_arenas).
+  struct ArenaSlot {
+    const Entry* entry;
+    size_t arena;
+    uint64_t offset;
+  };
   void place_file(gpu::Device& device, const std::string& path, std::vector<const Entry*> entries,
                   const std::function<void(uint64_t bytes)>& placed);
-  DeviceTensor copy_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry);
-  DeviceTensor widen_tensor(gpu::Device& device, const MappedFile& file, const Entry& entry);
+  void place_arenas(gpu::Device& device, const ShardFile& file, const std::vector<const Entry*>& entries,
+                    const std::function<void(uint64_t bytes)>& placed);
+  void read_run(const ShardFile& file, uint64_t offset, uint64_t bytes, char* dst,
+                const std::function<void(uint64_t bytes)>& placed);
+  void widen(const ShardFile& file, const Entry& entry, float* dst, const std::function<void(uint64_t bytes)>& placed);
+  void sample_rss();
 
   std::map<std::string, TensorDesc> widened_;  // descriptions of the F32 copies of F16 tensors
 
   std::map<std::string, DeviceTensor> tensors_;
+  std::vector<std::shared_ptr<gpu::Buffer>> buffers_;  // wrapped spans and arenas
   uint64_t copied_bytes_ = 0;
-  size_t buffer_count_ = 0;
+  uint64_t rss_before_ = 0, peak_rss_ = 0;
 };
 
 }  // namespace mq::engine

@@ -215,8 +215,14 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
   slot_strides = engine::slot_strides(d, o);
   argmax_chunk = kArgmaxChunk;
   argmax_partials = uint32_t((size_t(d.vocab) + argmax_chunk - 1) / argmax_chunk);
-  auto words = [&](size_t n) { return device.new_buffer(bytes_of_words(n)); };
-  auto slot_words = [&](size_t n) { return new_slot_buffer(device, bytes_of_words(n), o.max_sequences); };
+  std::vector<std::shared_ptr<gpu::Buffer>> made;  // every buffer below, declared resident at the end
+  auto words = [&](size_t n) { return made.emplace_back(device.new_buffer(bytes_of_words(n))); };
+  auto slot_bytes = [&](size_t bytes) {
+    SlotBuffer b = new_slot_buffer(device, bytes, o.max_sequences);
+    made.push_back(b.buffer);
+    return b;
+  };
+  auto slot_words = [&](size_t n) { return slot_bytes(bytes_of_words(n)); };
   for (const Planned& p : activation_plan(d, o)) this->*p.slot = words(p.words);
   for (const auto& planned : slot_plan(o)) this->*planned.first = slot_words(planned.second);
   std::memset(penalty_counts->contents(), 0, penalty_counts->size());  // penalty_apply keeps it zero
@@ -232,8 +238,8 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
 
   for (LayerWeights& l : layers) {
     if (l.full_attention) {
-      l.k_cache = new_slot_buffer(device, kv_cache_bytes(d, o), o.max_sequences);
-      l.v_cache = new_slot_buffer(device, kv_cache_bytes(d, o), o.max_sequences);
+      l.k_cache = slot_bytes(kv_cache_bytes(d, o));
+      l.v_cache = slot_bytes(kv_cache_bytes(d, o));
     } else {
       l.state = slot_words(state_words(d));
       l.hist = slot_words(history_words(d));
@@ -242,6 +248,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
       if (o.max_draft > 0) l.state_snaps = slot_words(size_t(o.max_draft) * state_words(d));
     }
   }
+  device.make_resident(made);
 }
 
 void Workspace::clear_state(int slot) {

@@ -95,7 +95,8 @@ struct SlotStrides {
 };
 
 struct Workspace {
-  // Allocates the activations, and each layer's cache or recurrent state into `layers`.
+  // Allocates the activations, and each layer's cache or recurrent state into `layers`; declares
+  // them all resident (Device::make_resident).
   Workspace(gpu::Device& device, const ModelDims& dims, const EngineOptions& options, std::vector<LayerWeights>& layers);
   // Zeroes `slot`'s DeltaNet states and conv history rings.
   void clear_state(int slot);

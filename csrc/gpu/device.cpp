@@ -39,10 +39,15 @@ void check_buffer_length(const char* component, const std::string& device, size_
   }
 }
 
+// Opening Metal compiles a probe kernel and creates a queue; the answer cannot change while
+// the process runs, so it is found once.
 std::string metal_unavailable_reason() {
-  std::string error;
-  try_open_metal(error);
-  return error;
+  static const std::string reason = [] {
+    std::string error;
+    try_open_metal(error);
+    return error;
+  }();
+  return reason;
 }
 
 std::vector<std::string> available_device_kinds() {

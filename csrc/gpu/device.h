@@ -83,6 +83,16 @@ class CommandBuffer {
   virtual double gpu_seconds() const = 0;
 };
 
+// How the GPU uses a buffer. Read-only buffers (the weights) are written by the host before any
+// command buffer uses them and never by the GPU, so Metal need not track hazards on them
+// (MTLResourceHazardTrackingModeUntracked): the engine orders every dependent dispatch itself.
+enum class Access { read_write, read_only };
+
+// The buffers a device was asked to keep resident (make_resident) that are still alive.
+struct Residency {
+  uint64_t buffers = 0, bytes = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -96,12 +106,19 @@ class Device {
   // GPU cores, for work split across them (Metal has no API for it: a table of Apple chips
   // by name; the CPU runtime reports a fixed count so its dispatches match no host).
   virtual uint32_t gpu_cores() const = 0;
-  virtual std::shared_ptr<Buffer> new_buffer(size_t size) = 0;  // contents uninitialised
+  // Contents uninitialised.
+  virtual std::shared_ptr<Buffer> new_buffer(size_t size, Access access = Access::read_write) = 0;
   // Wraps host memory without copying when the platform allows it for this
   // pointer and size (Metal: page-aligned), else copies. `keep_alive` is released
   // when the buffer no longer needs the memory.
-  virtual std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size,
-                                                   std::shared_ptr<void> keep_alive) = 0;
+  virtual std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive,
+                                                   Access access = Access::read_write) = 0;
+  // Keeps long-lived buffers (weights, caches, workspace) resident on the GPU while they live, so
+  // an idle pause between requests does not cost the next step a re-wiring of its memory. Metal
+  // on macOS 15+: the device's MTLResidencySet, attached to its queue (a buffer leaves it when
+  // freed); macOS 14 has no residency API. Both devices count what was declared (resident()).
+  virtual void make_resident(const std::vector<std::shared_ptr<Buffer>>& buffers) = 0;
+  virtual Residency resident() const = 0;
   // Throws CompileError with the compiler's diagnostics; `name` labels the
   // source in them (a #line inside the source takes over from there).
   virtual std::shared_ptr<Library> compile(const std::string& source, const std::string& name) = 0;

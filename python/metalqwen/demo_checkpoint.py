@@ -122,12 +122,15 @@ _NUMPY_TAG = {
 _TAG_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "I64": 8, "U16": 2}
 
 
-def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, object], metadata: Mapping[str, str] | None = None):
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, object], metadata: Mapping[str, str] | None = None,
+                      *, pad_header: bool = True):
     """Writes a safetensors file. Values are numpy arrays or ``(dtype_tag, array)`` pairs.
 
     bf16 tensors are given as ``("BF16", uint16 bit patterns)``. Data is laid out widest
     dtype first (then by name) with no gaps, so every tensor is naturally aligned, and
     the header is padded with spaces to a multiple of 8 bytes, as the format allows.
+    ``pad_header=False`` leaves the header unpadded, as MLX writes it: the data then starts
+    at whatever byte the header ends on, and tensors are misaligned in the file.
     """
     entries = []
     for name, value in tensors.items():
@@ -151,7 +154,8 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, object], me
         header[name] = {"dtype": tag, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
+    if pad_header:
+        raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
@@ -475,6 +479,7 @@ def write_demo_checkpoint(
     group_size: int = 64,
     tie_word_embeddings: bool = True,
     tokenizer_vocab: int = 1000,
+    pad_header: bool = True,
     **dims,
 ) -> str:
     """Writes a tiny random Qwen3.5 checkpoint in the MLX format to ``folder`` (created; must be empty).
@@ -483,7 +488,9 @@ def write_demo_checkpoint(
     full_attention_interval 4), head_dim 256, 2 q / 1 kv heads, DeltaNet 2 k / 4 v heads
     of 128, intermediate 1024, vocab 1024 (a ~1000-token byte-level BPE), tied
     embeddings, 4-bit affine quantization with group 64 (embedding included). Any
-    ``DEMO_DIMS`` key can be overridden. Returns the folder path.
+    ``DEMO_DIMS`` key can be overridden. ``pad_header=False`` writes the safetensors header
+    unpadded as MLX does (see ``write_safetensors``): the same tensors, misaligned in the file.
+    Returns the folder path.
     """
     unknown = set(dims) - set(DEMO_DIMS)
     if unknown:
@@ -518,7 +525,8 @@ def write_demo_checkpoint(
         else:
             tensors[full] = ("BF16", bf16_bits(value))
 
-    write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "mlx"})
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "mlx"},
+                      pad_header=pad_header)
     total = sum((v[1] if isinstance(v, tuple) else v).nbytes for v in tensors.values())
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total},

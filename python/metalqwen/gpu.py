@@ -236,6 +236,13 @@ class Device:
         """GPU cores (Metal: Apple's chip table by name; the CPU runtime: a fixed 10)."""
         return self._native.gpu_cores
 
+    @property
+    def resident(self) -> tuple[int, int]:
+        """(buffers, bytes) the device was asked to keep resident (the engine's weights, caches and
+        workspace) and still alive. Metal on macOS 15+ keeps them in a residency set; macOS 14 and
+        the CPU runtime only count them."""
+        return tuple(self._native.resident)
+
     def compile(self, source: str, name: str = "<source>") -> Library:
         """Compiles MSL text; raises CompileError carrying the compiler's diagnostics."""
         if not isinstance(source, str):

@@ -159,8 +159,9 @@ class Model:
 
     def counters(self) -> dict:
         """Engine counters: steps (command buffers), dispatches and barriers (dependent dispatch boundaries),
-        host encode µs, CPU waits, decoded tokens, weight bytes per token, memory estimate; ``*_last_step``
-        for the latest step."""
+        host encode µs, CPU waits, decoded tokens, weight bytes per token, memory estimate, the load's
+        weight buffers, bytes read into arenas and resident-set peak (``load_peak_rss``, from
+        ``load_rss_before``); ``*_last_step`` for the latest step."""
         return dict(self._engine.counters())
 
     def reset(self) -> None:
@@ -492,5 +493,7 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     if shown:
         if with_mtp:
             print(f"metalqwen: MTP head loaded ({model.mtp_bytes / 2**20:.1f} MiB of weights)", file=sys.stderr)
-        print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        peak = model.counters()["load_peak_rss"]
+        print(f"metalqwen: ready in {time.perf_counter() - started:.1f} s (peak resident memory while placing "
+              f"weights: {peak / 2**20:.0f} MiB)", file=sys.stderr, flush=True)
     return model

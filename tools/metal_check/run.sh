@@ -65,6 +65,10 @@ mutations=(
   's/supportsFamily:MTLGPUFamilyApple7\]/supportsFamily:7]/|int for an NS_ENUM (GPU family)|150000'
   's/options\.languageVersion = MTLLanguageVersion3_1/options.languageVersion = 3/|int for an NS_ENUM (language version)|150000'
   's/MTLCopyAllDevices()\.firstObject/MTLCopyAllDevices().first/|unknown NSArray property|150000'
+  's/\[queue addResidencySet:set\]/[queue addResidencySet:descriptor]/|descriptor for a residency set|150000'
+  's/\[set addAllocation:buffer\]/[set addAllocation:set]/|residency set for an allocation|150000'
+  's/\[set requestResidency\]/[set requestResidency:YES]/|wrong selector arity|150000'
+  's/^#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000  \/\/ macOS 15 SDK: residency sets/#if 1/|residency sets outside the SDK guard|140000'
 )
 target=csrc/gpu/metal/metal_device.mm
 for entry in "${mutations[@]}"; do

@@ -19,6 +19,7 @@
 #include <unistd.h>  // sysconf
 
 #include "access_checker.h"
+#include "gpu/resident_ledger.h"
 #include "division_fault.h"
 #include "kernel_compiler.h"
 #include "threadgroup_runner.h"
@@ -405,14 +406,19 @@ class CpuDevice final : public Device {
   size_t max_buffer_length() const override { return max_buffer_length_; }
   uint64_t recommended_working_set() const override { return working_set_; }
   uint32_t gpu_cores() const override { return 10; }  // a base M-series chip's
-  std::shared_ptr<Buffer> new_buffer(size_t size) override {
+  // Host memory is device memory here: access hints and residency change nothing (resident()
+  // counts what the engine declared, for tests).
+  std::shared_ptr<Buffer> new_buffer(size_t size, Access) override {
     check_buffer_length("cpu", name(), size, max_buffer_length_);
     return std::make_shared<CpuBuffer>(size, checks_.bounds);
   }
-  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
+  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive,
+                                           Access) override {
     check_buffer_length("cpu", name(), size, max_buffer_length_);
-    return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));  // host memory is device memory here
+    return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));
   }
+  void make_resident(const std::vector<std::shared_ptr<Buffer>>& buffers) override { resident_.add(buffers); }
+  Residency resident() const override { return resident_.count(); }
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
     return std::make_shared<CpuLibrary>(cpu::build_library(source, name, checks_.any()), thread_cap_);
   }
@@ -427,6 +433,7 @@ class CpuDevice final : public Device {
   size_t max_buffer_length_;
   uint64_t working_set_;
   uint32_t thread_cap_;
+  ResidentLedger resident_;
 };
 
 }  // namespace

@@ -6,13 +6,16 @@
 #include <unistd.h>  // sysconf
 
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "gpu/apple_chips.h"
 #include "gpu/metal/metal_rules.h"
+#include "gpu/resident_ledger.h"
 
 #include <Metal/Metal.h>
 
@@ -78,16 +81,89 @@ id<MTLDevice> system_device() {
   return device;
 }
 
+// Shared storage; read-only buffers (the weights) untracked: nothing on the GPU writes them.
+MTLResourceOptions resource_options(Access access) {
+  return access == Access::read_only ? MTLResourceStorageModeShared | MTLResourceHazardTrackingModeUntracked
+                                     : MTLResourceStorageModeShared;
+}
+
+// The device's MTLResidencySet (macOS 15+), attached to its queue: the buffers in it stay wired
+// across idle pauses. Shared with those buffers, so one freed after the device still leaves it.
+// Held as id<NSObject> because the type does not exist before macOS 15; calls are serialised.
+class ResidencySet {
+ public:
+  // Nullptr where there are no residency sets: macOS 14, or a GPU without them (virtual machines).
+  static std::shared_ptr<ResidencySet> create(id<MTLDevice> device, id<MTLCommandQueue> queue) {
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000  // macOS 15 SDK: residency sets
+    if (@available(macOS 15.0, *)) {
+      MTLResidencySetDescriptor* descriptor = [[MTLResidencySetDescriptor alloc] init];
+      NSError* error = nil;
+      id<MTLResidencySet> set = [device newResidencySetWithDescriptor:descriptor error:&error];
+      if (set == nil) return nullptr;  // the buffers are then paged by the OS as without the set
+      [queue addResidencySet:set];
+      auto result = std::make_shared<ResidencySet>();
+      result->set_ = set;
+      return result;
+    }
+#endif
+    (void)device;
+    (void)queue;
+    return nullptr;
+  }
+
+  // Adds `buffers`, commits the set and asks for its residency now.
+  void add(const std::vector<id<MTLBuffer>>& buffers) {
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+    if (@available(macOS 15.0, *)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      id<MTLResidencySet> set = (id<MTLResidencySet>)set_;
+      for (id<MTLBuffer> buffer : buffers) [set addAllocation:buffer];
+      [set commit];
+      [set requestResidency];
+    }
+#endif
+    (void)buffers;
+  }
+
+  void remove(id<MTLBuffer> buffer) {
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+    if (@available(macOS 15.0, *)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      id<MTLResidencySet> set = (id<MTLResidencySet>)set_;
+      [set removeAllocation:buffer];
+      [set commit];
+    }
+#endif
+    (void)buffer;
+  }
+
+ private:
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+  std::mutex mutex_;
+  id<NSObject> set_ = nil;
+#endif
+};
+
 class MetalBuffer final : public Buffer {
  public:
   MetalBuffer(id<MTLBuffer> buffer, size_t size) : buffer_(buffer), size_(size) {}
+  ~MetalBuffer() override {
+    if (residency_) {
+      @autoreleasepool {
+        residency_->remove(buffer_);
+      }
+    }
+  }
   void* contents() override { return [buffer_ contents]; }
   size_t size() const override { return size_; }
   id<MTLBuffer> handle() const { return buffer_; }
+  // Called once, when the buffer is added to `set`.
+  void join(std::shared_ptr<ResidencySet> set) { residency_ = std::move(set); }
 
  private:
   id<MTLBuffer> buffer_;
   size_t size_;  // as asked for; Metal allocates at least 1 byte
+  std::shared_ptr<ResidencySet> residency_;  // the set holding the buffer, if any
 };
 
 class MetalKernel final : public Kernel {
@@ -254,6 +330,7 @@ class MetalDevice final : public Device {
         recommended_working_set_(device.recommendedMaxWorkingSetSize) {
     queue_ = [device_ newCommandQueue];
     if (queue_ == nil) throw GpuError("[metal] cannot create a command queue on " + name_);
+    residency_ = ResidencySet::create(device_, queue_);
   }
 
   std::string kind() const override { return "metal"; }
@@ -266,20 +343,20 @@ class MetalDevice final : public Device {
     return cores > 0 ? cores : 10;
   }
 
-  std::shared_ptr<Buffer> new_buffer(size_t size) override {
+  std::shared_ptr<Buffer> new_buffer(size_t size, Access access) override {
     check_buffer_length("metal", name_, size, max_buffer_length_);
     std::shared_ptr<Buffer> result;
     in_pool([&] {
-      id<MTLBuffer> buffer = [device_ newBufferWithLength:(size == 0 ? 1 : size)
-                                                  options:MTLResourceStorageModeShared];
+      id<MTLBuffer> buffer = [device_ newBufferWithLength:(size == 0 ? 1 : size) options:resource_options(access)];
       if (buffer == nil) throw GpuError("[metal] cannot allocate a " + std::to_string(size) + "-byte buffer");
       result = std::make_shared<MetalBuffer>(buffer, size);
     });
     return result;
   }
 
-  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive) override {
-    if (size == 0) return new_buffer(0);
+  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive,
+                                           Access access) override {
+    if (size == 0) return new_buffer(0, access);
     if (data == nullptr) throw GpuError("[metal] wrap_host_memory: null pointer");
     check_buffer_length("metal", name_, size, max_buffer_length_);
     std::shared_ptr<Buffer> result;
@@ -292,19 +369,37 @@ class MetalDevice final : public Device {
         __block std::shared_ptr<void> owner = keep_alive;
         buffer = [device_ newBufferWithBytesNoCopy:data
                                             length:size
-                                           options:MTLResourceStorageModeShared
+                                           options:resource_options(access)
                                        deallocator:^(void*, NSUInteger) {
                                          owner.reset();
                                        }];
       }
       if (buffer == nil) {  // not whole pages, or refused: copy (the copy needs no keep_alive)
-        buffer = [device_ newBufferWithBytes:data length:size options:MTLResourceStorageModeShared];
+        buffer = [device_ newBufferWithBytes:data length:size options:resource_options(access)];
       }
       if (buffer == nil) throw GpuError("[metal] cannot allocate a " + std::to_string(size) + "-byte buffer");
       result = std::make_shared<MetalBuffer>(buffer, size);
     });
     return result;
   }
+
+  // The buffers join the residency set (when there is one) and leave it when freed.
+  void make_resident(const std::vector<std::shared_ptr<Buffer>>& buffers) override {
+    for (const auto& buffer : buffers) {
+      if (buffer && dynamic_cast<MetalBuffer*>(buffer.get()) == nullptr)
+        throw GpuError("[metal] make_resident: a buffer is not a Metal buffer");
+    }
+    const std::vector<std::shared_ptr<Buffer>> added = resident_.add(buffers);
+    if (!residency_ || added.empty()) return;
+    std::vector<id<MTLBuffer>> handles;
+    for (const auto& buffer : added) {
+      auto* metal = static_cast<MetalBuffer*>(buffer.get());
+      metal->join(residency_);
+      handles.push_back(metal->handle());
+    }
+    in_pool([&] { residency_->add(handles); });
+  }
+  Residency resident() const override { return resident_.count(); }
 
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
     // Metal calls every source "program_source"; a #line names it in diagnostics.
@@ -344,6 +439,8 @@ class MetalDevice final : public Device {
  private:
   id<MTLDevice> device_;
   id<MTLCommandQueue> queue_ = nil;
+  std::shared_ptr<ResidencySet> residency_;  // nullptr without residency sets (macOS 14)
+  ResidentLedger resident_;
   std::string name_;
   size_t max_threadgroup_memory_;
   size_t max_buffer_length_;

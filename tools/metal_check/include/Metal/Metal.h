@@ -22,6 +22,7 @@ static inline MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUIntege
 
 typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
     MTLResourceStorageModeShared = 0,
+    MTLResourceHazardTrackingModeUntracked = 1UL << 8,
 };
 
 typedef NS_ENUM(NSUInteger, MTLDispatchType){
@@ -67,8 +68,28 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 #endif
 @end
 
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+@protocol MTLAllocation <NSObject>
+@end
+
+@protocol MTLResource <MTLAllocation>
+@end
+
+API_AVAILABLE(macos(15.0))
+@interface MTLResidencySetDescriptor : NSObject
+@end
+
+API_AVAILABLE(macos(15.0))
+@protocol MTLResidencySet <NSObject>
+- (void)addAllocation:(id<MTLAllocation>)allocation;
+- (void)removeAllocation:(id<MTLAllocation>)allocation;
+- (void)commit;
+- (void)requestResidency;
+@end
+#else
 @protocol MTLResource <NSObject>
 @end
+#endif
 
 @protocol MTLBuffer <MTLResource>
 - (void*)contents;
@@ -114,6 +135,9 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 
 @protocol MTLCommandQueue <NSObject>
 - (id<MTLCommandBuffer>)commandBuffer;
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+- (void)addResidencySet:(id<MTLResidencySet>)residencySet API_AVAILABLE(macos(15.0));
+#endif
 @end
 
 @protocol MTLDevice <NSObject>
@@ -136,6 +160,10 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
                                  error:(NSError**)error;
 - (id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                              error:(NSError**)error;
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+- (id<MTLResidencySet>)newResidencySetWithDescriptor:(MTLResidencySetDescriptor*)desc
+                                               error:(NSError**)error API_AVAILABLE(macos(15.0));
+#endif
 @end
 
 MTL_EXTERN id<MTLDevice> MTLCreateSystemDefaultDevice(void) NS_RETURNS_RETAINED;
