@@ -35,4 +35,19 @@ AppleChip apple_chip(const std::string& device_name) {
   return it == kChips.end() ? AppleChip{} : it->second;
 }
 
+uint32_t apple_gpu_cores(const std::string& device_name, const std::string& architecture) {
+  if (const uint32_t known = apple_chip(device_name).gpu_cores) return known;
+  const std::string prefix = "applegpu_";
+  if (architecture.rfind(prefix, 0) == 0 && architecture.size() > prefix.size()) {
+    switch (architecture.back()) {  // typical counts of each class over M1..M4
+      case 'p': return 5;
+      case 'g': return 10;
+      case 's': return 18;
+      case 'c': return 38;
+      case 'd': return 76;
+    }
+  }
+  return 10;
+}
+
 }  // namespace mq::gpu

@@ -17,4 +17,10 @@ struct AppleChip {
 // "Apple M4 Max" -> {"M4 Max", 40, 546, ...}; anything else (the CPU runtime, a new chip) -> {}.
 AppleChip apple_chip(const std::string& device_name);
 
+// GPU cores to size work by: the table's for a chip it knows by name, else from Metal's
+// architecture name (MTLDevice.architecture.name, e.g. "applegpu_g15s"), whose last letter is
+// the chip's class (MLX reads it so): g base, s Pro, c Max, d Ultra (p phone); else 10. The
+// architecture names no core count, so a new chip gets a typical count of its class.
+uint32_t apple_gpu_cores(const std::string& device_name, const std::string& architecture);
+
 }  // namespace mq::gpu

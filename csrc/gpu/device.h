@@ -104,7 +104,8 @@ class Device {
   // Bytes the GPU may use without slowing down (Metal: recommendedMaxWorkingSetSize).
   virtual uint64_t recommended_working_set() const = 0;
   // GPU cores, for work split across them (Metal has no API for it: a table of Apple chips
-  // by name; the CPU runtime reports a fixed count so its dispatches match no host).
+  // by name, else the class of MTLDevice.architecture, apple_chips.h; the CPU runtime reports
+  // a fixed count so its dispatches match no host).
   virtual uint32_t gpu_cores() const = 0;
   // Contents uninitialised.
   virtual std::shared_ptr<Buffer> new_buffer(size_t size, Access access = Access::read_write) = 0;

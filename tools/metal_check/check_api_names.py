@@ -94,9 +94,15 @@ UNLISTED = {
     ("MTLCompileOptions", "setLanguageVersion:"): "setter of languageVersion, see there",
     ("NSArray", "firstObject"): "object-typed property needs no bridging metadata; "
     "developer.apple.com/documentation/foundation/nsarray/firstobject",
+    ("MTLDevice", "architecture"): "object-typed property (macOS 14) needs no bridging metadata; "
+    "developer.apple.com/documentation/metal/mtldevice/architecture",
+    ("MTLArchitecture", "name"): "object-typed property (macOS 14) needs no bridging metadata; "
+    "developer.apple.com/documentation/metal/mtlarchitecture/name",
 }
 # Declared in the stubs with no member, absent from PyObjC's metadata for the reason given.
 UNLISTED_CLASSES = {
+    "MTLArchitecture": "its one member, name, is object-typed, so PyObjC records no selector of it (macOS 14); "
+    "developer.apple.com/documentation/metal/mtlarchitecture",
     "MTLResidencySetDescriptor": "its members (label, initialCapacity) are object- and integer-typed, so PyObjC "
     "records no selector of it (the selector taking it, newResidencySetWithDescriptor:error:, is checked); "
     "developer.apple.com/documentation/metal/mtlresidencysetdescriptor",

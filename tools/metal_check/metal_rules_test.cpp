@@ -1,6 +1,7 @@
 // Runs on Linux: the checks the Metal backend makes before calling Metal
 // (csrc/gpu/metal/metal_rules.h).
 #include "gpu/metal/metal_rules.h"
+#include "gpu/apple_chips.h"
 
 #include <cstdio>
 #include <functional>
@@ -109,6 +110,16 @@ int main() {
   expect_error([&] { check_simd_width("AMD Radeon Pro 5500M", 64); }, {"64 wide"}, "SIMD width 64 refused");
   expect(std::string(kProbeKernelSource).find(std::string("kernel void ") + kProbeKernelName) != std::string::npos,
          "the probe source defines the probe kernel");
+
+  // GPU cores: the table by name (exact for the chips it knows), else the architecture's class.
+  using mq::gpu::apple_gpu_cores;
+  expect(apple_gpu_cores("Apple M4 Max", "applegpu_g16c") == 40, "a known chip: the table's count");
+  expect(apple_gpu_cores("Apple M9 Max", "applegpu_g21c") == 38, "a new Max: its class's typical count");
+  expect(apple_gpu_cores("Apple M9 Pro", "applegpu_g21s") == 18 && apple_gpu_cores("Apple M9", "applegpu_g21g") == 10 &&
+             apple_gpu_cores("Apple M9 Ultra", "applegpu_g21d") == 76,
+         "each class letter");
+  expect(apple_gpu_cores("Apple M9", "") == 10 && apple_gpu_cores("Apple M9", "gfx1100") == 10,
+         "no architecture, or not an Apple one: a base chip's 10");
 
   std::printf("metal_rules_test: %d checks passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;

@@ -140,7 +140,7 @@ for entry in "${rule_mutations[@]}"; do
   fi
 done
 
-if "$CLANGXX" -std=c++20 -Werror -Wall -Wextra -I csrc tools/metal_check/metal_rules_test.cpp \
+if "$CLANGXX" -std=c++20 -Werror -Wall -Wextra -I csrc tools/metal_check/metal_rules_test.cpp csrc/gpu/apple_chips.cpp \
     -o "$tmp/metal_rules_test" && "$tmp/metal_rules_test"; then
   echo "metal_check: ok metal_rules_test"
 else

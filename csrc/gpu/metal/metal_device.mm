@@ -328,6 +328,9 @@ class MetalDevice final : public Device {
         max_threadgroup_memory_(device.maxThreadgroupMemoryLength),
         max_buffer_length_(device.maxBufferLength),
         recommended_working_set_(device.recommendedMaxWorkingSetSize) {
+    std::string architecture;
+    if (@available(macOS 14.0, *)) architecture = to_string(device.architecture.name);
+    gpu_cores_ = apple_gpu_cores(name_, architecture);
     queue_ = [device_ newCommandQueue];
     if (queue_ == nil) throw GpuError("[metal] cannot create a command queue on " + name_);
     residency_ = ResidencySet::create(device_, queue_);
@@ -337,11 +340,7 @@ class MetalDevice final : public Device {
   std::string name() const override { return name_; }
   size_t max_buffer_length() const override { return max_buffer_length_; }
   uint64_t recommended_working_set() const override { return recommended_working_set_; }
-  // 10 (a base chip's) for a GPU the table does not know yet.
-  uint32_t gpu_cores() const override {
-    const uint32_t cores = apple_chip(name_).gpu_cores;
-    return cores > 0 ? cores : 10;
-  }
+  uint32_t gpu_cores() const override { return gpu_cores_; }
 
   std::shared_ptr<Buffer> new_buffer(size_t size, Access access) override {
     check_buffer_length("metal", name_, size, max_buffer_length_);
@@ -445,6 +444,7 @@ class MetalDevice final : public Device {
   size_t max_threadgroup_memory_;
   size_t max_buffer_length_;
   uint64_t recommended_working_set_;
+  uint32_t gpu_cores_ = 0;
 };
 
 }  // namespace

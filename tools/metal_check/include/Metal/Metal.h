@@ -140,8 +140,14 @@ API_AVAILABLE(macos(15.0))
 #endif
 @end
 
+API_AVAILABLE(macos(14.0))
+@interface MTLArchitecture : NSObject
+@property(readonly) NSString* name;
+@end
+
 @protocol MTLDevice <NSObject>
 @property(readonly) NSString* name;
+@property(readonly) MTLArchitecture* architecture API_AVAILABLE(macos(14.0));
 @property(readonly) NSUInteger maxThreadgroupMemoryLength;
 @property(readonly) NSUInteger maxBufferLength;
 @property(readonly) uint64_t recommendedMaxWorkingSetSize;
