@@ -101,6 +101,19 @@ def test_generate_stops_at_the_context_limit_and_says_so(demo, device):
     assert "dispatches" not in out.stderr and "speculative" not in out.stderr, "developer figures need --stats"
 
 
+def test_sampling_left_out_comes_from_the_folder_as_in_the_server(demo, device):
+    with open(os.path.join(demo, "generation_config.json")) as f:
+        qwen = json.load(f)  # the demo ships Qwen's recommended settings
+    common = ["generate", "-m", demo, "--device", device.kind, "--raw", "-p", "Once", "--max-tokens", "8", "--seed", "3"]
+    folder = _run(*common)
+    explicit = _run(*common, "--temperature", str(qwen["temperature"]), "--top-k", str(qwen["top_k"]),
+                    "--top-p", str(qwen["top_p"]))
+    greedy = _run(*common, "--temperature", "0")
+    assert folder.returncode == explicit.returncode == greedy.returncode == 0, folder.stderr
+    assert folder.stdout == explicit.stdout != greedy.stdout
+    assert "the folder's generation_config.json" in _run("generate", "--help").stdout
+
+
 def test_stats_adds_the_engine_counters_and_the_stop_reason_is_said(demo, device):
     out = _run("generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "3", "-v")
     assert out.returncode == 0, out.stderr
@@ -132,7 +145,8 @@ def test_a_file_as_the_model_folder_is_one_line(demo):
 def test_ctrl_c_while_decoding_exits_130_without_a_traceback(demo, device, command, tmp_path):
     # The prompt "a" decodes hundreds of tokens on the demo checkpoint before an eos.
     model = ["-m", demo] if command == "generate" else ["--keep", str(tmp_path / "demo")]
-    s = _Session(command, *model, "--device", device.kind, "-p", "a", "--max-tokens", "400")
+    greedy = ["--temperature", "0"] if command == "generate" else []  # demo decodes greedily
+    s = _Session(command, *model, "--device", device.kind, "-p", "a", "--max-tokens", "400", *greedy)
     s.wait_for(lambda: len(s.text("out").strip()) > 30)
     s.interrupt()
     assert s.proc.returncode == 130, s.text("err")
@@ -153,7 +167,7 @@ def test_ctrl_c_during_a_long_prefill_stops_it_between_chunks(demo, device):
 
 
 def test_ctrl_c_in_chat_stops_the_answer_and_the_next_turn_reuses_the_cache(demo, device):
-    s = _Session("chat", "-m", demo, "--device", device.kind, "--max-tokens", "400")
+    s = _Session("chat", "-m", demo, "--device", device.kind, "--max-tokens", "400", "--temperature", "0")
     s.send("a\n")
     s.wait_for(lambda: len(s.text("out").strip()) > 30)
     s.proc.send_signal(signal.SIGINT)
@@ -260,7 +274,7 @@ def test_python_dash_m_metalqwen_is_the_command():
 
 def test_the_prompt_from_stdin_or_a_file_is_the_prompt_given_inline(demo, device, tmp_path):
     prompt = "Why is the sky blue?\nAnswer in one line."  # a newline, as pasted text has
-    common = ["generate", "-m", demo, "--device", device.kind, "--raw", "--max-tokens", "4"]
+    common = ["generate", "-m", demo, "--device", device.kind, "--raw", "--max-tokens", "4", "--temperature", "0"]
     inline = _run(*common, "-p", prompt)
     assert inline.returncode == 0 and inline.stdout.strip(), inline.stderr
     piped = _run(*common, "-p", "-", stdin=prompt)
@@ -442,7 +456,7 @@ def test_the_ttft_bench_hits_the_prefix_cache_on_the_demo_checkpoint(demo, devic
 
 
 def test_thinking_can_be_turned_off_or_hidden(demo, device):
-    common = ["generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "6"]
+    common = ["generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "6", "--temperature", "0"]
     prompt_tokens = lambda out: int(out.stderr.split("prompt: ")[1].split()[0])  # noqa: E731
     thinking, no_think = _run(*common), _run(*common, "--no-think")
     as_kwargs = _run(*common, "--chat-template-kwargs", '{"enable_thinking": false}')

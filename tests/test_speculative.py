@@ -356,11 +356,11 @@ def test_cli_generate_reports_the_acceptance(mtp_folder):
     from test_cli import _run
 
     r = _run("generate", "-m", mtp_folder, "--device", "cpu", "--raw", "-p", "Hello there", "--max-tokens", "12",
-             "--max-context", "64")
+             "--max-context", "64", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert "speculative (mtp): " in r.stderr and "tokens per step, acceptance" in r.stderr, r.stderr
     off = _run("generate", "-m", mtp_folder, "--device", "cpu", "--raw", "-p", "Hello there", "--max-tokens", "12",
-               "--max-context", "64", "--speculative", "off")
+               "--max-context", "64", "--speculative", "off", "--temperature", "0")
     assert off.returncode == 0 and off.stdout == r.stdout and "speculative" not in off.stderr
 
 

@@ -74,14 +74,25 @@ def _check_max_sequences(value: int | None) -> None:
         raise ValueError(f"--max-sequences must be {allowed}, got {value}")
 
 
+# The sampling the command line uses for a field neither the user nor generation_config.json sets.
+_SAMPLING_NEUTRAL = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
+                         repetition_penalty=1.0)
+
+
 def _options(args: argparse.Namespace) -> dict:
-    """The generation options, checked before the (possibly long) load."""
+    """The generation options the user gave (sampling fields left out are None), checked
+    before the (possibly long) load."""
     arguments.integer("--max-tokens", args.max_tokens, low=1, allowed="an integer >= 1")
-    penalties = dict(min_p=args.min_p, presence_penalty=args.presence_penalty,
-                     frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty)
-    arguments.sampling(args.temperature, args.top_p, args.top_k, args.seed, **penalties)
-    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                seed=args.seed, **penalties)
+    given = {k: getattr(args, k) for k in _SAMPLING_NEUTRAL if getattr(args, k) is not None}
+    arguments.sampling(**{**_SAMPLING_NEUTRAL, **given}, seed=args.seed)
+    return dict(max_tokens=args.max_tokens, seed=args.seed, **{k: getattr(args, k) for k in _SAMPLING_NEUTRAL})
+
+
+def _with_folder_sampling(options: dict, model) -> dict:
+    """Fills the sampling fields the user left out from the folder's generation_config.json
+    (Qwen's recommended settings), else greedy and neutral: the rule of every front end."""
+    folder = {**_SAMPLING_NEUTRAL, **model.config.sampling_defaults}
+    return {k: folder[k] if k in folder and v is None else v for k, v in options.items()}
 
 
 class _AnswerPrinter:
@@ -191,6 +202,7 @@ def _generate(args: argparse.Namespace) -> int:
     options = _options(args)
     prompt = _prompt_text(args)
     model = _load(args)
+    options = _with_folder_sampling(options, model)
     if args.raw:
         _print_stream(model, prompt, options, opens_thinking=False, hide_thinking=args.hide_thinking)
     else:
@@ -242,6 +254,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     options = _options(args)
     model = _load(args)
+    options = _with_folder_sampling(options, model)
     conversation = _conversation(args, model, system=args.system)
     # A new turn wants room for an answer: max_tokens, or half the context when that is less.
     answer_room = min(args.max_tokens, model.max_context // 2)
@@ -406,18 +419,20 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help='further chat template variables as a JSON object, e.g. \'{"enable_thinking": false}\'')
     p.add_argument("--hide-thinking", action="store_true",
                    help="print only the answer, not the thinking before it (on a terminal the thinking is dimmed)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); else sampling")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0 = off)")
-    p.add_argument("--min-p", type=float, default=0.0,
-                   help="keep tokens at least this fraction as likely as the top one (default 0 = off)")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="subtracted from the logit of every token already generated, in [-2, 2] (default 0)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="subtracted per earlier occurrence in the answer, in [-2, 2] (default 0)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
+    # Sampling: what the user leaves out comes from the folder's generation_config.json.
+    folder = "default: the folder's generation_config.json, else"
+    p.add_argument("--temperature", type=float, default=None, help=f"0 = greedy; else sampling ({folder} 0)")
+    p.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling mass in (0, 1] ({folder} 1 = off)")
+    p.add_argument("--top-k", type=int, default=None, help=f"sample among the k likeliest tokens ({folder} 0 = off)")
+    p.add_argument("--min-p", type=float, default=None,
+                   help=f"keep tokens at least this fraction as likely as the top one ({folder} 0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=None,
+                   help=f"subtracted from the logit of every token already generated, in [-2, 2] ({folder} 0)")
+    p.add_argument("--frequency-penalty", type=float, default=None,
+                   help=f"subtracted per earlier occurrence in the answer, in [-2, 2] ({folder} 0)")
+    p.add_argument("--repetition-penalty", type=float, default=None,
                    help="divides the positive (multiplies the negative) logits of tokens in the prompt or answer "
-                        "(default 1 = off)")
+                        f"({folder} 1 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
 
 

@@ -113,6 +113,9 @@ class ModelConfig:
     quant_overrides: tuple[tuple[str, Quant | None], ...] = ()
     source: str = "config.json"
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The sampling settings generation_config.json recommends (Qwen's: temperature, top_k, top_p),
+    # which every front end uses for the fields its user leaves out.
+    sampling_defaults: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------------ derived sizes
 
@@ -298,6 +301,7 @@ class ModelConfig:
             quant_default=quant_default,
             quant_overrides=overrides,
             source=source,
+            sampling_defaults=_sampling_defaults(generation_config),
             raw=raw,
         )
 
@@ -476,6 +480,21 @@ def _id_list(value, where: str) -> list[int]:
             raise ConfigError(f"[config] {where}: eos_token_id must be a non-negative integer or a list of them, "
                               f"got {value!r}")
     return list(items)
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty")
+
+
+def _sampling_defaults(generation_config: Mapping[str, Any] | None) -> dict[str, float]:
+    """The numeric sampling fields of generation_config.json; ``do_sample: false`` means greedy
+    (as transformers reads it)."""
+    found = generation_config if isinstance(generation_config, Mapping) else {}
+    out = {k: found[k] for k in SAMPLING_FIELDS
+           if isinstance(found.get(k), (int, float)) and not isinstance(found[k], bool)}
+    if found.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
 
 
 def _eos_ids(p: _Fields, generation: Mapping[str, Any] | None, source: str) -> tuple[int, ...]:

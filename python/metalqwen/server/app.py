@@ -51,16 +51,6 @@ _SAMPLING_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                      "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
-def _sampling_defaults(folder: str) -> dict:
-    """Qwen's recommended sampling settings from the folder's generation_config.json."""
-    try:
-        with open(os.path.join(folder, "generation_config.json")) as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return {k: found[k] for k in _SAMPLING_NEUTRAL if isinstance(found.get(k), (int, float))}
-
-
 def _validation_message(error: dict) -> tuple[str, str | None]:
     """(message, param) of a request pydantic or FastAPI refused, in words of the API, not of pydantic."""
     if error["type"] == "json_invalid":
@@ -87,7 +77,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
     app = FastAPI(title="metalqwen", docs_url=None, redoc_url=None, lifespan=lifespan)
     model_id = model_id or os.path.basename(os.path.normpath(model.checkpoint.path))
-    defaults = {**_SAMPLING_NEUTRAL, **_sampling_defaults(model.checkpoint.path)}
+    defaults = {**_SAMPLING_NEUTRAL, **model.config.sampling_defaults}
     metrics = Metrics(model, worker)
     worker.on_done = metrics.finished  # every ended request counts, a cancelled or disconnected one too
     texts = TokenTexts(model.tokenizer)
