@@ -31,6 +31,7 @@ from metalqwen.demo_checkpoint import (
     bf16_bits,
     bf16_to_f32,
     build_tokenizer,
+    hf_tensors,
     random_weights,
     text_config,
     write_safetensors,
@@ -85,20 +86,7 @@ def write_hf_checkpoint(
             weights[name] = weights[name] * np.float32(mixer_gain)
     if edit is not None:
         edit(weights)
-    tensors = {}
-    for name, value in weights.items():
-        if name == "lm_head.weight":
-            if tied:
-                continue
-            key = name
-        elif name.startswith("model."):
-            key = "model.language_model." + name[len("model."):]
-        else:
-            key = name  # mtp.*
-        if name.endswith("A_log"):
-            tensors[key] = value if a_log_dtype == "F32" else ("BF16", bf16_bits(value))
-        else:
-            tensors[key] = ("BF16", bf16_bits(value))
+    tensors = hf_tensors(weights, tied=tied, a_log_bf16=a_log_dtype != "F32")
     write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "pt"})
 
     tc = text_config(d, tied=tied, eos=tok["endoftext"], layer_types=layer_types, mtp_layers=1)

@@ -16,6 +16,7 @@ import pytest
 import metalqwen
 from conftest import require
 from metalqwen import cli
+from model_fixtures import read_header
 
 _BENCHES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 TTFT_BENCH = os.path.join(_BENCHES, "server_ttft.py")
@@ -293,6 +294,20 @@ def test_a_reader_that_goes_away_ends_generate_quietly(demo, device):
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=300) == 0, err
     assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_demo_hf_writes_an_original_that_converts_and_drafts_with_its_mtp_head(device, tmp_path):
+    hf, mlx = tmp_path / "original", tmp_path / "original-mlx"
+    out = _run("demo", "--hf", str(hf))
+    assert out.returncode == 0 and f"metalqwen convert {hf} {mlx}" in out.stderr, out.stderr
+    assert any(name.startswith("mtp.") for name in read_header(hf / "model.safetensors"))
+    assert _run("convert", str(hf), str(mlx)).returncode == 0
+    spec = _run("generate", "-m", str(mlx), "--device", device.kind, "--speculative", "mtp", "-p", "Hi",
+                "--max-tokens", "6", "--temperature", "0", "--max-context", "128")
+    assert spec.returncode == 0 and "speculative (mtp): " in spec.stderr, spec.stderr
+    plain = _run("generate", "-m", str(mlx), "--device", device.kind, "--speculative", "off", "-p", "Hi",
+                 "--max-tokens", "6", "--temperature", "0", "--max-context", "128")
+    assert plain.stdout == spec.stdout
 
 
 def test_demo_prints_its_prompt_and_removes_its_checkpoint(device, tmp_path):

@@ -308,6 +308,15 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo_checkpoint import write_demo_checkpoint
     from .model import load
 
+    if args.hf:
+        from .demo_checkpoint import write_hf_demo_checkpoint
+
+        write_hf_demo_checkpoint(args.hf)
+        mlx = os.path.join(os.path.dirname(os.path.abspath(args.hf)), os.path.basename(os.path.normpath(args.hf)) + "-mlx")
+        print(f"metalqwen: wrote a Hugging Face-format original with an MTP head (random weights) to {args.hf}; "
+              f"try:\n  metalqwen convert {args.hf} {mlx}\n  metalqwen generate -m {mlx} --speculative mtp -p Hi",
+              file=sys.stderr)
+        return 0
     folder = args.keep or tempfile.mkdtemp(prefix="metalqwen-demo-")
     try:
         write_demo_checkpoint(folder, seed=0)
@@ -461,6 +470,9 @@ def parser() -> argparse.ArgumentParser:
     _add_stats_option(demo)
     demo.add_argument("--keep", metavar="DIR", default=None,
                       help="write the checkpoint to DIR and keep it (default: a temporary folder, removed after)")
+    demo.add_argument("--hf", metavar="DIR", default=None,
+                      help="instead, write a Hugging Face-format original with an MTP head to DIR (for trying "
+                           "convert, add-mtp and --speculative mtp without a download) and stop")
     demo.add_argument("-p", "--prompt", default="Hello! Who are you?", help="the user message")
     demo.add_argument("--max-tokens", type=int, default=24, help="tokens to generate (default 24)")
     demo.set_defaults(run=_demo)

@@ -471,6 +471,56 @@ def text_config(dims: Mapping, *, tied: bool, eos: int, layer_types: bool = True
     return tc
 
 
+def hf_tensors(weights: Mapping[str, np.ndarray], *, tied: bool, a_log_bf16: bool = False) -> dict[str, object]:
+    """``random_weights`` as a Hugging Face original stores them: the language model under
+    ``model.language_model.*``, ``mtp.*`` and ``lm_head`` (dropped when tied) at the top, bf16
+    but A_log (f32 as Qwen ships it, unless ``a_log_bf16``)."""
+    tensors: dict[str, object] = {}
+    for name, value in weights.items():
+        if name == "lm_head.weight" and tied:
+            continue
+        key = "model.language_model." + name[len("model."):] if name.startswith("model.") else name
+        f32 = name.endswith("A_log") and not a_log_bf16
+        tensors[key] = value if f32 else ("BF16", bf16_bits(value))
+    return tensors
+
+
+def write_hf_demo_checkpoint(folder: str | os.PathLike, seed: int = 0, *, tie_word_embeddings: bool = False,
+                             tokenizer_vocab: int = 1000, **dims) -> str:
+    """Writes a tiny random Qwen3.5 original in the Hugging Face layout (as Qwen publishes it,
+    with the multi-token-prediction head ``mtp.*``) to ``folder`` (created; must be empty), so
+    ``metalqwen convert``, ``add-mtp`` and ``--speculative mtp`` can be tried without a download.
+    Dimensions as ``write_demo_checkpoint``; returns the folder path."""
+    unknown = set(dims) - set(DEMO_DIMS)
+    if unknown:
+        raise TypeError(f"write_hf_demo_checkpoint: unknown arguments {sorted(unknown)}")
+    d = {**DEMO_DIMS, **dims}
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    if os.listdir(folder):
+        raise FileExistsError(f"write_hf_demo_checkpoint: {folder} is not empty")
+    tok = write_tokenizer_files(folder, build_tokenizer(tokenizer_vocab, seed=0))
+    tensors = hf_tensors(random_weights(d, seed, mtp=True), tied=tie_word_embeddings)
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "pt"})
+    config = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": tie_word_embeddings,
+        "text_config": text_config(d, tied=tie_word_embeddings, eos=tok["endoftext"], mtp_layers=1),
+    }
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    _write_generation_config(folder, tok)
+    return folder
+
+
+def _write_generation_config(folder: str, tok: Mapping[str, int]) -> None:
+    """Qwen's recommended sampling settings, as its folders carry them."""
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [tok["eos"], tok["endoftext"]], "do_sample": True,
+                   "temperature": 0.6, "top_k": 20, "top_p": 0.95}, f, indent=2)
+
+
 def write_demo_checkpoint(
     folder: str | os.PathLike,
     seed: int = 0,
@@ -544,7 +594,5 @@ def write_demo_checkpoint(
     }
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=4)
-    with open(os.path.join(folder, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": [tok["eos"], tok["endoftext"]], "do_sample": True,
-                   "temperature": 0.6, "top_k": 20, "top_p": 0.95}, f, indent=2)
+    _write_generation_config(folder, tok)
     return folder
