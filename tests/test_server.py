@@ -116,11 +116,10 @@ def _log_softmax_at(model, prompt, tokens):
 
 
 def _check_entry(model, entry, token, row, top):
-    text = model.tokenizer.decode([token])
-    assert entry.token == text and entry.bytes == list(text.encode("utf-8"))
+    assert entry.token == _token_name(model, token) and entry.bytes == list(model.tokenizer.token_bytes(token))
     assert abs(entry.logprob - row[token]) <= 1e-4, (entry.logprob, row[token])
     want = np.argsort(-row, kind="stable")[:top]
-    assert [t.token for t in entry.top_logprobs] == [model.tokenizer.decode([int(i)]) for i in want]
+    assert [t.token for t in entry.top_logprobs] == [_token_name(model, int(i)) for i in want]
     np.testing.assert_allclose([t.logprob for t in entry.top_logprobs], row[want], rtol=0, atol=1e-4)
 
 
@@ -140,9 +139,50 @@ def test_chat_logprobs_equal_the_log_softmax_of_score(client, model, top):
     for entry, token, row in zip(content, tokens, rows):
         _check_entry(model, entry, token, row, top or 0)
     # Streamed, the chunks' logprobs add up to the same list (also over text the parser holds back).
-    streamed = [e for c in client.chat.completions.create(stream=True, **kwargs) if c.choices and c.choices[0].logprobs
-                for e in c.choices[0].logprobs.content]
+    chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+    streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    assert all(c.choices[0].logprobs is None or c.choices[0].logprobs.content for c in chunks), "no empty lists"
+
+
+def _token_name(model, token_id: int) -> str:
+    """OpenAI's name of a token: its text, or `bytes:` and escapes where its bytes are no text alone."""
+    raw = model.tokenizer.token_bytes(token_id)
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def test_token_bytes_are_the_bytes_a_token_stands_for(model):
+    text = "Emoji 😀🚀 and 你好, café — Zürich <think>ok</think>"
+    ids = model.tokenizer.encode(text)
+    pieces = [model.tokenizer.token_bytes(t) for t in ids]
+    assert b"".join(pieces) == text.encode() and any(not _is_text(p) for p in pieces), "an emoji split over tokens"
+
+
+def _is_text(raw: bytes) -> bool:
+    try:
+        raw.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_logprob_alternatives_of_split_characters_keep_their_own_names(model):
+    from metalqwen.model import Chunk
+    from metalqwen.server.logprobs import CompletionLogprobs, TokenTexts, chat_logprobs
+
+    first, second = model.tokenizer.encode("😀")  # each half of the emoji's bytes
+    texts = TokenTexts(model.tokenizer)
+    chunk = Chunk(text="", token=first, logprob=-0.5, top_logprobs=[(first, -0.5), (second, -3.0)])
+    legacy = CompletionLogprobs(texts).add([chunk, Chunk(text="😀", token=second, logprob=-0.1, top_logprobs=[])])
+    assert legacy["tokens"] == ["bytes:\\xf0\\x9f", "bytes:\\x98\\x80"]
+    assert legacy["top_logprobs"][0] == {"bytes:\\xf0\\x9f": -0.5, "bytes:\\x98\\x80": -3.0}, "no collision"
+    assert legacy["text_offset"] == [0, 0], "the emoji is one character, at its last token"
+    entry = chat_logprobs(texts, [chunk])["content"][0]
+    assert entry["bytes"] == [0xF0, 0x9F] and [t["bytes"] for t in entry["top_logprobs"]] == [[0xF0, 0x9F],
+                                                                                             [0x98, 0x80]]
 
 
 def test_completion_logprobs_in_the_legacy_shape(client, model):
@@ -151,13 +191,18 @@ def test_completion_logprobs_in_the_legacy_shape(client, model):
     tokens = [t for t in _greedy(model, prompt, 8).tokens if t not in model.eos_token_ids]
     rows = _log_softmax_at(model, prompt, tokens)
     lp = r.choices[0].logprobs
-    texts = [model.tokenizer.decode([t]) for t in tokens]
-    assert lp.tokens == texts and "".join(texts) == r.choices[0].text
+    raw = [model.tokenizer.token_bytes(t) for t in tokens]
+    assert lp.tokens == [_token_name(model, t) for t in tokens]
+    assert b"".join(raw).decode("utf-8", "replace") == r.choices[0].text
     np.testing.assert_allclose(lp.token_logprobs, rows[np.arange(len(tokens)), tokens], rtol=0, atol=1e-4)
-    assert lp.text_offset == [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    # Offsets index the text: a token that is text alone stands there; they never decrease.
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(r.choices[0].text)
+    for name, offset, piece in zip(lp.tokens, lp.text_offset, raw):
+        if _is_text(piece):
+            assert r.choices[0].text[offset:offset + len(name)] == name, (lp.tokens, lp.text_offset)
     for got, row in zip(lp.top_logprobs, rows):
         want = np.argsort(-row, kind="stable")[:3]
-        assert list(got) == [model.tokenizer.decode([int(i)]) for i in want]
+        assert list(got) == [_token_name(model, int(i)) for i in want]
         np.testing.assert_allclose(list(got.values()), row[want], rtol=0, atol=1e-4)
     streamed = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for c in client.completions.create(model="x", prompt="The sky is", max_tokens=8, temperature=0, logprobs=3,

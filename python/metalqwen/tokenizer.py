@@ -13,6 +13,7 @@ safe to emit while one might still be forming.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from datetime import datetime
@@ -21,6 +22,17 @@ from typing import Any, Iterable, Mapping, Sequence
 from .config import CheckpointError
 
 __all__ = ["StopMatcher", "StreamDecoder", "Tokenizer", "TokenizerError", "find_stop"]
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table): the printable Latin-1
+    bytes stand for themselves, the others take the code points from 256 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
 
 
 class TokenizerError(CheckpointError):
@@ -106,6 +118,24 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(int(token_id))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for: with a byte-level BPE (Qwen's) a token may hold
+        part of a UTF-8 character, which ``decode`` would show as U+FFFD; added tokens are their text."""
+        from tokenizers.decoders import ByteLevel
+
+        piece = self.id_to_token(token_id)
+        added = token_id in self._added_ids
+        if piece is None or added or not isinstance(self._tok.decoder, ByteLevel):
+            return self.decode([token_id]).encode("utf-8")
+        try:
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        except KeyError:  # not byte-level text after all
+            return self.decode([token_id]).encode("utf-8")
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self._tok.get_added_tokens_decoder())
 
     @property
     def eos_token(self) -> str | None:

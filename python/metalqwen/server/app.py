@@ -232,8 +232,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
                 def choice(delta: dict, finish: str | None) -> dict:
                     out = {"index": 0, "delta": delta, "finish_reason": finish}
-                    if logprobs is not None:
-                        out["logprobs"] = chat_logprobs(texts, held)
+                    if logprobs is not None:  # a chunk with no token of its own carries none
+                        out["logprobs"] = chat_logprobs(texts, held) if held else None
                         held.clear()
                     return out
 
