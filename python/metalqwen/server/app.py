@@ -225,8 +225,11 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         if req.stream:
             async def events():
                 chunk = {**head, "object": "chat.completion.chunk"}
-                yield sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                 "finish_reason": None}]})
+                # The first chunk also says how long the prompt is (clients ignore the extra field;
+                # the chat page shows it until the first token).
+                yield sse({**chunk, "metalqwen": {"prompt_tokens": len(prompt)},
+                           "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "finish_reason": None}]})
                 calls = 0
                 held = []  # tokens whose text the parser holds back: their logprobs go with the next delta
 
