@@ -236,6 +236,15 @@ def test_logprobs_out_of_range_are_400_naming_the_field(server):
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "string"}}}]}, "tools.0.function.parameters"),
+    # OpenAI fields that would change the output and are not done yet: refused, never ignored.
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}, "reasoning_effort"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
@@ -244,6 +253,17 @@ def test_bad_requests_are_400_naming_the_field(server, body, param):
     assert error["type"] == "invalid_request_error" and error["message"]
     if param:
         assert error["param"] == param, error
+
+
+def test_reasoning_effort_turns_thinking_off_and_unknown_fields_are_ignored(client):
+    messages = [{"role": "user", "content": "hi"}]
+    off = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0,
+                                         reasoning_effort="none", extra_body={"some_future_field": 1})
+    on = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0,
+                                        reasoning_effort="high")
+    # Thinking off: the template closes the thinking block in the prompt, so the answer is content.
+    assert off.usage.prompt_tokens > on.usage.prompt_tokens
+    assert not getattr(off.choices[0].message, "reasoning_content", None) and on.choices[0].message.reasoning_content
 
 
 def test_malformed_requests_then_a_normal_one(server, client):

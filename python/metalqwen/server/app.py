@@ -196,10 +196,10 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
         try:
             messages = [m.for_template() for m in req.messages]
-            text = model.tokenizer.apply_chat_template(messages, tools=tools, **req.chat_template_kwargs)
+            template_kwargs = req.template_kwargs()
+            text = model.tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)
             prompt = model.tokenizer.encode(text)
-            boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools,
-                                            **req.chat_template_kwargs)
+            boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools, **template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
         job = request.state.job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens,

@@ -119,6 +119,32 @@ class _Sampling(_Body):
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
+    # OpenAI fields that would change the output and that this server does not do yet: refused
+    # (a 400 naming the field) unless absent or neutral, never silently ignored.
+    response_format: Optional[dict[str, Any]] = None
+    logit_bias: Optional[dict[str, float]] = None
+    best_of: Optional[int] = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, value):
+        if value is not None and value.get("type") != "text":
+            raise ValueError(f"type {value.get('type')!r} is not supported yet (only 'text')")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
+            raise ValueError("logit_bias is not supported yet")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best(cls, value):
+        if value not in (None, 1):
+            raise ValueError("best_of above 1 is not supported yet")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -137,12 +163,51 @@ class ChatCompletionRequest(_Sampling):
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # Qwen3.5 thinks or does not: "none"/"minimal" turn thinking off, "low"/"medium"/"high" leave it on.
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[dict[str, Any]]] = None  # the API's deprecated forms of tools
+    function_call: Union[str, dict, None] = None
+    modalities: Optional[list[str]] = None
+    audio: Optional[dict[str, Any]] = None
+    prediction: Optional[dict[str, Any]] = None
 
-    @model_validator(mode="after")
-    def _checks(self):
-        if isinstance(self.tool_choice, dict) or self.tool_choice == "required":
-            raise ValueError("tool_choice supports 'auto' and 'none'")
-        return self
+    @field_validator("tool_choice")
+    @classmethod
+    def _auto_or_none(cls, value):
+        if isinstance(value, dict) or value == "required":
+            raise ValueError("only 'auto' and 'none' are supported yet")
+        return value
+
+    @field_validator("parallel_tool_calls")
+    @classmethod
+    def _parallel(cls, value):
+        if value is False:
+            raise ValueError("false (at most one tool call) is not supported yet")
+        return value
+
+    @field_validator("functions", "function_call", "audio", "prediction")
+    @classmethod
+    def _not_yet(cls, value, info):
+        if value:
+            raise ValueError(f"{info.field_name} is not supported (use tools)" if info.field_name.startswith("function")
+                             else f"{info.field_name} is not supported yet")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_out(cls, value):
+        if value and value != ["text"]:
+            raise ValueError("only ['text'] is supported")
+        return value
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's variables: chat_template_kwargs, with reasoning_effort as enable_thinking
+        unless those set it."""
+        out = dict(self.chat_template_kwargs)
+        if self.reasoning_effort is not None:
+            out.setdefault("enable_thinking", self.reasoning_effort not in ("none", "minimal"))
+        return out
 
 
 class CompletionRequest(_Sampling):
