@@ -471,6 +471,23 @@ def text_config(dims: Mapping, *, tied: bool, eos: int, layer_types: bool = True
     return tc
 
 
+def _start_folder(caller: str, folder, tokenizer_vocab: int, dims: Mapping) -> tuple[str, dict, dict]:
+    """A demo folder's common start: the dimensions checked and completed, the folder made
+    (it must be empty) and the tokenizer written. Returns (folder, dims, tokenizer facts)."""
+    unknown = set(dims) - set(DEMO_DIMS)
+    if unknown:
+        raise TypeError(f"{caller}: unknown arguments {sorted(unknown)}")
+    d = {**DEMO_DIMS, **dims}
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    if os.listdir(folder):
+        raise FileExistsError(f"{caller}: {folder} is not empty")
+    tok = write_tokenizer_files(folder, build_tokenizer(tokenizer_vocab, seed=0))
+    if tok["size"] > d["vocab_size"]:
+        raise ValueError(f"{caller}: vocab_size {d['vocab_size']} < tokenizer size {tok['size']}")
+    return folder, d, tok
+
+
 def hf_tensors(weights: Mapping[str, np.ndarray], *, tied: bool, a_log_bf16: bool = False) -> dict[str, object]:
     """``random_weights`` as a Hugging Face original stores them: the language model under
     ``model.language_model.*``, ``mtp.*`` and ``lm_head`` (dropped when tied) at the top, bf16
@@ -491,15 +508,7 @@ def write_hf_demo_checkpoint(folder: str | os.PathLike, seed: int = 0, *, tie_wo
     with the multi-token-prediction head ``mtp.*``) to ``folder`` (created; must be empty), so
     ``metalqwen convert``, ``add-mtp`` and ``--speculative mtp`` can be tried without a download.
     Dimensions as ``write_demo_checkpoint``; returns the folder path."""
-    unknown = set(dims) - set(DEMO_DIMS)
-    if unknown:
-        raise TypeError(f"write_hf_demo_checkpoint: unknown arguments {sorted(unknown)}")
-    d = {**DEMO_DIMS, **dims}
-    folder = os.fspath(folder)
-    os.makedirs(folder, exist_ok=True)
-    if os.listdir(folder):
-        raise FileExistsError(f"write_hf_demo_checkpoint: {folder} is not empty")
-    tok = write_tokenizer_files(folder, build_tokenizer(tokenizer_vocab, seed=0))
+    folder, d, tok = _start_folder("write_hf_demo_checkpoint", folder, tokenizer_vocab, dims)
     tensors = hf_tensors(random_weights(d, seed, mtp=True), tied=tie_word_embeddings)
     write_safetensors(os.path.join(folder, "model.safetensors"), tensors, metadata={"format": "pt"})
     config = {
@@ -542,18 +551,7 @@ def write_demo_checkpoint(
     unpadded as MLX does (see ``write_safetensors``): the same tensors, misaligned in the file.
     Returns the folder path.
     """
-    unknown = set(dims) - set(DEMO_DIMS)
-    if unknown:
-        raise TypeError(f"write_demo_checkpoint: unknown arguments {sorted(unknown)}")
-    d = {**DEMO_DIMS, **dims}
-    folder = os.fspath(folder)
-    os.makedirs(folder, exist_ok=True)
-    if os.listdir(folder):
-        raise FileExistsError(f"write_demo_checkpoint: {folder} is not empty")
-
-    tok = write_tokenizer_files(folder, build_tokenizer(tokenizer_vocab, seed=0))
-    if tok["size"] > d["vocab_size"]:
-        raise ValueError(f"write_demo_checkpoint: vocab_size {d['vocab_size']} < tokenizer size {tok['size']}")
+    folder, d, tok = _start_folder("write_demo_checkpoint", folder, tokenizer_vocab, dims)
 
     tensors: dict[str, object] = {}
     for name, value in random_weights(d, seed).items():
