@@ -244,6 +244,8 @@ void bind_engine(py::module_& m) {
         d["weight_bytes_copied"] = c.weight_bytes_copied;
         d["weight_buffers"] = c.weight_buffers;
         d["memory_estimate"] = c.memory_estimate;
+        d["library_kernels"] = c.library_kernels;
+        d["library_source_bytes"] = c.library_source_bytes;
         d["verify_steps"] = c.verify_steps;
         d["drafted"] = c.drafted;
         d["accepted"] = c.accepted;

@@ -35,6 +35,8 @@ struct Counters {
   uint64_t weight_bytes_copied = 0;     // at load, where the file could not be wrapped
   uint64_t weight_buffers = 0;          // device buffers holding the weights (shards split at max_buffer_length)
   uint64_t memory_estimate = 0;         // bytes the load was admitted with (weights + KV cache + workspace)
+  uint64_t library_kernels = 0;         // kernel functions of the model's compiled library (Kernels::create)
+  uint64_t library_source_bytes = 0;    // the MSL it was compiled from
   // Speculative decoding (Engine::verify).
   uint64_t verify_steps = 0;
   uint64_t drafted = 0, accepted = 0;                  // drafts fed to verify steps, and accepted

@@ -65,6 +65,8 @@ mutations=(
   's/supportsFamily:MTLGPUFamilyApple7\]/supportsFamily:7]/|int for an NS_ENUM (GPU family)|150000'
   's/options\.languageVersion = MTLLanguageVersion3_1/options.languageVersion = 3/|int for an NS_ENUM (language version)|150000'
   's/MTLCopyAllDevices()\.firstObject/MTLCopyAllDevices().first/|unknown NSArray property|150000'
+  's/completionHandler:\^(id<MTLComputePipelineState> pipeline, NSError\* error)/completionHandler:^(id<MTLComputePipelineState> pipeline, NSError* error, NSUInteger)/|wrong completion handler signature|150000'
+  's/newLibraryWithURL:\[NSURL fileURLWithPath:file\]/newLibraryWithURL:file/|NSString for NSURL|150000'
 )
 target=csrc/gpu/metal/metal_device.mm
 for entry in "${mutations[@]}"; do

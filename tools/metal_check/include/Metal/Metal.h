@@ -79,6 +79,7 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 @end
 
 @protocol MTLLibrary <NSObject>
+@property(readonly) NSArray<NSString*>* functionNames;
 - (id<MTLFunction>)newFunctionWithName:(NSString*)functionName;
 @end
 
@@ -86,6 +87,9 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 @property(readonly) NSUInteger maxTotalThreadsPerThreadgroup;
 @property(readonly) NSUInteger threadExecutionWidth;
 @end
+
+typedef void (^MTLNewComputePipelineStateCompletionHandler)(id<MTLComputePipelineState> computePipelineState,
+                                                            NSError* error);
 
 @protocol MTLCommandEncoder <NSObject>
 - (void)endEncoding;
@@ -134,8 +138,11 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 - (id<MTLLibrary>)newLibraryWithSource:(NSString*)source
                                options:(MTLCompileOptions*)options
                                  error:(NSError**)error;
+- (id<MTLLibrary>)newLibraryWithURL:(NSURL*)url error:(NSError**)error;
 - (id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                              error:(NSError**)error;
+- (void)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
+                          completionHandler:(MTLNewComputePipelineStateCompletionHandler)completionHandler;
 @end
 
 MTL_EXTERN id<MTLDevice> MTLCreateSystemDefaultDevice(void) NS_RETURNS_RETAINED;
