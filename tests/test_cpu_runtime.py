@@ -597,3 +597,29 @@ def test_seed_library_compiles_unchanged(cpu):
     assert names
     for name in names:
         assert lib.kernel(name).name == name
+
+
+# ---------------------------------------------------------------- the kernel cache across processes
+
+
+def test_processes_compiling_one_source_build_it_once(tmp_path):
+    # Two processes on a cold cache (test workers, CI passes): the second waits on the first's
+    # file lock and finds the object built. The compiler wrapper logs each object build.
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "builds.log"
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text('#!/bin/sh\ncase "$*" in *-shared*) echo build >> "$MQ_BUILD_LOG"; sleep 2;; esac\n'
+                       'exec c++ "$@"\n')
+    wrapper.chmod(0o755)
+    source = "kernel void once(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = 7.0f; }"
+    code = f"from metalqwen import gpu; gpu.Device('cpu').compile({source!r}, 'once.metal').kernel('once')"
+    env = dict(os.environ, METALQWEN_CXX=str(wrapper), METALQWEN_CACHE_DIR=str(tmp_path / "cache"),
+               METALQWEN_CHECK_MSL="0", MQ_BUILD_LOG=str(log))
+    workers = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for w in workers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err
+    assert log.read_text().split() == ["build"]
