@@ -89,6 +89,8 @@ void bind_shaders(py::module_& m) {
         "The shader library as one MSL text; `files` (path under shaders/ -> text) replaces the built-in copy, "
         "`kernels` (host names) keeps only those kernels, as the engine compiles a model's.");
   m.def("kernel_names", &mq::engine::kernel_names, "Every kernel host name of the shader library.");
+  m.def("shader_library_key", &mq::engine::embedded_shader_key,
+        "The embedded shader files' key, which a prebuilt Metal library must hold (tools/shader_key.cmake).");
   m.def("weight_formats", &mq::engine::weight_formats,
         "The host-name suffix of every projection weight format the kernels are instantiated for.");
 }

@@ -10,19 +10,25 @@ namespace mq::engine {
 
 void Kernels::create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs,
                      const Progress& progress) {
-  // Only the kernels the model runs: their families' headers and their instances.
   std::set<std::string> names;
   for (const auto& [name, need] : needs) names.insert(name);
-  const std::string source = assemble_kernel_library(embedded_shader_files(), names);
-  const char* name_of_source = "metalqwen-shaders";
-  library_source_bytes_ = source.size();
-  if (progress) {
-    const std::string notice = device.compile_notice(source, name_of_source);
-    progress(0, needs.size(),
-             notice.empty() ? "" : notice + ": " + std::to_string(names.size()) + " kernels, " +
-                                       std::to_string(source.size() / 1024) + " KB of MSL");
+  library_ = device.prebuilt_library(embedded_shader_key());
+  if (library_) {  // the whole library, compiled when the package was built
+    library_source_bytes_ = 0;
+    if (progress)
+      progress(0, needs.size(), "creating " + std::to_string(names.size()) + " pipelines from the prebuilt library");
+  } else {  // only the kernels the model runs: their families' headers and their instances
+    const std::string source = assemble_kernel_library(embedded_shader_files(), names);
+    const char* name_of_source = "metalqwen-shaders";
+    library_source_bytes_ = source.size();
+    if (progress) {
+      const std::string notice = device.compile_notice(source, name_of_source);
+      progress(0, needs.size(),
+               notice.empty() ? "" : notice + ": " + std::to_string(names.size()) + " kernels, " +
+                                         std::to_string(source.size() / 1024) + " KB of MSL");
+    }
+    library_ = device.compile(source, name_of_source);
   }
-  library_ = device.compile(source, name_of_source);
   library_kernels_ = library_->kernel_names().size();
   const std::vector<std::string> ordered(names.begin(), names.end());
   const auto kernels = library_->kernels(ordered, [&](size_t built) {

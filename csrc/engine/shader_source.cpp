@@ -128,6 +128,8 @@ const std::map<std::string, std::string>& embedded_shader_files() {
   return files;
 }
 
+std::string embedded_shader_key() { return kShaderFiles.key; }
+
 const std::string& embedded_shader_library() {
   static const std::string source = assemble_shader_library(embedded_shader_files());
   return source;

@@ -26,8 +26,10 @@ std::string assemble_kernel_library(const std::map<std::string, std::string>& fi
 std::vector<std::string> kernel_names();
 std::vector<std::string> weight_formats();
 
-// The shader files compiled into the extension, and the whole library built from them.
+// The shader files compiled into the extension, their key (a prebuilt library's must match:
+// Device::prebuilt_library), and the whole library built from them.
 const std::map<std::string, std::string>& embedded_shader_files();
+std::string embedded_shader_key();
 const std::string& embedded_shader_library();
 
 }  // namespace mq::engine
