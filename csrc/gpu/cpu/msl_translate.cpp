@@ -254,6 +254,11 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
   // A template definition's [[max_total_threads_per_threadgroup]] applies to its
   // instantiations (as on Metal) unless one declares its own.
   std::map<std::string, std::string> template_max_threads;
+  auto set_max_threads = [&](KernelDecl& k, const std::string& function, const std::string& own) {
+    if (!own.empty()) k.max_threads = own;
+    else if (auto inherited = template_max_threads.find(function); inherited != template_max_threads.end())
+      k.max_threads = inherited->second;
+  };
   // Each template definition's parameter texts, for its `decltype` instances.
   std::map<std::string, std::vector<std::string>> template_params;
   for (size_t at : find_word(m, "kernel")) {
@@ -317,9 +322,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
       for (size_t n = 0; n < params->second.size(); ++n)
         k.params.push_back(parse_param(params->second[n], k.name, where,
                                        "mq_glue_param_t<decltype(" + k.call + "), " + std::to_string(n) + ">"));
-      if (!own_max_threads.empty()) k.max_threads = own_max_threads;
-      else if (auto inherited = template_max_threads.find(function); inherited != template_max_threads.end())
-        k.max_threads = inherited->second;
+      set_max_threads(k, function, own_max_threads);
       kernels.push_back(std::move(k));
       continue;
     }
@@ -363,9 +366,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
       if (!own_max_threads.empty()) template_max_threads[function] = own_max_threads;
       continue;
     }
-    if (!own_max_threads.empty()) k.max_threads = own_max_threads;
-    else if (auto inherited = template_max_threads.find(function); inherited != template_max_threads.end())
-      k.max_threads = inherited->second;
+    set_max_threads(k, function, own_max_threads);
     kernels.push_back(std::move(k));
   }
   return apply_edits(text, std::move(edits));
