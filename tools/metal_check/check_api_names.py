@@ -94,6 +94,10 @@ UNLISTED = {
     ("MTLCompileOptions", "setLanguageVersion:"): "setter of languageVersion, see there",
     ("NSArray", "firstObject"): "object-typed property needs no bridging metadata; "
     "developer.apple.com/documentation/foundation/nsarray/firstobject",
+    ("NSArray", "objectAtIndex:"): "object result, integer argument: needs no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsarray/objectatindex(_:)",
+    ("NSURL", "fileURLWithPath:"): "class method with an object argument and result: needs no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsurl/fileurlwithpath(_:)",
 }
 # PyObjC registers protocol methods on NSObject by selector, so a selector that several
 # protocols declare carries the types of only one of them. Where that one is not ours,

@@ -88,9 +88,6 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
 @property(readonly) NSUInteger threadExecutionWidth;
 @end
 
-typedef void (^MTLNewComputePipelineStateCompletionHandler)(id<MTLComputePipelineState> computePipelineState,
-                                                            NSError* error);
-
 @protocol MTLCommandEncoder <NSObject>
 - (void)endEncoding;
 @end
@@ -141,8 +138,10 @@ typedef void (^MTLNewComputePipelineStateCompletionHandler)(id<MTLComputePipelin
 - (id<MTLLibrary>)newLibraryWithURL:(NSURL*)url error:(NSError**)error;
 - (id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                              error:(NSError**)error;
+// The SDK spells the block type MTLNewComputePipelineStateCompletionHandler.
 - (void)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
-                          completionHandler:(MTLNewComputePipelineStateCompletionHandler)completionHandler;
+                          completionHandler:(void (^)(id<MTLComputePipelineState> computePipelineState,
+                                                      NSError* error))completionHandler;
 @end
 
 MTL_EXTERN id<MTLDevice> MTLCreateSystemDefaultDevice(void) NS_RETURNS_RETAINED;
