@@ -43,16 +43,17 @@ class Kernels:
         return sorted(self._owner)
 
 
+def compiled_kernels(device: gpu.Device, *names: str) -> Kernels:
+    """The kernels of the files `names` (all files when none are named) on `device`."""
+    names = names or tuple(p for p in checkout_shader_files() if p.endswith(".metal"))
+    return Kernels([_compiled(device, name) for name in sorted(names)])
+
+
 @pytest.fixture(scope="session")
 def shaders(device):
     """shaders("quant.metal", ...) -> the kernels of those files (all files when none are named),
     on each device of METALQWEN_TEST_DEVICES (tests/conftest.py)."""
-
-    def kernels(*names: str) -> Kernels:
-        names = names or tuple(p for p in checkout_shader_files() if p.endswith(".metal"))
-        return Kernels([_compiled(device, name) for name in sorted(names)])
-
-    return kernels
+    return lambda *names: compiled_kernels(device, *names)
 
 
 @pytest.fixture(scope="session")
