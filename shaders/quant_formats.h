@@ -1,4 +1,4 @@
-// Weight formats of the projection kernels (quant.metal), one struct per format: how to
+// Weight formats of the projection kernels (quant.h), one struct per format: how to
 // load one block of MQ_QUANT_BLOCK consecutive weights of a row and what they are worth.
 // Included by every kernel family that streams projection weights, so a new family
 // (e.g. gathered expert matvecs) reuses the same block math.

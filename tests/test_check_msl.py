@@ -101,6 +101,9 @@ template <typename T>
 template [[host_name("scale_half")]] [[kernel]] void scale<half>(device const half*, device half*, uint);
 template [[host_name("scale_bf16")]] [[kernel]] void scale<bfloat>(device const bfloat*, device bfloat*, uint);
 template [[host_name("scale_f32")]] [[kernel]] decltype(scale<float>) scale<float>;
+#define instantiate_kernel(name, func, ...) \\
+    template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;
+instantiate_kernel("scale_" "int", scale, int)
 
 [[max_total_threads_per_threadgroup(256)]]
 kernel void idioms(device float4* v [[buffer(0)]], device atomic_uint* hits [[buffer(1)]],

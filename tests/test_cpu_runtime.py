@@ -444,6 +444,45 @@ INST_QMV(8, 32)
         np.testing.assert_array_equal(y.numpy(np.float32), np.full(4, value, np.float32))
 
 
+def test_decltype_instances_take_their_templates_signature(cpu):
+    # MLX's instantiate_kernel: the instance names no parameter; the translator binds the
+    # template's, typed as in the instance (dependent pointee types, constant references).
+    lib = build(cpu, """
+struct Wide { typedef float elem; };
+struct Narrow { typedef half elem; };
+struct Scale { float factor; uint offset; };
+template <typename F, int N>
+[[max_total_threads_per_threadgroup(64)]]
+[[kernel]] void scaled(device const typename F::elem* x [[buffer(0)]], device float* y [[buffer(1)]],
+                       constant Scale& s [[buffer(2)]], ushort i [[thread_position_in_grid]]) {
+    y[i] = float(x[i + s.offset]) * s.factor + N;
+}
+#define instantiate_kernel(name, func, ...) \\
+    template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;
+#define INSTANCES(F, T) instantiate_kernel("scaled_" #F "_1", scaled, T, 1) instantiate_kernel("scaled_" #F "_2", scaled, T, 2)
+INSTANCES(f32, Wide)
+INSTANCES(f16, Narrow)
+""")
+    x = np.arange(12, dtype=np.float32)
+    scale = np.array([np.float32(3.0).view(np.uint32), 2], np.uint32)  # Scale{factor 3, offset 2}
+    for name, data, n in [("scaled_f32_1", x, 1), ("scaled_f32_2", x, 2), ("scaled_f16_1", x.astype(np.float16), 1),
+                          ("scaled_f16_2", x.astype(np.float16), 2)]:
+        kernel = lib.kernel(name)
+        assert kernel.max_threads_per_threadgroup == 64  # the template's
+        y = nan_buffer(cpu, 8)
+        kernel.dispatch({0: cpu.buffer(data), 1: y, 2: scale}, threadgroups=(1,), threads=(8,))
+        np.testing.assert_array_equal(y.numpy(np.float32), x[2:10] * 3 + n)
+
+
+def test_refuses_a_decltype_instance_without_its_template(cpu):
+    # `plain` is a function template, not a kernel template: no parameters to bind.
+    with pytest.raises(gpu.CompileError, match="kernel instance of 'plain' has no kernel template defined before it"):
+        build(cpu, """
+template <int N> void plain(device float* y, uint i) { y[i] = N; }
+template [[host_name("plain_1")]] [[kernel]] decltype(plain<1>) plain<1>;
+""")
+
+
 def test_macros_in_parameter_lists_and_kernel_definitions(cpu):
     lib = build(cpu, """
 #define BINARY_ARGS device const float* a [[buffer(0)]], device const float* b [[buffer(1)]], \\
@@ -558,3 +597,29 @@ def test_seed_library_compiles_unchanged(cpu):
     assert names
     for name in names:
         assert lib.kernel(name).name == name
+
+
+# ---------------------------------------------------------------- the kernel cache across processes
+
+
+def test_processes_compiling_one_source_build_it_once(tmp_path):
+    # Two processes on a cold cache (test workers, CI passes): the second waits on the first's
+    # file lock and finds the object built. The compiler wrapper logs each object build.
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "builds.log"
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text('#!/bin/sh\ncase "$*" in *-shared*) echo build >> "$MQ_BUILD_LOG"; sleep 2;; esac\n'
+                       'exec c++ "$@"\n')
+    wrapper.chmod(0o755)
+    source = "kernel void once(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = 7.0f; }"
+    code = f"from metalqwen import gpu; gpu.Device('cpu').compile({source!r}, 'once.metal').kernel('once')"
+    env = dict(os.environ, METALQWEN_CXX=str(wrapper), METALQWEN_CACHE_DIR=str(tmp_path / "cache"),
+               METALQWEN_CHECK_MSL="0", MQ_BUILD_LOG=str(log))
+    workers = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for w in workers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err
+    assert log.read_text().split() == ["build"]

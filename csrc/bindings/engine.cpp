@@ -246,6 +246,8 @@ void bind_engine(py::module_& m) {
         d["load_rss_before"] = c.load_rss_before;
         d["load_peak_rss"] = c.load_peak_rss;
         d["memory_estimate"] = c.memory_estimate;
+        d["library_kernels"] = c.library_kernels;
+        d["library_source_bytes"] = c.library_source_bytes;
         d["verify_steps"] = c.verify_steps;
         d["drafted"] = c.drafted;
         d["accepted"] = c.accepted;

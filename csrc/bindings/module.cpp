@@ -4,6 +4,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 
 #include "engine/errors.h"
 #include "engine/shader_source.h"
@@ -38,7 +39,9 @@ void bind_gpu(py::module_& m) {
       .def_property_readonly("max_threads_per_threadgroup", &Kernel::max_threads_per_threadgroup)
       .def_property_readonly("thread_execution_width", &Kernel::thread_execution_width);
 
-  py::class_<Library, std::shared_ptr<Library>>(m, "Library").def("kernel", &Library::kernel, py::arg("name"));
+  py::class_<Library, std::shared_ptr<Library>>(m, "Library")
+      .def("kernel", &Library::kernel, py::arg("name"))
+      .def("kernel_names", &Library::kernel_names);
 
   py::class_<CommandBuffer>(m, "CommandBuffer")
       .def("set_kernel", &CommandBuffer::set_kernel)
@@ -82,11 +85,19 @@ void bind_gpu(py::module_& m) {
 
 void bind_shaders(py::module_& m) {
   m.def("shader_library_source",
-        [](std::optional<std::map<std::string, std::string>> files) {
-          return files ? mq::engine::assemble_shader_library(*files) : mq::engine::embedded_shader_library();
+        [](std::optional<std::map<std::string, std::string>> files, std::optional<std::set<std::string>> kernels) {
+          const auto& sources = files ? *files : mq::engine::embedded_shader_files();
+          return kernels ? mq::engine::assemble_kernel_library(sources, *kernels)
+                         : files ? mq::engine::assemble_shader_library(sources) : mq::engine::embedded_shader_library();
         },
-        py::arg("files") = py::none(),
-        "The shader library as one MSL text; `files` (path under shaders/ -> text) replaces the built-in copy.");
+        py::arg("files") = py::none(), py::arg("kernels") = py::none(),
+        "The shader library as one MSL text; `files` (path under shaders/ -> text) replaces the built-in copy, "
+        "`kernels` (host names) keeps only those kernels, as the engine compiles a model's.");
+  m.def("kernel_names", &mq::engine::kernel_names, "Every kernel host name of the shader library.");
+  m.def("shader_library_key", &mq::engine::embedded_shader_key,
+        "The embedded shader files' key, which a prebuilt Metal library must hold (tools/shader_key.cmake).");
+  m.def("weight_formats", &mq::engine::weight_formats,
+        "The host-name suffix of every projection weight format the kernels are instantiated for.");
 }
 
 // C++ errors become metalqwen.errors classes: GpuError, CompileError (with .diagnostics),

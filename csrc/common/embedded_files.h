@@ -13,6 +13,7 @@ struct EmbeddedFile {
 struct EmbeddedFiles {
   const EmbeddedFile* files;
   size_t count;
+  const char* key;  // SHA-256 of the files (tools/shader_key.cmake), 32 hex digits
 };
 
 extern const EmbeddedFiles kCpuRuntimeHeaders;  // csrc/gpu/cpu: abi.h and msl/*

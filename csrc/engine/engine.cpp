@@ -75,6 +75,8 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   KernelPlan plan;
   plan_kernels(plan);
   kernels_.create(*device_, plan.needs(), progress.kernels);
+  counters_.library_kernels = kernels_.library_kernels();
+  counters_.library_source_bytes = kernels_.library_source_bytes();
   plan.resolve(kernels_);
   reset();
 }

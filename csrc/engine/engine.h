@@ -37,6 +37,8 @@ struct Counters {
   uint64_t load_rss_before = 0;         // process resident set before the weights were placed (Weights::rss_before)
   uint64_t load_peak_rss = 0;           // its peak while they were placed (Weights::peak_rss)
   uint64_t memory_estimate = 0;         // bytes the load was admitted with (weights + KV cache + workspace)
+  uint64_t library_kernels = 0;         // kernel functions of the model's compiled library (Kernels::create)
+  uint64_t library_source_bytes = 0;    // the MSL it was compiled from
   // Speculative decoding (Engine::verify).
   uint64_t verify_steps = 0;
   uint64_t drafted = 0, accepted = 0;                  // drafts fed to verify steps, and accepted

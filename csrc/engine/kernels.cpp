@@ -1,6 +1,7 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <set>
 
 #include "../../shaders/params.h"
 #include "shader_source.h"
@@ -9,15 +10,35 @@ namespace mq::engine {
 
 void Kernels::create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs,
                      const Progress& progress) {
-  const std::string& source = embedded_shader_library();
-  const char* name_of_source = "metalqwen-shaders";
-  const std::string note = progress ? device.compile_notice(source, name_of_source) : "";
-  uint64_t built = 0;
-  if (progress) progress(built, needs.size(), note);
-  library_ = device.compile(source, name_of_source);
+  std::set<std::string> names;
+  for (const auto& [name, need] : needs) names.insert(name);
+  library_ = device.prebuilt_library(embedded_shader_key());
+  if (library_) {  // the whole library, compiled when the package was built
+    library_source_bytes_ = 0;
+    if (progress)
+      progress(0, needs.size(), "creating " + std::to_string(names.size()) + " pipelines from the prebuilt library");
+  } else {  // only the kernels the model runs: their families' headers and their instances
+    const std::string source = assemble_kernel_library(embedded_shader_files(), names);
+    const char* name_of_source = "metalqwen-shaders";
+    library_source_bytes_ = source.size();
+    if (progress) {
+      const std::string notice = device.compile_notice(source, name_of_source);
+      progress(0, needs.size(),
+               notice.empty() ? "" : notice + ": " + std::to_string(names.size()) + " kernels, " +
+                                         std::to_string(source.size() / 1024) + " KB of MSL");
+    }
+    library_ = device.compile(source, name_of_source);
+  }
+  library_kernels_ = library_->kernel_names().size();
+  const std::vector<std::string> ordered(names.begin(), names.end());
+  const auto kernels = library_->kernels(ordered, [&](size_t built) {
+    if (progress) progress(built, needs.size(), "");
+  });
   std::string unfit;
-  for (const auto& [name, need] : needs) {
-    Pipeline p{name, library_->kernel(name), 0};
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    const std::string& name = ordered[i];
+    const ThreadgroupNeed& need = needs.at(name);
+    Pipeline p{name, kernels[i], 0};
     const uint32_t limit = p.kernel->max_threads_per_threadgroup();
     p.threads = std::min(need.preferred, limit / MQ_SIMD_WIDTH * MQ_SIMD_WIDTH);
     if (p.threads < need.minimum || p.threads == 0) {
@@ -26,7 +47,6 @@ void Kernels::create(gpu::Device& device, const std::map<std::string, Threadgrou
                (need.minimum == need.preferred ? "" : "at least ") + std::to_string(need.minimum);
     }
     pipelines_[name] = std::move(p);
-    if (progress) progress(++built, needs.size(), note);
   }
   if (!unfit.empty()) throw gpu::GpuError("[engine] this GPU cannot run the model's kernels: " + unfit);
 }

@@ -50,22 +50,29 @@ class Kernels {
   // spends its time on when that is slow (e.g. a first-run compile), else it is empty.
   using Progress = std::function<void(uint64_t done, uint64_t total, const std::string& note)>;
 
-  // Compiles the shader library, then creates the pipeline of every kernel in `needs` and
+  // Compiles the library of exactly the kernels in `needs` (their families' headers and their
+  // instances, shader_source.h), then creates their pipelines (concurrently on Metal) and
   // chooses each one's threadgroup size within the pipeline's limit (Metal lowers it for
   // kernels with many registers). Throws gpu::GpuError naming every kernel whose limit is
-  // below its minimum.
+  // below its minimum. `progress` hears of the compile first (its note says what it
+  // compiles), then of each pipeline as it is built.
   void create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs,
               const Progress& progress = {});
   // Throws gpu::GpuError for a kernel that create() was not given. The reference stays valid
   // for the life of these kernels: the engine resolves its pipelines once, at load.
   const Pipeline& get(const std::string& name) const;
   size_t size() const { return pipelines_.size(); }
+  // The compiled library: its kernel functions (the pipelines' plus the plain kernels their
+  // headers define) and the MSL bytes it was compiled from.
+  size_t library_kernels() const { return library_kernels_; }
+  size_t library_source_bytes() const { return library_source_bytes_; }
   // While set, every Encoder over these kernels appends its dispatches here (nullptr: off).
   void record_into(std::vector<RecordedDispatch>* sink) { recorded_ = sink; }
   std::vector<RecordedDispatch>* recording() const { return recorded_; }
 
  private:
   std::shared_ptr<gpu::Library> library_;
+  size_t library_kernels_ = 0, library_source_bytes_ = 0;
   std::map<std::string, Pipeline> pipelines_;
   std::vector<RecordedDispatch>* recorded_ = nullptr;
 };

@@ -1,9 +1,10 @@
 #include "shader_source.h"
 
-#include <set>
 #include <sstream>
 #include <stdexcept>
 
+#include "../../shaders/instances.h"
+#include "../../shaders/params.h"
 #include "common/embedded_files.h"
 
 namespace mq::engine {
@@ -30,6 +31,53 @@ void append_file(const std::map<std::string, std::string>& files, const std::str
   }
 }
 
+// One kernel of the tables: its family (<family>.h holds its body) and, for a template
+// instance, the instantiation MSL line (empty for a plain kernel).
+struct KernelEntry {
+  std::string name, family, instance;
+};
+
+// The tables of shaders/instances.h, in family then table order.
+const std::vector<KernelEntry>& kernel_table() {
+  static const std::vector<KernelEntry> table = [] {
+    std::vector<KernelEntry> t;
+    std::string family;
+    auto instance = [&](const std::string& name, const std::string& func, const std::string& args) {
+      const std::string f = func + "<" + args + ">";
+      t.push_back({name, family,
+                   "template [[host_name(\"" + name + "\")]] [[kernel]] decltype(" + f + ") " + f + ";"});
+    };
+#define MQ_TABLE_INSTANCE(name, func, ...) instance(name, #func, #__VA_ARGS__);
+#define MQ_TABLE_PLAIN(name) t.push_back({#name, family, ""});
+    // Per weight format: the format tables, expanded over MQ_WEIGHT_FORMATS.
+#define MQ_TABLE_QUANT(F, ...) MQ_QUANT_FORMAT_KERNELS(MQ_TABLE_INSTANCE, F, __VA_ARGS__)
+#define MQ_TABLE_QMV_NORM(F, ...) MQ_QMV_NORM_FORMAT_KERNELS(MQ_TABLE_INSTANCE, F, __VA_ARGS__)
+#define MQ_TABLE_QMV_HEAD_NORM(F, ...) MQ_QMV_HEAD_NORM_FORMAT_KERNELS(MQ_TABLE_INSTANCE, F, __VA_ARGS__)
+#define MQ_TABLE_MOE(F, ...) MQ_MOE_FORMAT_KERNELS(MQ_TABLE_INSTANCE, F, __VA_ARGS__)
+    family = "attention";
+    MQ_ATTENTION_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    family = "copy";
+    MQ_COPY_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    family = "deltanet";
+    MQ_DELTANET_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    family = "moe";
+    MQ_MOE_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    MQ_WEIGHT_FORMATS(MQ_TABLE_MOE)
+    family = "norm";
+    MQ_NORM_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    family = "qmv_head_norm";
+    MQ_WEIGHT_FORMATS(MQ_TABLE_QMV_HEAD_NORM)
+    family = "qmv_norm";
+    MQ_WEIGHT_FORMATS(MQ_TABLE_QMV_NORM)
+    family = "quant";
+    MQ_WEIGHT_FORMATS(MQ_TABLE_QUANT)
+    family = "sampling";
+    MQ_SAMPLING_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    return t;
+  }();
+  return table;
+}
+
 }  // namespace
 
 std::string assemble_shader_library(const std::map<std::string, std::string>& files) {
@@ -40,12 +88,50 @@ std::string assemble_shader_library(const std::map<std::string, std::string>& fi
   return out;
 }
 
-const std::string& embedded_shader_library() {
-  static const std::string source = [] {
-    std::map<std::string, std::string> files;
-    for (size_t i = 0; i < kShaderFiles.count; ++i) files[kShaderFiles.files[i].path] = kShaderFiles.files[i].text;
-    return assemble_shader_library(files);
+std::string assemble_kernel_library(const std::map<std::string, std::string>& files,
+                                    const std::set<std::string>& kernels) {
+  std::set<std::string> families, found;
+  std::string instances;
+  for (const KernelEntry& k : kernel_table()) {
+    if (!kernels.count(k.name)) continue;
+    found.insert(k.name);
+    families.insert(k.family);
+    if (!k.instance.empty()) instances += k.instance + "\n";
+  }
+  for (const std::string& name : kernels)
+    if (!found.count(name)) throw std::runtime_error("[shaders] no kernel named '" + name + "' in the library");
+  std::string out;
+  std::set<std::string> done;
+  for (const std::string& family : families) append_file(files, family + ".h", done, out);
+  return out + "#line 1 \"<metalqwen kernel instances>\"\n" + instances;
+}
+
+std::vector<std::string> kernel_names() {
+  std::vector<std::string> names;
+  for (const KernelEntry& k : kernel_table()) names.push_back(k.name);
+  return names;
+}
+
+std::vector<std::string> weight_formats() {
+  std::vector<std::string> names;
+#define MQ_FORMAT_NAME(F, ...) names.push_back(#F);
+  MQ_WEIGHT_FORMATS(MQ_FORMAT_NAME)
+  return names;
+}
+
+const std::map<std::string, std::string>& embedded_shader_files() {
+  static const std::map<std::string, std::string> files = [] {
+    std::map<std::string, std::string> f;
+    for (size_t i = 0; i < kShaderFiles.count; ++i) f[kShaderFiles.files[i].path] = kShaderFiles.files[i].text;
+    return f;
   }();
+  return files;
+}
+
+std::string embedded_shader_key() { return kShaderFiles.key; }
+
+const std::string& embedded_shader_library() {
+  static const std::string source = assemble_shader_library(embedded_shader_files());
   return source;
 }
 

@@ -32,6 +32,16 @@ std::shared_ptr<Device> try_open_metal(std::string& error) {
 
 }  // namespace
 
+std::vector<std::shared_ptr<Kernel>> Library::kernels(const std::vector<std::string>& names,
+                                                     const std::function<void(size_t done)>& built) {
+  std::vector<std::shared_ptr<Kernel>> result;
+  for (const std::string& name : names) {
+    result.push_back(kernel(name));
+    if (built) built(result.size());
+  }
+  return result;
+}
+
 void check_buffer_length(const char* component, const std::string& device, size_t size, size_t limit) {
   if (size > limit) {
     throw GpuError(std::string("[") + component + "] a " + std::to_string(size) + "-byte buffer exceeds " + device +

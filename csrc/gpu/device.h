@@ -56,6 +56,12 @@ class Library {
   virtual ~Library() = default;
   // Throws GpuError naming the function when the library has no such kernel.
   virtual std::shared_ptr<Kernel> kernel(const std::string& name) = 0;
+  // The pipelines of `names`, in order (Metal builds them concurrently); `built(done)` is
+  // called on the calling thread as they complete. Throws as kernel() does.
+  virtual std::vector<std::shared_ptr<Kernel>> kernels(const std::vector<std::string>& names,
+                                                       const std::function<void(size_t done)>& built = {});
+  // The host names of every kernel function in the library.
+  virtual std::vector<std::string> kernel_names() const = 0;
 };
 
 // Dispatches recorded in order and run after commit(). Encoding is stateful like
@@ -123,6 +129,13 @@ class Device {
   // Throws CompileError with the compiler's diagnostics; `name` labels the
   // source in them (a #line inside the source takes over from there).
   virtual std::shared_ptr<Library> compile(const std::string& source, const std::string& name) = 0;
+  // The whole shader library compiled when the package was built (Metal: metalqwen.metallib
+  // beside the module, built where Xcode was installed), or nullptr when there is none or it was
+  // not built from the shader files whose key (EmbeddedFiles::key) is `key`.
+  virtual std::shared_ptr<Library> prebuilt_library(const std::string& key) {
+    (void)key;
+    return nullptr;
+  }
   // What compile(source, name) and making its pipelines will spend time on, for a
   // progress line; "" when that is quick (a build the CPU runtime has cached).
   virtual std::string compile_notice(const std::string& source, const std::string& name) const = 0;

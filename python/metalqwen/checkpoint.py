@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import (FP_MODES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES, CheckpointError, ConfigError, ModelConfig,
-                     Quant, check_supported)
+from .config import (FP_MODES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES, WIDE_SCALE_GROUPS, CheckpointError, ConfigError,
+                     ModelConfig, Quant, check_supported)
 from .demo_checkpoint import bf16_to_f32
 
 __all__ = ["Checkpoint", "CheckpointError", "ConfigError", "ShardInfo", "TensorInfo", "load_checkpoint",
@@ -67,7 +67,6 @@ _FLOAT = ("BF16", "F16", "F32")
 _FLOAT_LINEAR = ("BF16", "F16", "F32")  # unquantized projections, embeddings, lm_head
 _A_LOG = ("F32", "BF16", "F16")
 _SCALES = ("BF16", "F16", "F32")
-_WIDE_SCALE_GROUPS = (64,)  # affine kernels with f32 scales exist for this group size only
 
 
 @dataclass(frozen=True)
@@ -389,10 +388,10 @@ class _Validator:
                 self.take(f"{module}.{part}", _SCALES, (*stack, out, inp // group), bits, group, mode,
                           why=f" for group {group}" + why)
             self.check_widths([module + ".scales", module + ".biases"])
-            if _wide(self.used[module + ".scales"].dtype) and group not in _WIDE_SCALE_GROUPS:
+            if _wide(self.used[module + ".scales"].dtype) and group not in WIDE_SCALE_GROUPS:
                 self.fail(module + ".scales", f"{self.used[module + '.scales'].dtype} scales with group {group}: "
                                               f"the kernels take f16/f32 scales with group "
-                                              f"{', '.join(map(str, _WIDE_SCALE_GROUPS))} only (bf16 scales with "
+                                              f"{', '.join(map(str, WIDE_SCALE_GROUPS))} only (bf16 scales with "
                                               f"any group; mlx_lm.convert --dtype bfloat16 writes those)")
         else:
             self.take(module + ".scales", ("U8",), (*stack, out, inp // group), bits, group, mode,

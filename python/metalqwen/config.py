@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping, NamedTuple
 
+from . import _core
 from .errors import MetalqwenError
 
 __all__ = [
@@ -26,14 +28,24 @@ __all__ = [
     "SUPPORTED_BITS",
     "SUPPORTED_GROUP_SIZES",
     "FP_MODES",
+    "WEIGHT_FORMATS",
+    "WIDE_SCALE_GROUPS",
     "Quant",
 ]
 
-# Affine quantizations the matvec/GEMM kernels are specialised for.
-SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
-SUPPORTED_GROUP_SIZES = (32, 64, 128)
-# mlx's microscaling FP modes and the (bits, group_size) each one has (no other exists).
-FP_MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}
+# The weight formats the kernels are instantiated for, as the engine names them (the one list:
+# shaders/params/quant.h, exported by _core): affine b<bits>_g<group> (bf16 scales) and
+# b<bits>_g<group>_sf32 (f32 scales), mlx's FP modes by name, unquantized bf16 / f16 / f32.
+WEIGHT_FORMATS = tuple(_core.weight_formats())
+_AFFINE = [(int(m[1]), int(m[2]), bool(m[3]))
+           for m in (re.fullmatch(r"b(\d+)_g(\d+)(_sf32)?", f) for f in WEIGHT_FORMATS) if m]
+SUPPORTED_BITS = tuple(sorted({bits for bits, _, _ in _AFFINE}))
+SUPPORTED_GROUP_SIZES = tuple(sorted({group for _, group, wide in _AFFINE if not wide}))
+WIDE_SCALE_GROUPS = tuple(sorted({group for _, group, wide in _AFFINE if wide}))  # f16/f32 scales
+# mlx's microscaling FP modes and the (bits, group_size) each one has (no other exists), where
+# the kernels have them.
+FP_MODES = {mode: bits_group for mode, bits_group in {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}.items()
+            if mode in WEIGHT_FORMATS}
 
 
 class Quant(NamedTuple):

@@ -191,6 +191,10 @@ class Library:
     def kernel(self, name: str) -> Kernel:
         return Kernel(self._native.kernel(name), self._device)
 
+    def kernel_names(self) -> list[str]:
+        """The host names of every kernel function in the library."""
+        return self._native.kernel_names()
+
 
 class Device:
     """A GPU: ``Device()`` picks Metal where available, else the CPU runtime (on Apple silicon

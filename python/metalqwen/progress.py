@@ -79,7 +79,8 @@ class ByteBar:
 
 class LoadProgress:
     """The engine's load callback: a bar while weights are placed (bytes), then what the
-    kernel build costs: a ticker for a first-run compile, a bar over the pipelines."""
+    kernel build costs: a ticker while a first-run compile runs (one compiler call that cannot
+    count), then, on Metal, a bar over the pipelines (built concurrently) as they complete."""
 
     def __init__(self, device_kind: str):
         self.device_kind = device_kind
@@ -89,13 +90,17 @@ class LoadProgress:
         if stage == "weights":
             self._weights = self._weights or ByteBar(f"loading onto {self.device_kind}", total)
             self._weights.set(done)
-        elif note and done == 0:
+            return
+        if note and done == 0:
             self._note = note
             _line(note, end="\n")
             self._ticker = _Ticker(note)
-        elif done == total and self._ticker:
+            return
+        if self._ticker:  # the first pipeline: the compile is over
             _line(f"{self._note}: done in {self._ticker.stop():.0f} s", end="\n")
             self._ticker = None
+        if self.device_kind == "metal" and self._note and total:
+            _line(f"building pipelines {_bar(done, total)} {done}/{total}", end="\n" if done == total else "")
 
     def close(self) -> None:
         """Stops a ticker left running when the load failed."""

@@ -19,6 +19,20 @@
 // Buffers passed at an offset: weights, x and y at 16-byte alignment.
 #pragma once
 
+// Every weight format, X(suffix, type...): the host-name suffix of its kernels and the
+// quant_formats.h type they are instantiated with. The one list of formats: the .metal files
+// instantiate every family over it, the engine names its kernels from it and Python's
+// checkpoint checks read it (_core.weight_formats()). Affine with f32 scales exists for group
+// 64 only (mlx-lm's default; each format costs compile time): checkpoints whose scales are
+// f32, or f16 widened to f32 copies at load.
+#define MQ_AFFINE_FORMATS(X, B) \
+  X(b##B##_g32, affine<B, 32>) X(b##B##_g64, affine<B, 64>) X(b##B##_g128, affine<B, 128>) \
+  X(b##B##_g64_sf32, affine<B, 64, float>)
+#define MQ_WEIGHT_FORMATS(X)                                                                       \
+  MQ_AFFINE_FORMATS(X, 2) MQ_AFFINE_FORMATS(X, 3) MQ_AFFINE_FORMATS(X, 4) MQ_AFFINE_FORMATS(X, 5) \
+  MQ_AFFINE_FORMATS(X, 6) MQ_AFFINE_FORMATS(X, 8) X(mxfp4, mxfp4) X(nvfp4, nvfp4) X(mxfp8, mxfp8)  \
+  X(bf16, dense<bfloat>) X(f16, dense<half>) X(f32, dense<float>)
+
 // Weights per block: one lane-step of the matvecs, one K-step of the GEMM, one embed thread.
 #define MQ_QUANT_BLOCK 32
 

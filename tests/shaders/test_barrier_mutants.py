@@ -26,10 +26,12 @@ def without_barrier_after(text, anchor):
 
 
 def library(dev, file, anchor=None):
-    """`file` as the engine compiles it, or with the barrier after `anchor` removed."""
+    """`file` as the engine compiles it, or with the barrier after `anchor` removed from its
+    header (<file>.h holds the kernel bodies)."""
     files = {path: text for path, text in checkout_shader_files().items() if path.endswith(".h") or path == file}
     if anchor is not None:
-        files[file] = without_barrier_after(files[file], anchor)
+        header = file.removesuffix(".metal") + ".h"
+        files[header] = without_barrier_after(files[header], anchor)
     return dev.compile(_core.shader_library_source(files), file if anchor is None else f"mutant-{file}")
 
 

@@ -387,10 +387,10 @@ def test_fused_block_has_no_races_or_stray_accesses():
     every threadgroup of a pair recomputes it; each output element has one writer."""
     from metalqwen import gpu
 
-    from .conftest import _compiled
+    from .conftest import compiled_kernels
 
     dev = gpu.Device("cpu", checks=("races", "bounds"))
-    lib = _compiled(dev, ("moe.metal", "norm.metal", "quant.metal"))
+    lib = compiled_kernels(dev, "moe.metal", "norm.metal", "quant.metal")
     rng = seeded("moe_fused_checks")
     rows, experts, k, inter, hidden = 3, 40, 3, 32, 64
     gate, _ = stacked_experts(dev, rng, "b4_g32", experts, inter, hidden)

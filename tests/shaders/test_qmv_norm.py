@@ -254,10 +254,10 @@ def test_qmv_norm_has_no_races_or_stray_accesses():
     every threadgroup reads x and mix (distinct buffers), members write their own y."""
     from metalqwen import gpu
 
-    from .conftest import _compiled
+    from .conftest import compiled_kernels
 
     dev = gpu.Device("cpu", checks=("races", "bounds"))
-    lib = _compiled(dev, ("norm.metal", "qmv_norm.metal", "quant.metal"))
+    lib = compiled_kernels(dev, "norm.metal", "qmv_norm.metal", "quant.metal")
     rng = seeded("qmv_norm_checks")
     members = [Weights.make(rng, "b4_g32", o, 256) for o in (9, 1, 17)]
     inp = Inputs.random(dev, rng, 3, 256, True, f32_norm=False)

@@ -271,10 +271,10 @@ def test_qmv_has_no_races_or_stray_accesses():
     with a partial last step, the out edge inside a threadgroup."""
     from metalqwen import gpu
 
-    from .conftest import _compiled
+    from .conftest import compiled_kernels
 
     dev = gpu.Device("cpu", checks=("races", "bounds"))
-    checked = _compiled(dev, ("norm.metal", "qmv_norm.metal", "quant.metal"))  # test_qmv_norm.py's, compiled once
+    checked = compiled_kernels(dev, "norm.metal", "qmv_norm.metal", "quant.metal")  # test_qmv_norm.py's, compiled once
     rng = seeded("qmv_checks")
     for out_dim, in_dim in ((13, 1024), (5, 2176)):
         wt = Weights.make(rng, "b4_g64", out_dim, in_dim)

@@ -98,6 +98,10 @@ UNLISTED = {
     "developer.apple.com/documentation/metal/mtldevice/architecture",
     ("MTLArchitecture", "name"): "object-typed property (macOS 14) needs no bridging metadata; "
     "developer.apple.com/documentation/metal/mtlarchitecture/name",
+    ("NSArray", "objectAtIndex:"): "object result, integer argument: needs no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsarray/objectatindex(_:)",
+    ("NSURL", "fileURLWithPath:"): "class method with an object argument and result: needs no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsurl/fileurlwithpath(_:)",
 }
 # Declared in the stubs with no member, absent from PyObjC's metadata for the reason given.
 UNLISTED_CLASSES = {

@@ -112,6 +112,12 @@ class CpuLibrary final : public Library {
       if (name == exports.kernels[i].name) return std::make_shared<CpuKernel>(library_, exports.kernels[i], thread_cap_);
     throw GpuError("[cpu] library has no kernel function '" + name + "'");
   }
+  std::vector<std::string> kernel_names() const override {
+    const auto& exports = library_->exports();
+    std::vector<std::string> names;
+    for (uint32_t i = 0; i < exports.kernel_count; ++i) names.push_back(exports.kernels[i].name);
+    return names;
+  }
 
  private:
   std::shared_ptr<LoadedLibrary> library_;

@@ -1,8 +1,11 @@
 #include "kernel_compiler.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -44,10 +47,33 @@ std::string compile_flags(const Toolchain& tools, bool checked) {
   return std::string(kCompileFlags) + " " + tools.cxx_flags + (checked ? std::string(" ") + kCheckedFlags : "");
 }
 
+// An exclusive lock on the file `path` (created) while alive: processes building the same
+// object (test workers on a cold cache) wait for the first, which builds it once.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) : fd_(open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) throw gpu::GpuError("[cpu] cannot create the lock file " + path);
+    while (flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        close(fd_);
+        throw gpu::GpuError("[cpu] cannot lock " + path);
+      }
+    }
+  }
+  ~FileLock() { close(fd_); }  // releases the lock
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
 // Compiles translated C++ into `base`.so (keeping `base`.cpp to read) unless it is there.
 void compile_object(const Toolchain& tools, const std::string& cpp_source, const std::string& base, bool checked) {
   const std::string so_path = base + ".so";
   if (file_exists(so_path)) return;
+  FileLock lock(base + ".lock");
+  if (file_exists(so_path)) return;  // another process built it while this one waited
   const std::string src_path = base + ".cpp";
   write_file_atomically(src_path, cpp_source);
   const std::string tmp = base + ".tmp" + std::to_string(getpid()), tmp_so = tmp + ".so", tmp_o = tmp + ".o";

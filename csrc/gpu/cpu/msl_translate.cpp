@@ -163,7 +163,10 @@ std::vector<std::pair<size_t, size_t>> split_params(const std::string& m, size_t
   return out;
 }
 
-KernelParam parse_param(const std::string& text, const std::string& kernel, const std::string& where) {
+// `type` replaces the declared type in the generated code (e.g. the parameter's type in an
+// instance's function type, where the declared one names template parameters).
+KernelParam parse_param(const std::string& text, const std::string& kernel, const std::string& where,
+                        const std::string& type = "") {
   const std::string ctx = where + ": kernel '" + kernel + "'";
   size_t a = text.find("[[");
   size_t b = text.find("]]", a == std::string::npos ? 0 : a);
@@ -179,6 +182,7 @@ KernelParam parse_param(const std::string& text, const std::string& kernel, cons
   p.type = trim(decl.substr(0, name_begin));
   if (p.name.empty() || p.type.empty()) refuse(ctx, "cannot read parameter '" + decl + "'");
   const bool pointer = p.type.back() == '*', reference = p.type.back() == '&';
+  if (!type.empty()) p.type = type;
   std::string attr_name = attr.substr(0, attr.find('('));
   attr_name = trim(attr_name);
   auto index_of = [&]() {
@@ -250,6 +254,13 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
   // A template definition's [[max_total_threads_per_threadgroup]] applies to its
   // instantiations (as on Metal) unless one declares its own.
   std::map<std::string, std::string> template_max_threads;
+  auto set_max_threads = [&](KernelDecl& k, const std::string& function, const std::string& own) {
+    if (!own.empty()) k.max_threads = own;
+    else if (auto inherited = template_max_threads.find(function); inherited != template_max_threads.end())
+      k.max_threads = inherited->second;
+  };
+  // Each template definition's parameter texts, for its `decltype` instances.
+  std::map<std::string, std::vector<std::string>> template_params;
   for (size_t at : find_word(m, "kernel")) {
     const std::string where = lines.where(at);
     size_t keyword_end = at + 6;
@@ -285,6 +296,36 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
     // its explicit instantiations `template [[host_name("f_4")]] kernel void f<4>(...);`.
     const bool template_definition = follows_template_header(m, before);
     size_t i = skip_space(m, keyword_end);
+    if (m.compare(i, 8, "decltype") == 0 && !is_ident_char(m[i + 8])) {
+      // `template [[host_name("f_4")]] [[kernel]] decltype(f<4>) f<4>;` (MLX's form): the
+      // instance's signature is its template's, parameter types taken from the function type.
+      const size_t open = skip_space(m, i + 8);
+      if (m[open] != '(') refuse(where, "expected '(' after decltype");
+      i = skip_space(m, match_bracket(m, open, where));
+      const size_t name_end = ident_end(m, i);
+      const std::string function = m.substr(i, name_end - i);
+      i = skip_space(m, name_end);
+      size_t args_end = i;
+      for (int depth = 0; args_end < m.size(); ++args_end) {
+        depth += m[args_end] == '<' ? 1 : m[args_end] == '>' ? -1 : 0;
+        if (depth == 0) break;
+      }
+      if (function.empty() || m[i] != '<' || args_end >= m.size() || m[skip_space(m, args_end + 1)] != ';')
+        refuse(where, "expected `decltype(f<...>) f<...>;` after [[kernel]]");
+      auto params = template_params.find(function);
+      if (params == template_params.end())
+        refuse(where, "kernel instance of '" + function + "' has no kernel template defined before it");
+      if (host_name.empty()) refuse(where, "kernel instance of '" + function + "' needs [[host_name(\"...\")]]");
+      edits.push_back({keyword_begin, keyword_end - keyword_begin, std::string(keyword_end - keyword_begin, ' ')});
+      k.name = host_name;
+      k.call = function + text.substr(i, args_end + 1 - i);
+      for (size_t n = 0; n < params->second.size(); ++n)
+        k.params.push_back(parse_param(params->second[n], k.name, where,
+                                       "mq_glue_param_t<decltype(" + k.call + "), " + std::to_string(n) + ">"));
+      set_max_threads(k, function, own_max_threads);
+      kernels.push_back(std::move(k));
+      continue;
+    }
     if (m.compare(i, 4, "void") != 0) refuse(where, "a kernel must return void");
     i = skip_space(m, i + 4);
     size_t name_end = ident_end(m, i);
@@ -315,6 +356,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
     k.call = function + template_args;
     for (auto [a, b] : split_params(m, i + 1, close)) {
       k.params.push_back(parse_param(text.substr(a, b - a), k.name, lines.where(a)));
+      if (template_definition) template_params[function].push_back(text.substr(a, b - a));
       for (size_t s = m.find("[[", a); s != std::string::npos && s < b; s = m.find("[[", s + 2)) {
         size_t e = m.find("]]", s) + 2;
         edits.push_back({s, e - s, blanked(text.substr(s, e - s))});
@@ -324,9 +366,7 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
       if (!own_max_threads.empty()) template_max_threads[function] = own_max_threads;
       continue;
     }
-    if (!own_max_threads.empty()) k.max_threads = own_max_threads;
-    else if (auto inherited = template_max_threads.find(function); inherited != template_max_threads.end())
-      k.max_threads = inherited->second;
+    set_max_threads(k, function, own_max_threads);
     kernels.push_back(std::move(k));
   }
   return apply_edits(text, std::move(edits));

@@ -3,9 +3,14 @@
 // Objective-C++ with ARC: Objective-C pointers held in C++ members are strong.
 #include "gpu/metal/metal_device.h"
 
-#include <unistd.h>  // sysconf
+#include <dlfcn.h>   // dladdr
+#include <unistd.h>  // sysconf, access
 
+#include <algorithm>
+#include <condition_variable>
 #include <exception>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -189,33 +194,86 @@ class MetalLibrary final : public Library {
  public:
   MetalLibrary(id<MTLDevice> device, id<MTLLibrary> library) : device_(device), library_(library) {}
 
-  std::shared_ptr<Kernel> kernel(const std::string& name) override {
+  std::shared_ptr<Kernel> kernel(const std::string& name) override { return kernels({name}, {}).front(); }
+
+  // Every pipeline not made yet is asked for at once (newComputePipelineStateWithFunction:
+  // completionHandler:): Metal compiles them concurrently, each handler on a thread of its own,
+  // and this thread waits for them, reporting each one as it completes.
+  std::vector<std::shared_ptr<Kernel>> kernels(const std::vector<std::string>& names,
+                                               const std::function<void(size_t done)>& built) override {
+    struct Pending {
+      std::mutex mutex;
+      std::condition_variable completed;
+      size_t finished = 0;
+      std::string error;
+      std::vector<std::pair<std::string, id<MTLComputePipelineState>>> pipelines;
+    };
+    auto pending = std::make_shared<Pending>();
+    size_t ready = 0, asked = 0;
+    std::vector<id<MTLFunction>> functions;  // alive until every handler has run
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_pool([&] {
+        for (const std::string& name : names) {
+          if (pipelines_.count(name)) {
+            ++ready;
+            continue;
+          }
+          functions.push_back(function(name));
+          ++asked;
+          const std::string kernel_name = name;  // the block keeps its own copy
+          [device_ newComputePipelineStateWithFunction:functions.back()
+                                     completionHandler:^(id<MTLComputePipelineState> pipeline, NSError* error) {
+                                       std::lock_guard<std::mutex> done(pending->mutex);
+                                       if (pipeline == nil && pending->error.empty()) {
+                                         pending->error = "[metal] cannot create the pipeline of kernel '" + kernel_name +
+                                                          "': " + describe(error);
+                                       }
+                                       pending->pipelines.emplace_back(kernel_name, pipeline);
+                                       ++pending->finished;
+                                       pending->completed.notify_all();
+                                     }];
+        }
+      });
+    }
+    if (built && ready) built(ready);
+    for (size_t reported = 0; reported < asked;) {
+      std::unique_lock<std::mutex> lock(pending->mutex);
+      pending->completed.wait(lock, [&] { return pending->finished > reported; });
+      reported = pending->finished;
+      lock.unlock();
+      if (built) built(ready + reported);
+    }
+    if (!pending->error.empty()) throw GpuError(pending->error);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto found = pipelines_.find(name);
-    if (found != pipelines_.end()) return found->second;
-    std::shared_ptr<MetalKernel> kernel;
+    for (const auto& [name, pipeline] : pending->pipelines)
+      pipelines_.emplace(name, std::make_shared<MetalKernel>(name, pipeline));
+    std::vector<std::shared_ptr<Kernel>> result;
+    for (const std::string& name : names) result.push_back(pipelines_.at(name));
+    return result;
+  }
+
+  std::vector<std::string> kernel_names() const override {
+    std::vector<std::string> names;
     in_pool([&] {
-      NSString* function_name = [[NSString alloc] initWithBytes:name.data()
-                                                         length:name.size()
-                                                       encoding:NSUTF8StringEncoding];
-      id<MTLFunction> function = function_name == nil ? nil : [library_ newFunctionWithName:function_name];
-      if (function == nil) throw GpuError("[metal] library has no kernel function '" + name + "'");
-      if (function.functionType != MTLFunctionTypeKernel) {
-        throw GpuError("[metal] function '" + name + "' is not a kernel");
-      }
-      NSError* error = nil;
-      id<MTLComputePipelineState> pipeline = [device_ newComputePipelineStateWithFunction:function
-                                                                                     error:&error];
-      if (pipeline == nil) {
-        throw GpuError("[metal] cannot create the pipeline of kernel '" + name + "': " + describe(error));
-      }
-      kernel = std::make_shared<MetalKernel>(name, pipeline);
+      NSArray<NSString*>* functions = library_.functionNames;
+      for (NSUInteger i = 0; i < functions.count; ++i) names.push_back(to_string([functions objectAtIndex:i]));
     });
-    pipelines_.emplace(name, kernel);
-    return kernel;
+    return names;
   }
 
  private:
+  // Throws GpuError when the library has no such kernel function.
+  id<MTLFunction> function(const std::string& name) const {
+    NSString* function_name = [[NSString alloc] initWithBytes:name.data()
+                                                       length:name.size()
+                                                     encoding:NSUTF8StringEncoding];
+    id<MTLFunction> function = function_name == nil ? nil : [library_ newFunctionWithName:function_name];
+    if (function == nil) throw GpuError("[metal] library has no kernel function '" + name + "'");
+    if (function.functionType != MTLFunctionTypeKernel) throw GpuError("[metal] function '" + name + "' is not a kernel");
+    return function;
+  }
+
   id<MTLDevice> device_;
   id<MTLLibrary> library_;
   std::mutex mutex_;
@@ -320,6 +378,31 @@ class MetalCommandBuffer final : public CommandBuffer {
   metal::EncoderRules rules_;
 };
 
+// The process's libraries by (MTLDevice, source): MetalDevice::compile and prebuilt_library.
+using LibraryKey = std::pair<const void*, std::string>;
+std::mutex library_cache_mutex;
+std::map<LibraryKey, std::shared_ptr<Library>> library_cache;
+
+std::shared_ptr<Library> cached_library(const LibraryKey& key) {
+  std::lock_guard<std::mutex> lock(library_cache_mutex);
+  auto found = library_cache.find(key);
+  return found == library_cache.end() ? nullptr : found->second;
+}
+
+std::shared_ptr<Library> remember_library(const LibraryKey& key, std::shared_ptr<Library> library) {
+  std::lock_guard<std::mutex> lock(library_cache_mutex);
+  return library_cache.emplace(key, std::move(library)).first->second;
+}
+
+// metalqwen.metallib in the folder of the module holding this code, or "" when unknown.
+std::string metallib_path() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<const void*>(&metallib_path), &info) || info.dli_fname == nullptr) return "";
+  const std::string module = info.dli_fname;
+  const size_t slash = module.rfind('/');
+  return slash == std::string::npos ? "" : module.substr(0, slash) + "/metalqwen.metallib";
+}
+
 class MetalDevice final : public Device {
  public:
   explicit MetalDevice(id<MTLDevice> device)
@@ -400,7 +483,11 @@ class MetalDevice final : public Device {
   }
   Residency resident() const override { return resident_.count(); }
 
+  // One library per device and source in the process: a second model with the same kernels
+  // compiles nothing and reuses the first one's pipelines.
   std::shared_ptr<Library> compile(const std::string& source, const std::string& name) override {
+    const LibraryKey key{(__bridge const void*)device_, name + '\0' + source};
+    if (std::shared_ptr<Library> cached = cached_library(key)) return cached;
     // Metal calls every source "program_source"; a #line names it in diagnostics.
     const std::string labelled = metal::line_directive(name) + source;
     std::shared_ptr<Library> result;
@@ -417,11 +504,32 @@ class MetalDevice final : public Device {
       }
       result = std::make_shared<MetalLibrary>(device_, library);
     });
-    return result;
+    return remember_library(key, result);
   }
   // Metal compiles the source on every load (its own cache speeds repeats up).
   std::string compile_notice(const std::string&, const std::string&) const override {
     return "building the Metal shader library and pipelines";
+  }
+
+  // metalqwen.metallib beside this module (cmake/metal.cmake), loaded as MLX loads its own
+  // (newLibraryWithURL:). It holds a kernel named mq_library_<key> of the shader files it was
+  // compiled from: a library of other files is never used.
+  std::shared_ptr<Library> prebuilt_library(const std::string& key) override {
+    const std::string path = metallib_path();
+    const LibraryKey cache_key{(__bridge const void*)device_, "metallib\0" + path + '\0' + key};
+    if (path.empty() || access(path.c_str(), R_OK) != 0) return nullptr;
+    if (std::shared_ptr<Library> cached = cached_library(cache_key)) return cached;
+    std::shared_ptr<MetalLibrary> result;
+    in_pool([&] {
+      NSString* file = [[NSString alloc] initWithBytes:path.data() length:path.size() encoding:NSUTF8StringEncoding];
+      NSError* error = nil;
+      id<MTLLibrary> library = file == nil ? nil : [device_ newLibraryWithURL:[NSURL fileURLWithPath:file] error:&error];
+      if (library == nil) throw GpuError("[metal] cannot load " + path + ": " + describe(error));
+      result = std::make_shared<MetalLibrary>(device_, library);
+    });
+    const std::vector<std::string> names = result->kernel_names();
+    if (std::find(names.begin(), names.end(), "mq_library_" + key) == names.end()) return nullptr;
+    return remember_library(cache_key, result);
   }
 
   std::unique_ptr<CommandBuffer> new_command_buffer() override {

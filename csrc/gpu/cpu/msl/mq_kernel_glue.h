@@ -25,6 +25,14 @@ template <class T> struct mq_glue_pointer_target<T*> { using type = T; };
 template <class T>
 constexpr uint32_t mq_glue_read_only = metal::is_const_v<typename mq_glue_pointer_target<T>::type> ? 1 : 0;
 
+// Parameter I of function type F: the argument types of a `decltype(f<...>) f<...>` instance.
+template <unsigned I, class... P> struct mq_glue_nth;
+template <class T, class... P> struct mq_glue_nth<0, T, P...> { using type = T; };
+template <unsigned I, class T, class... P> struct mq_glue_nth<I, T, P...> : mq_glue_nth<I - 1, P...> {};
+template <class F, unsigned I> struct mq_glue_param;
+template <class R, class... P, unsigned I> struct mq_glue_param<R(P...), I> : mq_glue_nth<I, P...> {};
+template <class F, unsigned I> using mq_glue_param_t = typename mq_glue_param<F, I>::type;
+
 // Binds a `constant T& p [[buffer(n)]]` argument.
 template <class R> inline R mq_glue_ref(void* p) { return *static_cast<mq_glue_pointee_t<R>*>(p); }
 

@@ -52,6 +52,12 @@ enum : NSStringEncoding {
 
 @interface NSArray<__covariant ObjectType> : NSObject
 @property(readonly) ObjectType firstObject;
+@property(readonly) NSUInteger count;
+- (ObjectType)objectAtIndex:(NSUInteger)index;
+@end
+
+@interface NSURL : NSObject
++ (NSURL*)fileURLWithPath:(NSString*)path;
 @end
 
 @interface NSError : NSObject

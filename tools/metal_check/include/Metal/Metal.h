@@ -100,6 +100,7 @@ API_AVAILABLE(macos(15.0))
 @end
 
 @protocol MTLLibrary <NSObject>
+@property(readonly) NSArray<NSString*>* functionNames;
 - (id<MTLFunction>)newFunctionWithName:(NSString*)functionName;
 @end
 
@@ -164,12 +165,17 @@ API_AVAILABLE(macos(14.0))
 - (id<MTLLibrary>)newLibraryWithSource:(NSString*)source
                                options:(MTLCompileOptions*)options
                                  error:(NSError**)error;
+- (id<MTLLibrary>)newLibraryWithURL:(NSURL*)url error:(NSError**)error;
 - (id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                              error:(NSError**)error;
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 - (id<MTLResidencySet>)newResidencySetWithDescriptor:(MTLResidencySetDescriptor*)desc
                                                error:(NSError**)error API_AVAILABLE(macos(15.0));
 #endif
+// The SDK spells the block type MTLNewComputePipelineStateCompletionHandler.
+- (void)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
+                          completionHandler:(void (^)(id<MTLComputePipelineState> computePipelineState,
+                                                      NSError* error))completionHandler;
 @end
 
 MTL_EXTERN id<MTLDevice> MTLCreateSystemDefaultDevice(void) NS_RETURNS_RETAINED;
