@@ -94,6 +94,15 @@ UNLISTED = {
     ("MTLCompileOptions", "setLanguageVersion:"): "setter of languageVersion, see there",
     ("NSArray", "firstObject"): "object-typed property needs no bridging metadata; "
     "developer.apple.com/documentation/foundation/nsarray/firstobject",
+    ("NSArray", "objectAtIndex:"): "object result and integer argument need no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsarray/objectatindex(_:)",
+    ("NSDictionary", "objectForKey:"): "object result and argument need no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsdictionary/object(forkey:)",
+    ("NSError", "userInfo"): "object-typed property needs no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nserror/userinfo",
+    ("MTLCommandBufferDescriptor", "setErrorOptions:"): "setter of an integer-typed property needs no bridging "
+    "metadata; its type MTLCommandBufferErrorOption and values are checked; "
+    "developer.apple.com/documentation/metal/mtlcommandbufferdescriptor/erroroptions",
 }
 # PyObjC registers protocol methods on NSObject by selector, so a selector that several
 # protocols declare carries the types of only one of them. Where that one is not ours,

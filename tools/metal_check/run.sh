@@ -65,6 +65,7 @@ mutations=(
   's/supportsFamily:MTLGPUFamilyApple7\]/supportsFamily:7]/|int for an NS_ENUM (GPU family)|150000'
   's/options\.languageVersion = MTLLanguageVersion3_1/options.languageVersion = 3/|int for an NS_ENUM (language version)|150000'
   's/MTLCopyAllDevices()\.firstObject/MTLCopyAllDevices().first/|unknown NSArray property|150000'
+  's/info\.errorState/info.status/|property of another protocol (encoder info)|150000'
 )
 target=csrc/gpu/metal/metal_device.mm
 for entry in "${mutations[@]}"; do

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..errors import MetalqwenError
+from ..errors import GpuError, MetalqwenError
 from ..model import Model
 from ..prefix_cache import message_boundaries
 from .logprobs import CompletionLogprobs, TokenTexts, chat_logprobs
@@ -140,6 +140,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         try:
             async for chunk in job.chunks():
                 yield chunk
+        except GpuError as e:  # the engine reset that sequence and serves the next request
+            raise _Refused(500, str(e), None, "server_error") from None
         except (MetalqwenError, ValueError, TypeError) as e:
             raise _Refused(400, str(e)) from None
         except ShuttingDown as e:

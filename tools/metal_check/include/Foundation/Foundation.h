@@ -52,8 +52,16 @@ enum : NSStringEncoding {
 
 @interface NSArray<__covariant ObjectType> : NSObject
 @property(readonly) ObjectType firstObject;
+@property(readonly) NSUInteger count;
+- (ObjectType)objectAtIndex:(NSUInteger)index;
+@end
+
+@interface NSDictionary<__covariant KeyType, __covariant ObjectType> : NSObject
+- (ObjectType)objectForKey:(KeyType)aKey;
 @end
 
 @interface NSError : NSObject
 @property(readonly, copy) NSString* localizedDescription;
+// NSDictionary<NSErrorUserInfoKey, id>* in the SDK, NSErrorUserInfoKey being a typedef of NSString*.
+@property(readonly, copy) NSDictionary<NSString*, id>* userInfo;
 @end
