@@ -128,7 +128,8 @@ class Engine {
   // ContextFull (before running anything) when the tokens and the chosen one do not fit.
   // When `progress` throws, the chunks already submitted stay fed (position() tells).
   // `snapshot_at`: absolute positions in (position(), position() + tokens.size()], ascending,
-  // after which the state is saved into `snapshots` by the chunk that ends there.
+  // after which the state is saved into `snapshots` by the chunk that ends there. A chunk the
+  // GPU fails resets the slot (see GPU failures) and takes this call's snapshots back out.
   std::vector<float> prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
                              bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
