@@ -166,8 +166,9 @@ def test_a_failed_shared_step_ends_every_request_in_it(demo, clean, monkeypatch)
     assert [g.tokens for g in again] == [clean(PROMPT, 4)[:3], clean(OTHER, 4)[:3]]
 
 
-def test_the_server_answers_a_failed_request_with_500_and_serves_the_next(demo, clean, monkeypatch):
-    model = load(demo, monkeypatch, fault=4)  # the second decode step of the first request
+@pytest.mark.parametrize("sequences", [1, 2])  # one request at a time, or shared steps (the scheduler)
+def test_the_server_answers_a_failed_request_with_500_and_serves_the_next(demo, clean, monkeypatch, sequences):
+    model = load(demo, monkeypatch, fault=4, max_sequences=sequences)  # the first request's third token
     live = LiveServer(create_app(model))
     try:
         body = {"model": "x", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}

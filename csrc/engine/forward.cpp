@@ -405,7 +405,8 @@ void Engine::encode_rows(Encoder& enc, const StepSegments& segs, uint32_t logit_
     if (i % per == 0 && per < n) {
       if (i > 0) enc.split();
       const size_t end = std::min(i + per, n);
-      const std::string range = end - i > 1 ? "s " + std::to_string(i) + "-" + std::to_string(end - 1) : " " + std::to_string(i);
+      const std::string range =
+          end - i > 1 ? "s " + std::to_string(i) + "-" + std::to_string(end - 1) : " " + std::to_string(i);
       enc.name_part("layer" + range + (end == n ? " and after" : ""));
     }
     encode_layer(enc, layers_[i], segs, i > 0);

@@ -59,7 +59,8 @@ int main() {
   expect(describe_failed_buffer("decode step", "Caused GPU Timeout Error", {}) ==
              "[metal] command buffer 'decode step' failed: Caused GPU Timeout Error",
          "failed buffer without encoder status");
-  expect(describe_failed_buffer("prefill chunk (layers 0-7)", "Ignored", {{"prefill chunk (layers 0-7)", 4}, {"x", 2}, {"y", 9}}) ==
+  expect(describe_failed_buffer("prefill chunk (layers 0-7)", "Ignored",
+                                {{"prefill chunk (layers 0-7)", 4}, {"x", 2}, {"y", 9}}) ==
              "[metal] command buffer 'prefill chunk (layers 0-7)' failed: Ignored; encoders: "
              "'prefill chunk (layers 0-7)' faulted, 'x' affected, 'y' state 9",
          "failed buffer names each encoder's state");

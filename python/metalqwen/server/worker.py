@@ -6,8 +6,8 @@ together in shared steps (``batching.Scheduler``: continuous batching, joining a
 between steps), the rest wait here. Each job streams its chunks back to the asyncio loop that
 waits for them; a cancelled job (client gone) stops before its next step and frees its slot.
 A step the GPU fails ends the jobs it ran for with the GpuError (the engine reset their
-sequences); the next jobs run as usual. On shutdown every job not yet finished ends with ShuttingDown, so its stream closes with an
-error chunk.
+sequences); the next jobs run as usual. On shutdown every job not yet finished ends with
+ShuttingDown, so its stream closes with an error chunk.
 """
 
 from __future__ import annotations
