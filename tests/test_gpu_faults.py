@@ -166,8 +166,8 @@ def test_a_failed_shared_step_ends_every_request_in_it(demo, clean, monkeypatch)
     assert [g.tokens for g in again] == [clean(PROMPT, 4)[:3], clean(OTHER, 4)[:3]]
 
 
-@pytest.mark.parametrize("sequences", [1, 2])  # one request at a time, or shared steps (the scheduler)
-def test_the_server_answers_a_failed_request_with_500_and_serves_the_next(demo, clean, monkeypatch, sequences):
+@pytest.mark.parametrize("sequences, kind", [(1, "decode step"), (2, "shared step")])  # alone, or the scheduler's
+def test_the_server_answers_a_failed_request_with_500_and_serves_the_next(demo, clean, monkeypatch, sequences, kind):
     model = load(demo, monkeypatch, fault=4, max_sequences=sequences)  # the first request's third token
     live = LiveServer(create_app(model))
     try:
@@ -175,7 +175,7 @@ def test_the_server_answers_a_failed_request_with_500_and_serves_the_next(demo, 
         failed = httpx.post(live.url + "/v1/completions", json=body, timeout=120)
         assert failed.status_code == 500
         error = failed.json()["error"]
-        assert error["type"] == "server_error" and "decode step failed on the GPU" in error["message"]
+        assert error["type"] == "server_error" and f"{kind} failed on the GPU" in error["message"]
         served = httpx.post(live.url + "/v1/completions", json=body, timeout=120)
         assert served.status_code == 200
         assert served.json()["choices"][0]["text"] == clean.generation(PROMPT, 4).text
