@@ -85,7 +85,7 @@ void bind_engine(py::module_& m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
-                       const std::string& mtp_hidden, int max_sequences) {
+                       const std::string& mtp_hidden, int max_sequences, int prefill_layers_per_buffer) {
              if (mtp_hidden != "post_norm" && mtp_hidden != "pre_norm")
                throw py::value_error("mtp_hidden must be 'post_norm' or 'pre_norm'");
              ModelDesc desc = to_model_desc(dims, tensors);
@@ -104,12 +104,13 @@ void bind_engine(py::module_& m) {
              py::gil_scoped_release release;
              const EngineOptions options{max_context, kv_bits, prefill_chunk, max_draft, mtp,
                                          mtp_hidden == "pre_norm" ? MtpHidden::pre_norm : MtpHidden::post_norm,
-                                         max_sequences};
+                                         max_sequences, prefill_layers_per_buffer};
              return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
            py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(),
-           py::arg("mtp") = false, py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1)
+           py::arg("mtp") = false, py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
+           py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer)
       .def("select", &Engine::select, py::arg("slot"))
       .def_property_readonly("slot", &Engine::slot)
       .def_property_readonly("max_sequences", &Engine::max_sequences)
@@ -231,6 +232,8 @@ void bind_engine(py::module_& m) {
         const Counters& c = e.counters();
         py::dict d;
         d["steps"] = c.steps;
+        d["command_buffers"] = c.command_buffers;
+        d["failed_steps"] = c.failed_steps;
         d["dispatches"] = c.dispatches;
         d["dispatches_last_step"] = c.last_step_dispatches;
         d["barriers"] = c.barriers;

@@ -56,7 +56,7 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
     std::memcpy(ids + sequences_[size_t(s.slot)].position + 1, s.drafts.data(), s.drafts.size() * 4);
   }
 
-  Encoder enc(*device_, kernels_);
+  Encoder enc(*device_, kernels_, "shared step");
   snap_rows_ = speculative ? uint32_t(options_.max_draft) : 0;  // each segment keeps its first rows - 1
   encode_rows(enc, segs, 0, false);
   snap_rows_ = 0;
@@ -78,7 +78,15 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
   }
   bind_slot(selected);
   if (verified.count) encode_verification(enc, verified, verified_samplings);
-  wait(*commit(enc));
+  Submitted submitted = commit(enc);
+  try {
+    wait(submitted);
+  } catch (const gpu::GpuError& e) {
+    // Every slot of the step holds part of it: all of them start over.
+    std::vector<int> slots;
+    for (const SlotStep& s : steps) slots.push_back(s.slot);
+    throw step_failed("shared step", slots, e);
+  }
 
   const auto* accepted = static_cast<const uint32_t*>(ws_->accepted->contents());
   std::vector<std::vector<uint32_t>> out;

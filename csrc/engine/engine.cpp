@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 
 #include "mtp.h"  // Engine owns the MtpWeights: its destructor needs the type
@@ -50,6 +51,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
                              std::to_string(options_.kv_bits));
   if (options_.max_context < 1) throw EngineError("[engine] max_context must be positive");
   if (options_.prefill_chunk < 1) throw EngineError("[engine] prefill_chunk must be positive");
+  if (options_.prefill_layers_per_buffer < 1) throw EngineError("[engine] prefill_layers_per_buffer must be positive");
   if (options_.max_draft < 0 || options_.max_draft >= int(kMaxVerifyRows))
     throw EngineError("[engine] max_draft must be in 0.." + std::to_string(kMaxVerifyRows - 1) +
                       " (a verify step holds at most " + std::to_string(kMaxVerifyRows) + " rows), got " +
@@ -121,7 +123,7 @@ std::vector<uint32_t> Engine::tokens() const {
   return std::vector<uint32_t>(ids, ids + seq_->position);
 }
 
-std::unique_ptr<gpu::CommandBuffer> Engine::commit(Encoder& enc) {
+Submitted Engine::commit(Encoder& enc) {
   counters_.steps += 1;
   counters_.dispatches += enc.dispatches();
   counters_.last_step_dispatches = enc.dispatches();
@@ -129,14 +131,43 @@ std::unique_ptr<gpu::CommandBuffer> Engine::commit(Encoder& enc) {
   counters_.last_step_barriers = enc.barriers();
   counters_.host_encode_us += enc.encoding_time().count();
   counters_.last_step_host_encode_us = enc.encoding_time().count();
-  auto cb = enc.finish();
-  cb->commit();
-  return cb;
+  Submitted step = enc.finish();
+  counters_.command_buffers += step.size();
+  return step;
 }
 
-void Engine::wait(gpu::CommandBuffer& cb) {
+void Engine::wait(Submitted& step) {
   counters_.cpu_waits += 1;
-  cb.wait();
+  for (auto& cb : step) cb->wait();
+}
+
+void Engine::drain(Submitted& step) {
+  for (auto& cb : step) {
+    try {
+      cb->wait();
+    } catch (const gpu::GpuError&) {
+      // Failing behind the step whose error is being reported (Metal ignores such buffers).
+    }
+  }
+}
+
+gpu::GpuError Engine::step_failed(const std::string& kind, const std::vector<int>& slots,
+                                  const gpu::GpuError& cause) {
+  if (decoding_) {
+    for (auto& step : decoding_->in_flight) drain(step.first);
+    decoding_.reset();
+  }
+  std::string names;
+  for (int slot : slots) {
+    ws_->clear_state(slot);
+    sequences_[size_t(slot)] = Sequence{};
+    names += (names.empty() ? "" : ", ") + std::to_string(slot);
+  }
+  // A step stopped between penalty_count and penalty_apply leaves counts that must be zero.
+  std::memset(ws_->penalty_counts->contents(), 0, ws_->penalty_counts->size());
+  counters_.failed_steps += 1;
+  return gpu::GpuError("[engine] " + kind + " failed on the GPU; slot" + (slots.size() > 1 ? "s " : " ") + names +
+                       " reset to an empty sequence: " + cause.what());
 }
 
 std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
@@ -164,7 +195,20 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
 
   std::vector<float> logits;
   if (all_logits) logits.reserve(tokens.size() * vocab);
-  std::unique_ptr<gpu::CommandBuffer> pending;
+  // Chunks committed and not yet waited for, oldest first: they queue behind each other on the
+  // GPU, the host keeps at most two in flight, and only logits force a wait.
+  std::deque<Submitted> in_flight;
+  const size_t snapshots_before = snapshots ? snapshots->size() : 0;
+  auto settle = [&](size_t keep) {  // waits until at most `keep` chunks are in flight
+    try {
+      for (; in_flight.size() > keep; in_flight.pop_front()) wait(in_flight.front());
+    } catch (const gpu::GpuError& e) {
+      // The state holds part of a chunk: the slot starts over, and this call's snapshots go.
+      for (Submitted& step : in_flight) drain(step);
+      if (snapshots) snapshots->resize(snapshots_before);
+      throw step_failed("prefill chunk", {slot_}, e);
+    }
+  };
   for (size_t done = 0; done < tokens.size();) {
     // A chunk ends at the next snapshot position, so the state there can be copied.
     size_t limit = tokens.size() - done;
@@ -172,7 +216,7 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
     const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, limit));
     const bool last = done + rows == tokens.size();
     const uint32_t logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
-    Encoder enc(*device_, kernels_);
+    Encoder enc(*device_, kernels_, "prefill chunk");
     encode_step(enc, rows, logit_row0, last ? &sampling : nullptr, true);
     if (mtp_) {
       encode_mtp_prefill_chunk(enc, rows);
@@ -182,27 +226,25 @@ std::vector<float> Engine::prefill(const std::vector<uint32_t>& tokens, const Sa
       if (snapshots) snapshots->push_back(encode_snapshot(enc, *next_snapshot));
       ++next_snapshot;
     }
-    // Chunks queue behind each other on the GPU; only logits force a wait.
-    if (pending) wait(*pending);
-    pending = commit(enc);
-    seq_->position += int(rows);
+    in_flight.push_back(commit(enc));
+    seq_->position += int(rows);  // counted now; a failed wait below resets the slot
     done += rows;
+    settle(1);
     if (progress) {
       try {
         progress(done, tokens.size());
       } catch (...) {
-        wait(*pending);  // the submitted chunks finish: the state holds exactly position() tokens
+        settle(0);  // the submitted chunks finish: the state holds exactly position() tokens
         throw;
       }
     }
     if (all_logits || (last && last_logits)) {
-      wait(*pending);
-      pending.reset();
+      settle(0);
       const float* l = static_cast<const float*>(ws_->logits->contents());
       logits.insert(logits.end(), l, l + size_t(rows - logit_row0) * vocab);
     }
   }
-  if (pending) wait(*pending);
+  settle(0);
   return logits;
 }
 
@@ -218,7 +260,7 @@ void Engine::decode_begin(int max_tokens, const Sampling& sampling) {
 
 void Engine::commit_decode_step() {
   check_room(2);
-  Encoder enc(*device_, kernels_);
+  Encoder enc(*device_, kernels_, "decode step");
   encode_step(enc, 1, 0, &decoding_->sampling, false);
   decoding_->in_flight.emplace_back(commit(enc), seq_->position + 1);
   seq_->position += 1;
@@ -238,9 +280,13 @@ std::optional<uint32_t> Engine::decode_next() {
   if (d.returned == 0) {  // the token prefill (or the last decode) chose
     returned_position = seq_->position - d.committed;
   } else {
-    auto [cb, slot] = std::move(d.in_flight.front());
+    auto [step, slot] = std::move(d.in_flight.front());
     d.in_flight.pop_front();
-    wait(*cb);
+    try {
+      wait(step);
+    } catch (const gpu::GpuError& e) {
+      throw step_failed("decode step", {slot_}, e);
+    }
     returned_position = slot;
   }
   d.returned += 1;
@@ -267,7 +313,12 @@ std::optional<TokenLogprobs> Engine::last_logprobs() const {
 
 void Engine::decode_end() {
   if (!decoding_) return;
-  for (auto& step : decoding_->in_flight) wait(*step.first);
+  try {
+    for (auto& in_flight = decoding_->in_flight; !in_flight.empty(); in_flight.pop_front())
+      wait(in_flight.front().first);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed("decode step", {slot_}, e);
+  }
   decoding_.reset();
 }
 

@@ -1,5 +1,6 @@
-// The Qwen3.5 engine: weights and caches on the device, one command buffer per
-// step (prefill chunk | decode | verify), token ids kept on the GPU.
+// The Qwen3.5 engine: weights and caches on the device, one command buffer per step
+// (decode | verify | shared step; a prefill chunk takes one per prefill_layers_per_buffer
+// layers), token ids kept on the GPU.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -21,14 +22,16 @@
 namespace mq::engine {
 
 struct Counters {
-  uint64_t steps = 0;            // command buffers committed
+  uint64_t steps = 0;            // steps committed (prefill chunks, decode, verify and shared steps, restores)
+  uint64_t command_buffers = 0;  // their command buffers (more than steps when prefill chunks are split)
+  uint64_t failed_steps = 0;     // steps the GPU failed (their slots were reset)
   uint64_t dispatches = 0;       // over all steps
   uint64_t last_step_dispatches = 0;
   uint64_t barriers = 0;         // dependent dispatch boundaries, over all steps (Encoder::barriers)
   uint64_t last_step_barriers = 0;
   double host_encode_us = 0;     // host time encoding steps (Encoder::encoding_time), over all steps
   double last_step_host_encode_us = 0;
-  uint64_t cpu_waits = 0;        // CommandBuffer::wait calls
+  uint64_t cpu_waits = 0;        // host waits for a step (for each of its command buffers in turn)
   uint64_t tokens_decoded = 0;   // decode steps
   uint64_t max_steps_in_flight = 0;  // decode steps committed and not yet waited for (2 = pipelined)
   uint64_t weight_bytes_per_token = 0;  // weights a decode step streams
@@ -96,6 +99,14 @@ struct LoadProgress {
 // exception it throws (e.g. an interrupt) stops the prefill after the chunks submitted.
 using PrefillProgress = std::function<void(size_t done, size_t total)>;
 
+// The command buffers of one committed step, in commit order.
+using Submitted = std::vector<std::unique_ptr<gpu::CommandBuffer>>;
+
+// GPU failures: when a step's command buffer fails (and with it the buffers queued behind
+// it), the call that waits for it resets every slot the step ran in (state cleared, position
+// 0, penalty counts cleared: its tokens are gone) and throws gpu::GpuError naming the step
+// kind and the slots, with the device's message (the failing buffer's label; on Metal each
+// encoder's state). The error is thrown once; the next call works from the reset state.
 class Engine {
  public:
   Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options,
@@ -121,7 +132,8 @@ class Engine {
   // ContextFull (before running anything) when the tokens and the chosen one do not fit.
   // When `progress` throws, the chunks already submitted stay fed (position() tells).
   // `snapshot_at`: absolute positions in (position(), position() + tokens.size()], ascending,
-  // after which the state is saved into `snapshots` by the chunk that ends there.
+  // after which the state is saved into `snapshots` by the chunk that ends there. A chunk the
+  // GPU fails resets the slot (see GPU failures) and takes this call's snapshots back out.
   std::vector<float> prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
                              bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
@@ -277,8 +289,15 @@ class Engine {
   std::vector<StateRegion> state_regions(int position) const;
   // Copies the state after `position` tokens (what `enc` leaves) into a new snapshot.
   std::shared_ptr<Snapshot> encode_snapshot(Encoder& enc, int position);
-  std::unique_ptr<gpu::CommandBuffer> commit(Encoder& enc);
-  void wait(gpu::CommandBuffer& cb);
+  Submitted commit(Encoder& enc);
+  // Waits for each buffer of the step in order; throws the first failure's GpuError.
+  void wait(Submitted& step);
+  // Waits for a step whose failure is already being handled (errors ignored).
+  static void drain(Submitted& step);
+  // After a failed wait: ends a decode in progress (its steps drained), resets `slots` (see
+  // GPU failures above) and returns the GpuError to throw: `kind` (e.g. "decode step"), the
+  // slots, then `cause`'s message.
+  gpu::GpuError step_failed(const std::string& kind, const std::vector<int>& slots, const gpu::GpuError& cause);
 
   // MTP head (mtp.cpp, math in mtp.h). For r in [0, rows): the pair (row r of `hidden`,
   // [rows][hidden_stride] f32, and ids[position + 1 + r], read on the GPU) at position
@@ -338,7 +357,7 @@ class Engine {
   struct Decoding {
     Sampling sampling;
     int max_tokens = 0, returned = 0, committed = 0;
-    std::deque<std::pair<std::unique_ptr<gpu::CommandBuffer>, int>> in_flight;  // (step, id slot it writes)
+    std::deque<std::pair<Submitted, int>> in_flight;  // (step, id slot it writes)
   };
   std::optional<Decoding> decoding_;
   void commit_decode_step();

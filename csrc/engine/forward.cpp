@@ -397,8 +397,20 @@ void Engine::encode_rows(Encoder& enc, const StepSegments& segs, uint32_t logit_
     const StepSegment& s = segs.seg[i];
     encode_embed(enc, ws_->ids.part(int(s.slot)), s.position, s.rows, Arg(ws_->x, size_t(s.first_row) * H * 4), i > 0);
   }
-  // Layer i's input norm also adds layer i-1's MLP output to the residual stream.
-  for (size_t i = 0; i < layers_.size(); ++i) encode_layer(enc, layers_[i], segs, i > 0);
+  // Layer i's input norm also adds layer i-1's MLP output to the residual stream. A prefill
+  // step commits a command buffer every prefill_layers_per_buffer layers (macOS pre-empts a
+  // buffer that holds the GPU too long); its last one also holds everything after the layers.
+  const size_t n = layers_.size(), per = prefill ? size_t(options_.prefill_layers_per_buffer) : n;
+  for (size_t i = 0; i < n; ++i) {
+    if (i % per == 0 && per < n) {
+      if (i > 0) enc.split();
+      const size_t end = std::min(i + per, n);
+      const std::string range =
+          end - i > 1 ? "s " + std::to_string(i) + "-" + std::to_string(end - 1) : " " + std::to_string(i);
+      enc.name_part("layer" + range + (end == n ? " and after" : ""));
+    }
+    encode_layer(enc, layers_[i], segs, i > 0);
+  }
   // The final norm, fused into the lm_head when every row's logits are wanted.
   const Norm final_norm{final_norm_, *k_.final_norm};
   if (logit_row0 == 0) {

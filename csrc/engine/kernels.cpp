@@ -57,6 +57,25 @@ const Pipeline& Kernels::get(const std::string& name) const {
   return it->second;
 }
 
+Encoder::Encoder(gpu::Device& device, Kernels& kernels, std::string label)
+    : device_(device), kernels_(kernels), label_(std::move(label)), cb_(device.new_command_buffer()),
+      started_(Clock::now()) {
+  cb_->set_label(label_);
+}
+
+void Encoder::split() {
+  cb_->commit();
+  committed_.push_back(std::move(cb_));
+  cb_ = device_.new_command_buffer();
+  cb_->set_label(label_);
+}
+
+std::vector<std::unique_ptr<gpu::CommandBuffer>> Encoder::finish() {
+  cb_->commit();
+  committed_.push_back(std::move(cb_));
+  return std::move(committed_);
+}
+
 void Encoder::bind(const Pipeline& kernel, std::initializer_list<Arg> args, bool overlap) {
   if (dispatches_ > 0 && !overlap) {
     cb_->barrier();

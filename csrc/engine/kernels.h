@@ -112,13 +112,20 @@ struct Arg {
   }
 };
 
-// Records dispatches into one command buffer, counting them; every dispatch is
-// separated from the previous one by a barrier unless `overlap` is asked for.
+// Records the dispatches of one step into command buffers, counting them; every dispatch is
+// separated from the previous one by a barrier unless `overlap` is asked for. A step is one
+// command buffer unless split(): the device runs its buffers in commit order.
 class Encoder {
  public:
   using Clock = std::chrono::steady_clock;
-  Encoder(gpu::Device& device, Kernels& kernels)
-      : kernels_(kernels), cb_(device.new_command_buffer()), started_(Clock::now()) {}
+  // `label` names the step's buffers in GPU errors (e.g. "decode step").
+  Encoder(gpu::Device& device, Kernels& kernels, std::string label);
+  // Names the part of the step the current buffer holds: "<label> (<part>)".
+  void name_part(const std::string& part) { cb_->set_label(label_ + " (" + part + ")"); }
+  // Commits the current buffer and goes on in a new one; the state stays in device memory.
+  void split();
+  // Commits the last buffer; returns every buffer of the step in commit order.
+  std::vector<std::unique_ptr<gpu::CommandBuffer>> finish();
   void dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
                 bool overlap = false);
   // Threadgroups of the size chosen for `kernel` at load.
@@ -128,7 +135,6 @@ class Encoder {
   // A grid of threads (edge threadgroups partial) in threadgroups of the chosen size.
   void dispatch_threads(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
                         bool overlap = false);
-  std::unique_ptr<gpu::CommandBuffer> finish() { return std::move(cb_); }
   uint32_t dispatches() const { return dispatches_; }
   // Dependent dispatch boundaries: dispatches after the first one that were not overlapped.
   uint32_t barriers() const { return barriers_; }
@@ -142,8 +148,11 @@ class Encoder {
   void after_dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, gpu::Size3 threads,
                       bool grid_of_threads, bool overlap);
 
+  gpu::Device& device_;
   Kernels& kernels_;
-  std::unique_ptr<gpu::CommandBuffer> cb_;
+  std::string label_;
+  std::unique_ptr<gpu::CommandBuffer> cb_;                    // being encoded
+  std::vector<std::unique_ptr<gpu::CommandBuffer>> committed_;  // split off before it
   uint32_t dispatches_ = 0, barriers_ = 0;
   Clock::time_point started_, last_dispatch_ = started_;
 };

@@ -84,13 +84,17 @@ std::vector<float> Engine::mtp_logits(const std::vector<uint32_t>& ids) {
   for (size_t done = 0; done < ids.size();) {
     const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, ids.size() - done));
     const uint32_t heads = uint32_t(std::min<size_t>(rows, ids.size() - 1 - done));  // the last id has no next
-    Encoder enc(*device_, kernels_);
+    Encoder enc(*device_, kernels_, "MTP logits chunk");
     encode_step(enc, rows, rows, nullptr, true);  // the trunk: no logits, no choice
     // Named now: x is the buffer holding the residual stream at this point of the encoding.
     const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
     if (heads > 0) encode_mtp(enc, heads, seq_->position, hidden, H, 0);
-    auto cb = commit(enc);
-    wait(*cb);
+    Submitted step = commit(enc);
+    try {
+      wait(step);
+    } catch (const gpu::GpuError& e) {
+      throw step_failed("MTP logits chunk", {slot_}, e);
+    }
     const float* l = static_cast<const float*>(ws_->logits->contents());
     logits.insert(logits.end(), l, l + size_t(heads) * V);
     seq_->position += int(rows);

@@ -67,13 +67,18 @@ std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int position) {
 void Engine::restore(const Snapshot& s) {
   if (s.engine != this) throw EngineError("[engine] a snapshot can only be restored by the engine that took it");
   decode_end();
-  Encoder enc(*device_, kernels_);
+  Encoder enc(*device_, kernels_, "restore");
   size_t at = 0;
   for (const StateRegion& r : state_regions(s.position)) {
     encode_copy(enc, *k_.copy_u32, Arg(s.data, at), Arg(r.buffer, r.offset), r.bytes);
     at += r.bytes;
   }
-  wait(*commit(enc));
+  Submitted step = commit(enc);
+  try {
+    wait(step);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed("restore", {slot_}, e);
+  }
   std::memcpy(host_ids(), s.tokens.data(), s.tokens.size() * 4);
   seq_->position = s.position;
   seq_->mtp_row = -1;

@@ -111,7 +111,7 @@ std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling,
   if (sampling.logprobs >= 0) throw EngineError("[engine] a verify step reports no logprobs: decode instead");
   decode_end();
   check_room(size_t(k) + 2);  // the rows fed, and the token chosen after the last
-  Encoder enc(*device_, kernels_);
+  Encoder enc(*device_, kernels_, "verify step");
   if (host_drafts) {
     std::memcpy(host_ids() + seq_->position + 1, host_drafts->data(), size_t(k) * 4);
   } else if (seq_->mtp_row < 0) {
@@ -130,8 +130,12 @@ std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling,
     const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
     encode_mtp(enc, k + 1, seq_->position, hidden, uint32_t(model_.dims.hidden), k + 1);
   }
-  auto cb = commit(enc);
-  wait(*cb);
+  Submitted step = commit(enc);
+  try {
+    wait(step);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed("verify step", {slot_}, e);
+  }
 
   const auto* ids = host_ids();
   const uint32_t a = *static_cast<const uint32_t*>(ws_->accepted->contents());

@@ -67,9 +67,13 @@ class Library {
 // Dispatches recorded in order and run after commit(). Encoding is stateful like
 // a Metal compute encoder: bindings and the kernel persist until changed.
 // Dispatches between two barrier() calls may run in any order or concurrently.
+// Buffers committed on one device run in commit order; when one fails, the ones queued
+// behind it fail too (Metal ignores them; the CPU runtime's injected faults do the same).
 class CommandBuffer {
  public:
   virtual ~CommandBuffer() = default;
+  // Names the buffer (and its encoder) in GPU error messages and Metal's tools; before commit().
+  virtual void set_label(const std::string& label) = 0;
   virtual void set_kernel(const std::shared_ptr<Kernel>& kernel) = 0;
   virtual void set_buffer(uint32_t index, const std::shared_ptr<Buffer>& buffer, size_t offset) = 0;
   // Copies up to 4 KiB of argument bytes (Metal's setBytes limit).
@@ -82,7 +86,8 @@ class CommandBuffer {
   // Later dispatches see every write of earlier ones.
   virtual void barrier() = 0;
   virtual void commit() = 0;
-  // Blocks until the work is done; throws GpuError if it failed.
+  // Blocks until the work is done; throws GpuError if it failed, naming the buffer's label
+  // (Metal: and each encoder's execution status).
   virtual void wait() = 0;
   // After wait(): seconds the device spent running this command buffer (Metal: GPUEndTime -
   // GPUStartTime; the CPU runtime: the wall time of its execution).

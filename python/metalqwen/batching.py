@@ -11,15 +11,20 @@ request gets exactly what it gets alone: the same tokens (greedy) and the same s
 Speculation composes: a request with a drafter verifies its drafts in its slot's rows, and
 the rows of a step (at most 8) go first to the requests whose drafts are accepted most.
 Shared steps draft by prompt lookup (the MTP head drafts for single-sequence decoding only).
+
+A step the GPU fails (``GpuError``) ends every request whose slot it ran in, with that error
+(the engine reset those slots); the other requests go on.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import speculative as spec
+from .errors import GpuError
 from .model import Chunk, Generation, Model, Output, Prompt, Request
 
 __all__ = ["Scheduler", "Sequence", "MAX_ROWS"]
@@ -38,6 +43,7 @@ class Sequence:
     slot: int | None = None  # the engine slot it runs in, while it runs
     finished: bool = False
     cancelled: bool = False
+    error: GpuError | None = None  # the GPU failed a step it ran in: it ended with this error
     fed: int = 0  # prompt tokens in the slot's state
     snapshot_at: list[int] = field(default_factory=list)  # prompt positions to snapshot for the prefix cache
     left: int = 0  # tokens it may still generate
@@ -56,6 +62,9 @@ class Sequence:
         return chunks
 
     def generation(self) -> Generation:
+        """What it generated; raises its error when a GPU failure ended it."""
+        if self.error is not None:
+            raise self.error
         return Generation(tokens=list(self.output.tokens), text="".join(self.text),
                           finish_reason=self.output.finish_reason, stats=self.output.stats)
 
@@ -102,13 +111,18 @@ class Scheduler:
         touched: list[Sequence] = []
         try:
             while self.waiting and self._free:
-                self._admit(self.waiting.popleft())
+                seq = self.waiting.popleft()
+                with self._failing([seq], touched):
+                    self._admit(seq)
             feeding = next((s for s in self.running if not s.prefilled), None)
-            if feeding is not None and self._feed(feeding):
-                touched.append(feeding)
+            if feeding is not None:
+                with self._failing([feeding], touched):
+                    if self._feed(feeding):
+                        touched.append(feeding)
             decoding = [s for s in self.running if s.prefilled and not s.finished]
             if decoding:
-                self._decode(decoding)
+                with self._failing(decoding, touched):
+                    self._decode(decoding)
                 touched += [s for s in decoding if s not in touched]
         finally:
             self._engine.select(0)  # Model.stream and friends work on slot 0
@@ -121,6 +135,18 @@ class Scheduler:
 
     # ----------------------------------------------------------------------------- internals
 
+    @contextmanager
+    def _failing(self, seqs: list[Sequence], touched: list[Sequence]):
+        """A GpuError inside ends ``seqs`` with it (the engine reset their slots: nothing of theirs goes on)."""
+        try:
+            yield
+        except GpuError as e:
+            for seq in seqs:
+                seq.error = e
+                self._finish(seq)
+                if seq not in touched:
+                    touched.append(seq)
+
     def _admit(self, seq: Sequence) -> None:
         """Into the free slot whose live tokens this prompt extends furthest (else the first free)."""
         ids = seq.request.ids
@@ -132,6 +158,7 @@ class Scheduler:
 
         seq.slot = max(self._free, key=reusable)
         self._free.remove(seq.slot)
+        self.running.append(seq)
         self._engine.select(seq.slot)
         seq.fed, seq.snapshot_at = self.model._resume(ids, seq.request.boundaries)
         seq.output.stats.prompt_tokens_reused = seq.fed
@@ -140,7 +167,6 @@ class Scheduler:
         seq.history = list(ids)
         if seq.request.drafter is not None:
             seq.policy = spec.DepthPolicy(self.model.draft_depth)
-        self.running.append(seq)
 
     def _feed(self, seq: Sequence) -> bool:
         """Feeds the next chunk of a prompt; after the last, takes its first token. True when it produced one."""
@@ -225,7 +251,7 @@ class Scheduler:
         stats.context_full = (seq.output.finish_reason == "length" and stats.generated_tokens == room
                               < seq.request.max_tokens)
         stats.engine = self.model.counters()
-        if not seq.cancelled:
+        if not seq.cancelled and seq.error is None:
             seq._add(seq.output.tail())
         if seq in self.running:
             self.running.remove(seq)

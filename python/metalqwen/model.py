@@ -158,10 +158,12 @@ class Model:
         return self._engine.max_context
 
     def counters(self) -> dict:
-        """Engine counters: steps (command buffers), dispatches and barriers (dependent dispatch boundaries),
-        host encode µs, CPU waits, decoded tokens, weight bytes per token, memory estimate, the load's
-        weight buffers, bytes read into arenas and resident-set peak (``load_peak_rss``, from
-        ``load_rss_before``); ``*_last_step`` for the latest step."""
+        """Engine counters: steps (prefill chunks, decode, verify and shared steps) and their command buffers
+        (a prefill chunk takes one per ``prefill_layers_per_buffer`` layers), steps the GPU failed, dispatches
+        and barriers (dependent dispatch boundaries), host encode µs, CPU waits, decoded tokens, weight bytes
+        per token, memory estimate, the load's weight buffers, bytes read into arenas and resident-set peak
+        (``load_peak_rss``, from ``load_rss_before``), the compiled library's kernels and source bytes;
+        ``*_last_step`` for the latest step."""
         return dict(self._engine.counters())
 
     def reset(self) -> None:
@@ -419,7 +421,7 @@ def count_speculation(stats: GenerationStats, before: dict, after: dict) -> None
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
          prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0,
          speculative: str = "off", draft_depth: int | None = None, mtp: bool | None = None,
-         mtp_hidden: str = "post_norm", max_sequences: int = 1) -> Model:
+         mtp_hidden: str = "post_norm", max_sequences: int = 1, prefill_layers_per_buffer: int = 8) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -439,6 +441,10 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     ``max_sequences`` (1..8): sequence slots, each with its own KV cache and recurrent state
     (memory grows with it), so that a ``batching.Scheduler`` decodes up to that many
     sequences in shared steps; ``stream``/``generate`` use slot 0.
+    ``prefill_layers_per_buffer``: a prefill chunk is committed as one command buffer per that
+    many layers (macOS stops a buffer that holds the GPU too long); decode steps are one buffer.
+    A step the GPU fails raises GpuError once and resets the sequence it ran (its tokens are
+    forgotten); the model stays usable.
     Bad checkpoints raise CheckpointError naming the file and tensor."""
     if speculative not in ("auto", "mtp", "lookup", "off"):
         raise ValueError(f"speculative must be 'auto', 'mtp', 'lookup' or 'off', got {speculative!r}")
@@ -454,6 +460,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
     prefix_cache_bytes = arguments.integer("prefix_cache_bytes", prefix_cache_bytes, low=0, allowed="bytes >= 0")
     max_sequences = arguments.integer("max_sequences", max_sequences, low=1, allowed="an integer in 1..8")
+    prefill_layers_per_buffer = arguments.integer("prefill_layers_per_buffer", prefill_layers_per_buffer, low=1,
+                                                  allowed="an integer >= 1")
     if max_sequences > 8:
         raise ValueError(f"max_sequences must be an integer in 1..8 (one step holds at most 8 rows), got {max_sequences}")
     if draft_depth is not None:
@@ -483,7 +491,7 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     try:
         engine = _core.Engine(dev._native, desc["dims"], tensors, max_context, kv_bits, prefill_chunk,
                               max_draft=max_draft, progress=shown, mtp=with_mtp, mtp_hidden=mtp_hidden,
-                              max_sequences=max_sequences)
+                              max_sequences=max_sequences, prefill_layers_per_buffer=prefill_layers_per_buffer)
     finally:
         if shown:
             shown.close()

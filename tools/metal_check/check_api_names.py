@@ -102,6 +102,13 @@ UNLISTED = {
     "developer.apple.com/documentation/foundation/nsarray/objectatindex(_:)",
     ("NSURL", "fileURLWithPath:"): "class method with an object argument and result: needs no bridging metadata; "
     "developer.apple.com/documentation/foundation/nsurl/fileurlwithpath(_:)",
+    ("NSDictionary", "objectForKey:"): "object result and argument need no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nsdictionary/object(forkey:)",
+    ("NSError", "userInfo"): "object-typed property needs no bridging metadata; "
+    "developer.apple.com/documentation/foundation/nserror/userinfo",
+    ("MTLCommandBufferDescriptor", "setErrorOptions:"): "setter of an integer-typed property needs no bridging "
+    "metadata; its type MTLCommandBufferErrorOption and values are checked; "
+    "developer.apple.com/documentation/metal/mtlcommandbufferdescriptor/erroroptions",
 }
 # Declared in the stubs with no member, absent from PyObjC's metadata for the reason given.
 UNLISTED_CLASSES = {

@@ -56,6 +56,16 @@ int main() {
   expect(line_directive("shaders/norm.metal") == "#line 1 \"shaders/norm.metal\"\n", "line directive");
   expect(line_directive("a\"b\\c\nd") == "#line 1 \"a\\\"b\\\\cd\"\n", "line directive escapes");
 
+  using mq::gpu::metal::describe_failed_buffer;
+  expect(describe_failed_buffer("decode step", "Caused GPU Timeout Error", {}) ==
+             "[metal] command buffer 'decode step' failed: Caused GPU Timeout Error",
+         "failed buffer without encoder status");
+  expect(describe_failed_buffer("prefill chunk (layers 0-7)", "Ignored",
+                                {{"prefill chunk (layers 0-7)", 4}, {"x", 2}, {"y", 9}}) ==
+             "[metal] command buffer 'prefill chunk (layers 0-7)' failed: Ignored; encoders: "
+             "'prefill chunk (layers 0-7)' faulted, 'x' affected, 'y' state 9",
+         "failed buffer names each encoder's state");
+
   EncoderRules rules(32768);
   expect_error([&] { rules.check_dispatch("dispatch_threads", {64, 1, 1}, {32, 1, 1}); },
                {"dispatch_threads", "no kernel set"}, "dispatch without kernel");

@@ -71,6 +71,7 @@ mutations=(
   's/^#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000  \/\/ macOS 15 SDK: residency sets/#if 1/|residency sets outside the SDK guard|140000'
   's/completionHandler:\^(id<MTLComputePipelineState> pipeline, NSError\* error)/completionHandler:^(id<MTLComputePipelineState> pipeline, NSError* error, NSUInteger)/|wrong completion handler signature|150000'
   's/newLibraryWithURL:\[NSURL fileURLWithPath:file\]/newLibraryWithURL:file/|NSString for NSURL|150000'
+  's/info\.errorState/info.status/|property of another protocol (encoder info)|150000'
 )
 target=csrc/gpu/metal/metal_device.mm
 for entry in "${mutations[@]}"; do

@@ -1,5 +1,7 @@
 // The CPU implementation of device.h: buffers in host memory, MSL compiled by
 // the system C++ compiler, command buffers executed in order on a queue thread.
+// METALQWEN_CPU_FAULTS=cb:N makes the N-th command buffer committed on a device fail as a
+// GPU fault would (see FaultPlan), so recovery from GPU errors is tested on any machine.
 #include "cpu_device.h"
 
 #include <sys/mman.h>
@@ -171,6 +173,26 @@ void run_dispatch(const Dispatch& d, const cpu::Schedule& schedule, uint64_t str
   }
 }
 
+// METALQWEN_CPU_FAULTS=cb:N (N >= 1): the N-th command buffer committed on the device runs
+// the first half of its dispatches, then fails at its wait with a GpuError; every buffer
+// committed after it, until a wait has thrown that error (the failure is observed), is not
+// run and fails too, as Metal fails ("Ignored") the buffers queued behind a failed one.
+// Buffers committed after that run normally. One fault per device; 0: none.
+uint64_t fault_from_environment() {
+  const char* variable = "METALQWEN_CPU_FAULTS";
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return 0;
+  const std::string value(text), prefix = "cb:";
+  char* end = nullptr;
+  const bool digits = value.size() > prefix.size() && value.compare(0, prefix.size(), prefix) == 0 &&
+                      std::isdigit(static_cast<unsigned char>(value[prefix.size()]));
+  const unsigned long long n = digits ? std::strtoull(value.c_str() + prefix.size(), &end, 10) : 0;
+  if (n < 1 || *end != '\0')
+    throw GpuError(std::string("[cpu] ") + variable + "='" + value +
+                   "' is not cb:N (N >= 1: the N-th command buffer committed on the device fails)");
+  return n;
+}
+
 // Runs committed command buffers one after another, like a Metal command queue.
 class CommandQueue {
  public:
@@ -179,11 +201,12 @@ class CommandQueue {
     std::condition_variable done_cv;
     bool done = false;
     std::exception_ptr error;
-    double seconds = 0;  // wall time of the execution
+    bool injected = false;  // the error is METALQWEN_CPU_FAULTS': a wait that throws it observes the fault
+    double seconds = 0;     // wall time of the execution
   };
 
-  CommandQueue(cpu::Schedule schedule, cpu::CheckSet checks)
-      : schedule_(schedule), checks_(checks), thread_([this] { loop(); }) {}
+  CommandQueue(cpu::Schedule schedule, cpu::CheckSet checks, uint64_t fault_at)
+      : schedule_(schedule), checks_(checks), fault_at_(fault_at), thread_([this] { loop(); }) {}
   ~CommandQueue() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -193,18 +216,41 @@ class CommandQueue {
     thread_.join();
   }
 
-  void submit(std::vector<Dispatch> work, std::shared_ptr<Completion> completion) {
+  // `label` names the buffer in the errors of an injected fault.
+  void submit(std::vector<Dispatch> work, std::shared_ptr<Completion> completion, const std::string& label) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back({std::move(work), std::move(completion)});
+      Item item{std::move(work), std::move(completion), Fate::run, ""};
+      const uint64_t number = ++committed_;
+      const std::string name = "[cpu] command buffer " + std::to_string(number) +
+                               (label.empty() ? "" : " ('" + label + "')");
+      if (fault_at_ > 0 && !fault_observed_ && number == fault_at_) {
+        item.fate = Fate::fault;
+        item.message = name + " failed: fault injected by METALQWEN_CPU_FAULTS=cb:" + std::to_string(fault_at_) +
+                       " after " + std::to_string(item.work.size() / 2) + " of its " +
+                       std::to_string(item.work.size()) + " dispatches ran";
+      } else if (fault_at_ > 0 && !fault_observed_ && number > fault_at_) {
+        item.fate = Fate::ignored;
+        item.message = name + " was not run: command buffer " + std::to_string(fault_at_) +
+                       " before it failed (as Metal ignores the buffers queued behind a failed one)";
+      }
+      queue_.push_back(std::move(item));
     }
     cv_.notify_all();
   }
+  // A wait threw an injected fault's error: buffers committed from now on run.
+  void observe_fault() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fault_observed_ = true;
+  }
 
  private:
+  enum class Fate { run, fault, ignored };  // see fault_from_environment
   struct Item {
     std::vector<Dispatch> work;
     std::shared_ptr<Completion> completion;
+    Fate fate = Fate::run;
+    std::string message;  // the error of a fault or an ignored buffer
   };
 
   // Dispatches between two barriers run last-first: a legal GPU order that
@@ -240,15 +286,18 @@ class CommandQueue {
       }
       std::exception_ptr error;
       const auto start = std::chrono::steady_clock::now();
+      if (item.fate == Fate::fault) item.work.resize(item.work.size() / 2);  // a fault part-way through
       try {
-        execute(item.work);
+        if (item.fate != Fate::ignored) execute(item.work);
       } catch (...) {
         error = std::current_exception();
       }
+      if (item.fate != Fate::run) error = std::make_exception_ptr(GpuError(item.message));
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       item.work.clear();
       std::lock_guard<std::mutex> lock(item.completion->mutex);
       item.completion->error = error;
+      item.completion->injected = item.fate != Fate::run;
       item.completion->seconds = took.count();
       item.completion->done = true;
       item.completion->done_cv.notify_all();
@@ -257,8 +306,11 @@ class CommandQueue {
 
   const cpu::Schedule schedule_;
   const cpu::CheckSet checks_;
+  const uint64_t fault_at_;  // METALQWEN_CPU_FAULTS' N, 0 for none
   uint64_t dispatches_run_ = 0;  // numbers the dispatches: each gets its own random stream
   std::mutex mutex_;
+  uint64_t committed_ = 0;        // buffers submitted so far (numbered from 1)
+  bool fault_observed_ = false;  // a wait has thrown the injected fault's error
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stopping_ = false;
@@ -270,6 +322,11 @@ mq_abi::Dim3 to_dim3(Size3 s) { return {s.x, s.y, s.z}; }
 class CpuCommandBuffer final : public CommandBuffer {
  public:
   explicit CpuCommandBuffer(std::shared_ptr<CommandQueue> queue) : queue_(std::move(queue)) {}
+
+  void set_label(const std::string& label) override {
+    check_open();
+    label_ = label;
+  }
 
   void set_kernel(const std::shared_ptr<Kernel>& kernel) override {
     check_open();
@@ -317,13 +374,15 @@ class CpuCommandBuffer final : public CommandBuffer {
     check_open();
     committed_ = true;
     completion_ = std::make_shared<CommandQueue::Completion>();
-    queue_->submit(std::move(work_), completion_);
+    queue_->submit(std::move(work_), completion_, label_);
   }
   void wait() override {
     if (!completion_) throw GpuError("[cpu] wait() on a command buffer that was not committed");
     std::unique_lock<std::mutex> lock(completion_->mutex);
     completion_->done_cv.wait(lock, [this] { return completion_->done; });
-    if (completion_->error) std::rethrow_exception(completion_->error);
+    if (!completion_->error) return;
+    if (completion_->injected) queue_->observe_fault();
+    std::rethrow_exception(completion_->error);
   }
   double gpu_seconds() const override {
     if (!completion_) throw GpuError("[cpu] gpu_seconds() on a command buffer that was not committed");
@@ -383,6 +442,7 @@ class CpuCommandBuffer final : public CommandBuffer {
   }
 
   std::shared_ptr<CommandQueue> queue_;
+  std::string label_;
   std::shared_ptr<CpuKernel> kernel_;
   Binding bindings_[mq_abi::kMaxBufferIndex];
   size_t threadgroup_bytes_[mq_abi::kMaxBufferIndex] = {};
@@ -403,7 +463,7 @@ class CpuDevice final : public Device {
  public:
   CpuDevice(cpu::Schedule schedule, cpu::CheckSet checks)
       : checks_(checks),
-        queue_(std::make_shared<CommandQueue>(schedule, checks)),
+        queue_(std::make_shared<CommandQueue>(schedule, checks, fault_from_environment())),
         max_buffer_length_(size_t(memory_limit("METALQWEN_CPU_MAX_BUFFER_BYTES"))),
         working_set_(memory_limit("METALQWEN_CPU_WORKING_SET_BYTES")),
         thread_cap_(pipeline_thread_cap()) {}

@@ -54,6 +54,24 @@ std::string describe(NSError* error) {
 
 MTLSize to_mtl(Size3 s) { return MTLSizeMake(s.x, s.y, s.z); }
 
+NSString* to_ns(const std::string& text) {
+  return [[NSString alloc] initWithBytes:text.data() length:text.size() encoding:NSUTF8StringEncoding];
+}
+
+// A failed buffer's message: its label, Metal's description and, as the buffer was made to
+// record them (MTLCommandBufferErrorOptionEncoderExecutionStatus), each encoder's state.
+std::string describe_failure(id<MTLCommandBuffer> commands) {
+  NSError* error = commands.error;
+  std::vector<metal::EncoderStatus> encoders;
+  NSArray<id<MTLCommandBufferEncoderInfo>>* infos =
+      error == nil ? nil : [error.userInfo objectForKey:MTLCommandBufferEncoderInfoErrorKey];
+  for (NSUInteger i = 0; i < infos.count; ++i) {
+    id<MTLCommandBufferEncoderInfo> info = [infos objectAtIndex:i];
+    encoders.push_back({to_string(info.label), static_cast<long>(info.errorState)});
+  }
+  return metal::describe_failed_buffer(to_string(commands.label), describe(error), encoders);
+}
+
 // IEEE-safe arithmetic and precise math functions, so numerics track the CPU runtime.
 void disable_fast_math(MTLCompileOptions* options) {
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000  // macOS 15 SDK: mathMode replaces fastMathEnabled
@@ -265,9 +283,7 @@ class MetalLibrary final : public Library {
  private:
   // Throws GpuError when the library has no such kernel function.
   id<MTLFunction> function(const std::string& name) const {
-    NSString* function_name = [[NSString alloc] initWithBytes:name.data()
-                                                       length:name.size()
-                                                     encoding:NSUTF8StringEncoding];
+    NSString* function_name = to_ns(name);
     id<MTLFunction> function = function_name == nil ? nil : [library_ newFunctionWithName:function_name];
     if (function == nil) throw GpuError("[metal] library has no kernel function '" + name + "'");
     if (function.functionType != MTLFunctionTypeKernel) throw GpuError("[metal] function '" + name + "' is not a kernel");
@@ -292,6 +308,15 @@ class MetalCommandBuffer final : public CommandBuffer {
         [encoder_ endEncoding];
       }
     }
+  }
+
+  void set_label(const std::string& label) override {
+    rules_.check_open("set_label");
+    in_pool([&] {
+      NSString* text = to_ns(label);
+      commands_.label = text;
+      if (encoder_ != nil) encoder_.label = text;
+    });
   }
 
   void set_kernel(const std::shared_ptr<Kernel>& kernel) override {
@@ -349,9 +374,7 @@ class MetalCommandBuffer final : public CommandBuffer {
     if (!rules_.committed()) throw GpuError("[metal] wait: command buffer not committed");
     in_pool([&] {
       [commands_ waitUntilCompleted];
-      if (commands_.status == MTLCommandBufferStatusError) {
-        throw GpuError("[metal] command buffer failed: " + describe(commands_.error));
-      }
+      if (commands_.status == MTLCommandBufferStatusError) throw GpuError(describe_failure(commands_));
     });
   }
 
@@ -361,12 +384,13 @@ class MetalCommandBuffer final : public CommandBuffer {
   }
 
  private:
-  // One compute encoder per command buffer, opened on first use; concurrent
-  // dispatch matches device.h: only barrier() orders dispatches.
+  // One compute encoder per command buffer, opened on first use and named as the buffer;
+  // concurrent dispatch matches device.h: only barrier() orders dispatches.
   id<MTLComputeCommandEncoder> encoder() {
     if (encoder_ == nil) {
       in_pool([&] {
         encoder_ = [commands_ computeCommandEncoderWithDispatchType:MTLDispatchTypeConcurrent];
+        encoder_.label = commands_.label;
       });
       if (encoder_ == nil) throw GpuError("[metal] cannot create a compute command encoder");
     }
@@ -417,6 +441,9 @@ class MetalDevice final : public Device {
     queue_ = [device_ newCommandQueue];
     if (queue_ == nil) throw GpuError("[metal] cannot create a command queue on " + name_);
     residency_ = ResidencySet::create(device_, queue_);
+    // A failed buffer's error then lists each encoder's execution state (describe_failure).
+    descriptor_ = [[MTLCommandBufferDescriptor alloc] init];
+    descriptor_.errorOptions = MTLCommandBufferErrorOptionEncoderExecutionStatus;
   }
 
   std::string kind() const override { return "metal"; }
@@ -492,9 +519,7 @@ class MetalDevice final : public Device {
     const std::string labelled = metal::line_directive(name) + source;
     std::shared_ptr<Library> result;
     in_pool([&] {
-      NSString* text = [[NSString alloc] initWithBytes:labelled.data()
-                                                length:labelled.size()
-                                              encoding:NSUTF8StringEncoding];
+      NSString* text = to_ns(labelled);
       if (text == nil) throw CompileError("[metal] MSL source '" + name + "' is not valid UTF-8", "");
       NSError* error = nil;
       id<MTLLibrary> library = [device_ newLibraryWithSource:text options:new_compile_options() error:&error];
@@ -521,7 +546,7 @@ class MetalDevice final : public Device {
     if (std::shared_ptr<Library> cached = cached_library(cache_key)) return cached;
     std::shared_ptr<MetalLibrary> result;
     in_pool([&] {
-      NSString* file = [[NSString alloc] initWithBytes:path.data() length:path.size() encoding:NSUTF8StringEncoding];
+      NSString* file = to_ns(path);
       NSError* error = nil;
       id<MTLLibrary> library = file == nil ? nil : [device_ newLibraryWithURL:[NSURL fileURLWithPath:file] error:&error];
       if (library == nil) throw GpuError("[metal] cannot load " + path + ": " + describe(error));
@@ -535,8 +560,9 @@ class MetalDevice final : public Device {
   std::unique_ptr<CommandBuffer> new_command_buffer() override {
     std::unique_ptr<CommandBuffer> result;
     in_pool([&] {
-      // Retained references: buffers (and wrapped memory) live until the GPU is done.
-      id<MTLCommandBuffer> commands = [queue_ commandBuffer];
+      // Retained references (the descriptor's default): buffers (and wrapped memory) live
+      // until the GPU is done.
+      id<MTLCommandBuffer> commands = [queue_ commandBufferWithDescriptor:descriptor_];
       if (commands == nil) throw GpuError("[metal] cannot create a command buffer");
       result = std::make_unique<MetalCommandBuffer>(commands, max_threadgroup_memory_);
     });
@@ -548,6 +574,7 @@ class MetalDevice final : public Device {
   id<MTLCommandQueue> queue_ = nil;
   std::shared_ptr<ResidencySet> residency_;  // nullptr without residency sets (macOS 14)
   ResidentLedger resident_;
+  MTLCommandBufferDescriptor* descriptor_ = nil;
   std::string name_;
   size_t max_threadgroup_memory_;
   size_t max_buffer_length_;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gpu/device.h"
 
@@ -79,6 +80,28 @@ inline std::string line_directive(const std::string& name) {
     if (c != '\n' && c != '\r') quoted += c;
   }
   return "#line 1 \"" + quoted + "\"\n";
+}
+
+// One encoder's entry in a failed command buffer's error (MTLCommandBufferEncoderInfo): its
+// label and errorState (MTLCommandEncoderErrorState, 0..4).
+struct EncoderStatus {
+  std::string label;
+  long state = 0;
+};
+
+// The message of a failed command buffer: its label, Metal's description and what each of
+// its encoders was doing (Metal lists them when the buffer was made with
+// MTLCommandBufferErrorOptionEncoderExecutionStatus).
+inline std::string describe_failed_buffer(const std::string& label, const std::string& description,
+                                          const std::vector<EncoderStatus>& encoders) {
+  static const char* const kStates[] = {"unknown", "completed", "affected", "pending", "faulted"};
+  std::string text = "[metal] command buffer '" + label + "' failed: " + description;
+  for (size_t i = 0; i < encoders.size(); ++i) {
+    const long s = encoders[i].state;
+    text += (i == 0 ? "; encoders: '" : ", '") + encoders[i].label + "' " +
+            (s >= 0 && s <= 4 ? kStates[s] : "state " + std::to_string(s));
+  }
+  return text;
 }
 
 // The state of one command buffer's compute encoder as far as checking goes.

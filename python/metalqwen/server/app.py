@@ -19,7 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import MetalqwenError
+from ..errors import GpuError, MetalqwenError
 from ..model import Model
 from ..prefix_cache import message_boundaries
 from . import access_log
@@ -171,6 +171,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 if job.first_token_at is None:
                     job.first_token_at = time.monotonic()
                 yield chunk
+        except GpuError as e:  # the engine reset that sequence and serves the next request
+            raise _Refused(500, str(e), None, "server_error") from None
         except (MetalqwenError, ValueError, TypeError) as e:
             raise _Refused(400, str(e)) from None
         except ShuttingDown as e:

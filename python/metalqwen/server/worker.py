@@ -5,8 +5,9 @@ sequence slot (``load(max_sequences=1)``) requests take turns; with more, up to 
 together in shared steps (``batching.Scheduler``: continuous batching, joining and leaving
 between steps), the rest wait here. Each job streams its chunks back to the asyncio loop that
 waits for them; a cancelled job (client gone) stops before its next step and frees its slot.
-On shutdown every job not yet finished ends with ShuttingDown, so its stream closes with an
-error chunk.
+A step the GPU fails ends the jobs it ran for with the GpuError (the engine reset their
+sequences); the next jobs run as usual. On shutdown every job not yet finished ends with
+ShuttingDown, so its stream closes with an error chunk.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ class Worker:
                         job._put(chunk)
                     if seq.finished:
                         job.stats, job.finish_reason = seq.output.stats, seq.output.finish_reason
+                        job.error = job.error or seq.error
                         del active[key]
                         self._done(job)
         except _Stop:

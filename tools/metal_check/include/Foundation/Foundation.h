@@ -60,6 +60,12 @@ enum : NSStringEncoding {
 + (NSURL*)fileURLWithPath:(NSString*)path;
 @end
 
+@interface NSDictionary<__covariant KeyType, __covariant ObjectType> : NSObject
+- (ObjectType)objectForKey:(KeyType)aKey;
+@end
+
 @interface NSError : NSObject
 @property(readonly, copy) NSString* localizedDescription;
+// NSDictionary<NSErrorUserInfoKey, id>* in the SDK, NSErrorUserInfoKey being a typedef of NSString*.
+@property(readonly, copy) NSDictionary<NSString*, id>* userInfo;
 @end

@@ -37,6 +37,14 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus){
     MTLCommandBufferStatusError = 5,
 };
 
+typedef NS_OPTIONS(NSUInteger, MTLCommandBufferErrorOption){
+    MTLCommandBufferErrorOptionEncoderExecutionStatus = 1 << 0,
+};
+
+typedef NS_ENUM(NSInteger, MTLCommandEncoderErrorState){
+    MTLCommandEncoderErrorStateFaulted = 4,
+};
+
 typedef NS_ENUM(NSUInteger, MTLFunctionType){
     MTLFunctionTypeKernel = 3,
 };
@@ -110,6 +118,7 @@ API_AVAILABLE(macos(15.0))
 @end
 
 @protocol MTLCommandEncoder <NSObject>
+@property(copy, atomic) NSString* label;
 - (void)endEncoding;
 @end
 
@@ -123,7 +132,20 @@ API_AVAILABLE(macos(15.0))
 - (void)memoryBarrierWithScope:(MTLBarrierScope)scope;
 @end
 
+// NSErrorUserInfoKey (a typedef of NSString*) in the SDK.
+MTL_EXTERN NSString* const MTLCommandBufferEncoderInfoErrorKey API_AVAILABLE(macos(11.0));
+
+@interface MTLCommandBufferDescriptor : NSObject
+@property(readwrite, nonatomic) MTLCommandBufferErrorOption errorOptions;
+@end
+
+@protocol MTLCommandBufferEncoderInfo <NSObject>
+@property(readonly, nonatomic) NSString* label;
+@property(readonly, nonatomic) MTLCommandEncoderErrorState errorState;
+@end
+
 @protocol MTLCommandBuffer <NSObject>
+@property(copy, atomic) NSString* label;
 @property(readonly) MTLCommandBufferStatus status;
 @property(readonly) NSError* error;
 // CFTimeInterval in the SDK: a typedef of double (CoreFoundation, which these stubs leave out).
@@ -135,7 +157,7 @@ API_AVAILABLE(macos(15.0))
 @end
 
 @protocol MTLCommandQueue <NSObject>
-- (id<MTLCommandBuffer>)commandBuffer;
+- (id<MTLCommandBuffer>)commandBufferWithDescriptor:(MTLCommandBufferDescriptor*)descriptor;
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 - (void)addResidencySet:(id<MTLResidencySet>)residencySet API_AVAILABLE(macos(15.0));
 #endif
