@@ -53,6 +53,17 @@ def test_load_progress_lines(capsys):
     shown("kernels", 3, 3, "compiling GPU kernels with g++ (first run only, cached in /c)")
     err = capsys.readouterr().err
     assert "loading onto cpu [" in err and "100% of 1.00 GiB" in err
+    # Off a terminal the compile notice is said once, then when it is done (no ticking).
+    assert err.count("compiling GPU kernels") == 2 and "): done in 1 s" in err, err
+
+
+def test_on_a_terminal_the_compile_ticks(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    shown = LoadProgress("cpu")
+    shown("kernels", 0, 3, "compiling GPU kernels with g++ (first run only, cached in /c)")
+    time.sleep(1.2)  # the ticker redraws the elapsed seconds
+    shown("kernels", 3, 3, "compiling GPU kernels with g++ (first run only, cached in /c)")
+    err = capsys.readouterr().err
     assert "first run only, cached in /c): 1 s" in err and "): done in 1 s" in err
 
 

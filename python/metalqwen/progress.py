@@ -41,13 +41,15 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 class _Ticker:
     """Redraws `label` with the seconds elapsed, once a second, until stopped: for a wait
-    that cannot count its own progress (one compiler run)."""
+    that cannot count its own progress (one compiler run). Off a terminal it stays quiet (the
+    label was said once; the caller says when it is done)."""
 
     def __init__(self, label: str):
         self.label, self.started = label, time.perf_counter()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._run, daemon=True) if sys.stderr.isatty() else None
+        if self._thread:
+            self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
@@ -55,7 +57,8 @@ class _Ticker:
 
     def stop(self) -> float:
         self._stop.set()
-        self._thread.join()
+        if self._thread:
+            self._thread.join()
         return time.perf_counter() - self.started
 
 
