@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from . import __version__, arguments, gpu
+from .config import SAMPLING_NEUTRAL
 from .errors import MetalqwenError
 
 _SMOKE_KERNEL = """
@@ -75,8 +76,7 @@ def _check_max_sequences(value: int | None) -> None:
 
 
 # The sampling the command line uses for a field neither the user nor generation_config.json sets.
-_SAMPLING_NEUTRAL = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-                         repetition_penalty=1.0)
+_SAMPLING_NEUTRAL = {"temperature": 0.0, **SAMPLING_NEUTRAL}  # greedy
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -104,8 +104,9 @@ class _AnswerPrinter:
     def __init__(self, opens_thinking: bool, hide_thinking: bool, terminal: bool):
         from .server.output_parser import OutputParser
 
-        self.parser = OutputParser(in_reasoning=opens_thinking)
-        self.hide, self.terminal = hide_thinking, terminal
+        # Off a terminal the text goes out as generated, unless the thinking is to be left out.
+        self.parser = OutputParser(in_reasoning=opens_thinking) if terminal or hide_thinking else None
+        self.hide = hide_thinking
         self.in_thinking = False
 
     def _write(self, text: str) -> None:
@@ -122,14 +123,14 @@ class _AnswerPrinter:
             self._write(content)
 
     def feed(self, text: str) -> None:
-        if self.terminal or self.hide:
+        if self.parser:
             d = self.parser.feed(text)
             self._show(d.reasoning, d.content)
         else:
             self._write(text)
 
     def finish(self) -> None:
-        if self.terminal or self.hide:
+        if self.parser:
             d = self.parser.finish()
             self._show(d.reasoning, d.content)
         print(flush=True)

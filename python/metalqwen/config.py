@@ -494,8 +494,11 @@ def _id_list(value, where: str) -> list[int]:
     return list(items)
 
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty")
+# The value that turns each sampling filter or penalty off; each front end adds its own temperature
+# for when neither the user nor generation_config.json gives one.
+SAMPLING_NEUTRAL = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                    "repetition_penalty": 1.0}
+SAMPLING_FIELDS = ("temperature", *SAMPLING_NEUTRAL)
 
 
 def _sampling_defaults(generation_config: Mapping[str, Any] | None) -> dict[str, float]:

@@ -19,6 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..config import SAMPLING_NEUTRAL
 from ..errors import GpuError, MetalqwenError
 from ..model import Model
 from ..prefix_cache import message_boundaries
@@ -47,8 +48,7 @@ def _error(status: int, message: str, param: str | None, kind: str) -> JSONRespo
 
 
 # Sampling fields a request may omit, with the value used when generation_config.json lacks them too.
-_SAMPLING_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
-                     "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+_SAMPLING_NEUTRAL = {"temperature": 1.0, **SAMPLING_NEUTRAL}  # OpenAI's default temperature
 
 
 def _validation_message(error: dict) -> tuple[str, str | None]:
