@@ -476,20 +476,21 @@ def run(args) -> int:
     if p.concurrency and max_sequences < p.concurrency[-1]:
         raise ValueError(f"--max-sequences {max_sequences} is less than the largest --concurrency level "
                          f"{p.concurrency[-1]}")
-    vocab = load_checkpoint(args.model).config.vocab_size
+    ckpt = load_checkpoint(args.model)  # a Hub id resolves here, once, to its snapshot folder
+    vocab = ckpt.config.vocab_size
     device = args.device or gpu.Device().kind
     # Said before the (long) metalqwen half, not found out after it.
     skipped = mlx_lm_missing() if args.compare == "mlx-lm" else ""
     if skipped:
         phase(f"mlx-lm: will be skipped: {skipped}")
-    ours = run_metalqwen(args.model, device, args.kv_bits, p, vocab, args.speculative, max_sequences)
+    ours = run_metalqwen(ckpt.path, device, args.kv_bits, p, vocab, args.speculative, max_sequences)
     theirs = None
     if args.compare == "mlx-lm":
         if not skipped:
             batch_missing = mlx_lm_batch_missing() if p.concurrency else ""
             if batch_missing:
                 p.notes.append(f"mlx-lm: {batch_missing}")
-            theirs = run_mlx_lm(args.model, replace(p, concurrency=[]) if batch_missing else p, vocab)
+            theirs = run_mlx_lm(ckpt.path, replace(p, concurrency=[]) if batch_missing else p, vocab)
     data = report(args.model, device, args.kv_bits, p, ours, theirs, skipped, max_sequences)
     print(table(data, ours, theirs))
     if args.json:

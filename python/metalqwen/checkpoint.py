@@ -39,6 +39,7 @@ import numpy as np
 
 from .config import (FP_MODES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES, WIDE_SCALE_GROUPS, CheckpointError, ConfigError,
                      ModelConfig, Quant, check_supported)
+from . import hub
 from .demo_checkpoint import bf16_to_f32
 
 __all__ = ["Checkpoint", "CheckpointError", "ConfigError", "ShardInfo", "TensorInfo", "load_checkpoint",
@@ -467,8 +468,9 @@ class Checkpoint:
     """
 
     def __init__(self, path: str, config: ModelConfig, tensors: dict[str, TensorInfo], files: list[ShardInfo],
-                 mtp: dict[str, TensorInfo], ignored: list[str], unknown: list[str]):
+                 mtp: dict[str, TensorInfo], ignored: list[str], unknown: list[str], name: str | None = None):
         self.path, self.config, self.tensors, self.files = path, config, tensors, files
+        self.name = name or os.path.basename(os.path.normpath(path))  # the Hub id it came from, else the folder's name
         self.mtp, self.ignored, self.unknown = mtp, ignored, unknown
         self._maps: dict[str, np.memmap] = {}
 
@@ -545,14 +547,15 @@ def tensor_view(t: TensorInfo, mapped: np.ndarray | None = None) -> np.ndarray:
 
 
 def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Checkpoint:
-    """Reads and validates an MLX Qwen3.5 checkpoint folder (headers only; data stays on disk).
+    """Reads and validates an MLX Qwen3.5 checkpoint folder (headers only; data stays on disk),
+    or a Hugging Face Hub model id's snapshot (``hub.resolve``: downloaded, or from the cache).
 
     With ``check_kernels`` (default) the model must also fit the kernels'
     specialisations (``config.check_supported``). Unknown extra tensors give one
     ``warnings.warn`` listing them; they are never used. Every problem raises
     CheckpointError (a ValueError) naming the file and the tensor or field.
     """
-    folder = os.path.abspath(os.fspath(path))
+    folder, model_name = hub.resolve(path)
     config = ModelConfig.from_folder(folder)
     if check_kernels:
         check_supported(config)
@@ -611,7 +614,7 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
         warnings.warn(f"[checkpoint] {folder}: ignoring {len(unknown)} tensor(s) the model does not use: {shown}",
                       stacklevel=2)
     _check_norm_shift(folder, v.used)
-    return Checkpoint(folder, config, v.used, shards, mtp, ignored, unknown)
+    return Checkpoint(folder, config, v.used, shards, mtp, ignored, unknown, model_name)
 
 
 # The zero-centred RMSNorms (used as 1 + w) that MLX folders store shifted, as 1 + w.

@@ -15,6 +15,10 @@ from . import __version__, arguments, gpu
 from .config import SAMPLING_NEUTRAL
 from .errors import MetalqwenError
 
+MODEL_HELP = ("an MLX-format Qwen3.5 checkpoint folder, or a Hugging Face model id such as "
+              "mlx-community/Qwen3.5-9B-4bit (downloaded once into the Hugging Face cache; HF_HUB_OFFLINE=1 uses "
+              "the cache only)")
+
 _SMOKE_KERNEL = """
 #include <metal_stdlib>
 using namespace metal;
@@ -415,7 +419,7 @@ def _add_speculative_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
+    p.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     _add_common_options(p)
     _add_stats_option(p)
     _add_speculative_options(p)
@@ -478,7 +482,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=24, help="tokens to generate (default 24)")
     demo.set_defaults(run=_demo)
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, ...)")
-    serve.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
+    serve.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     _add_common_options(serve)
     _add_speculative_options(serve)
     serve.add_argument("--max-context", type=int, default=8192, help="prompt + generated tokens (default 8192)")
@@ -505,7 +509,7 @@ def parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
     bench = commands.add_parser("bench", help="prefill, time to first token and decode tok/s of a checkpoint "
                                 "(--compare mlx-lm: side by side)")
-    bench.add_argument("-m", "--model", required=True, help="an MLX-format Qwen3.5 checkpoint folder")
+    bench.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     _add_common_options(bench)
     bench.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")
     bench.add_argument("--max-context", type=int, default=None,

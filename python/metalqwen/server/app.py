@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 import uuid
 from typing import Any, Sequence
@@ -76,7 +75,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         worker.stop()
 
     app = FastAPI(title="metalqwen", docs_url=None, redoc_url=None, lifespan=lifespan)
-    model_id = model_id or os.path.basename(os.path.normpath(model.checkpoint.path))
+    model_id = model_id or model.checkpoint.name
     defaults = {**_SAMPLING_NEUTRAL, **model.config.sampling_defaults}
     metrics = Metrics(model, worker)
     worker.on_done = metrics.finished  # every ended request counts, a cancelled or disconnected one too
