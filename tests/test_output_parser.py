@@ -14,8 +14,8 @@ WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {"
     "zip": {"type": "string"}}}}}]
 
 
-def _run(text: str, pieces: list[str], in_reasoning: bool, tools=None) -> Delta:
-    parser = OutputParser(in_reasoning, tools)
+def _run(text: str, pieces: list[str], in_reasoning: bool, tools=None, max_calls=None) -> Delta:
+    parser = OutputParser(in_reasoning, tools, max_calls)
     total = Delta()
     for piece in pieces:
         d = parser.feed(piece)
@@ -29,12 +29,12 @@ def _run(text: str, pieces: list[str], in_reasoning: bool, tools=None) -> Delta:
     return total
 
 
-def _every_split(text: str, in_reasoning: bool, tools=None) -> Delta:
+def _every_split(text: str, in_reasoning: bool, tools=None, max_calls=None) -> Delta:
     """Parses ``text`` whole, one character at a time and split at every position; all must agree."""
-    whole = _run(text, [text], in_reasoning, tools)
+    whole = _run(text, [text], in_reasoning, tools, max_calls)
     ways = [list(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
     for pieces in ways:
-        got = _run(text, pieces, in_reasoning, tools)
+        got = _run(text, pieces, in_reasoning, tools, max_calls)
         assert (got.reasoning, got.content) == (whole.reasoning, whole.content), pieces
         assert [(c.name, c.arguments) for c in got.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
     return whole
@@ -66,6 +66,18 @@ def test_qwen35_xml_tool_calls_are_parsed_and_typed_by_the_schema():
     assert [c.name for c in d.tool_calls] == ["weather", "weather"]
     assert json.loads(d.tool_calls[0].arguments) == {"city": "Paris", "days": 3, "metric": True, "zip": "75001"}
     assert json.loads(d.tool_calls[1].arguments) == {"city": "Rome"}
+
+
+def test_with_max_calls_the_answer_ends_at_that_call():
+    text = ("<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n"
+            "and more\n<tool_call>\n<function=weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>")
+    d = _every_split(text, in_reasoning=False, tools=WEATHER, max_calls=1)
+    assert [json.loads(c.arguments) for c in d.tool_calls] == [{"city": "Paris"}] and d.content == ""
+    parser = OutputParser(False, WEATHER, max_calls=1)
+    parser.feed(text[:20])
+    assert not parser.done
+    parser.feed(text[20:])
+    assert parser.done and not parser.feed("<tool_call>") and not parser.finish()
 
 
 def test_qwen3_json_tool_calls_and_calls_without_tools_stay_text():

@@ -240,7 +240,6 @@ def test_logprobs_out_of_range_are_400_naming_the_field(server):
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
-    ({"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": False}, "parallel_tool_calls"),
     ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, "functions"),
     ({"messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "audio"]}, "modalities"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),

@@ -6,6 +6,7 @@ parsed into `tool_calls` (arguments typed by the schema), the tool's result rend
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -27,13 +28,23 @@ def scripted(demo, device):
     3-character chunks; ``prompts`` records the token ids each request was given."""
     model = metalqwen.load(demo, device=device, max_context=512, progress=False)
     script, prompts = [], []
+    model.unread = None  # chunks of the last script left unread when the server stopped generating
 
     def stream(ids, max_tokens=256, **options):
         prompts.append(list(ids))
         text = script[len(prompts) - 1]
         model.last_stats = GenerationStats(prompt_tokens=len(ids), generated_tokens=len(text) // 3 + 1)
         model.last_finish_reason = "stop"
-        return (Chunk(text=text[i: i + 3], token=None) for i in range(0, len(text), 3))
+        chunks = [text[i: i + 3] for i in range(0, len(text), 3)]
+        try:
+            for i, piece in enumerate(chunks):
+                model.unread = len(chunks) - i
+                yield Chunk(text=piece, token=None)
+                if "</tool_call>" in text[: 3 * i + 3]:
+                    time.sleep(0.05)  # a model's pace after a call: time for the server to stop it
+            model.unread = 0
+        except GeneratorExit:
+            pass
 
     model.stream = stream
     live = LiveServer(create_app(model))
@@ -88,3 +99,27 @@ def test_tool_choice_none_renders_no_tools_and_parses_no_calls(scripted):
                                        tool_choice="none")
     assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
     assert "weather" not in model.tokenizer.decode(prompts[0])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_ends_the_answer_at_the_first_call(scripted, stream):
+    openai = require("openai")
+    live, model, script, prompts = scripted
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused")
+    second = "\n<tool_call>\n<function=weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"
+    tail = " and then a long answer nobody reads" * 20
+    script.append(CALL + second + tail)
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Paris and Rome?"}],
+                                       tools=[WEATHER], parallel_tool_calls=False, stream=stream)
+    if stream:
+        chunks = [c for c in r if c.choices]
+        calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        calls, content, finish = r.choices[0].message.tool_calls, r.choices[0].message.content, \
+            r.choices[0].finish_reason
+    assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris", "days": 3}]
+    assert finish == "tool_calls" and not content
+    # Generation stopped at the first call instead of running to the end of the script.
+    assert model.unread > 0

@@ -205,7 +205,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             raise _Refused(400, str(e), "messages") from None
         job = request.state.job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens,
                                                             boundaries, logprobs), asyncio.get_running_loop()))
-        parser = OutputParser(in_reasoning=text.rfind("<think>") > text.rfind("</think>"), tools=tools)
+        parser = OutputParser(in_reasoning=text.rfind("<think>") > text.rfind("</think>"), tools=tools,
+                              max_calls=1 if req.parallel_tool_calls is False else None)
         head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model_id}
 
         def finish_reason(calls: int) -> str:
@@ -243,11 +244,14 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
                 try:
                     async for piece in run(job):
+                        if parser.done:  # the answer ended at its tool call; what the worker still sends is dropped
+                            continue
                         if logprobs is not None:
                             held.append(piece)
                         if d := parser.feed(piece.text):
                             yield sse({**chunk, "choices": [choice(delta_json(d, calls), None)]})
                             calls += len(d.tool_calls)
+                        job.cancelled = parser.done  # the worker stops before its next step
                 except _Refused as e:
                     yield sse(_error_body(str(e), e.param, e.kind))
                     return
@@ -264,10 +268,13 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         total = Delta()
         pieces = []
         async for piece in run(job):
+            if parser.done:
+                continue
             pieces.append(piece)
             d = parser.feed(piece.text)
             total.reasoning, total.content = total.reasoning + d.reasoning, total.content + d.content
             total.tool_calls += d.tool_calls
+            job.cancelled = parser.done
         d = parser.finish()
         total.reasoning, total.content = total.reasoning + d.reasoning, total.content + d.content
         total.tool_calls += d.tool_calls

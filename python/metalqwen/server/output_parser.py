@@ -46,13 +46,17 @@ def _held_back(text: str, tags: tuple[str, ...]) -> int:
 
 
 class OutputParser:
-    """``feed(text) -> Delta`` per chunk, ``finish() -> Delta`` at the end of the answer."""
+    """``feed(text) -> Delta`` per chunk, ``finish() -> Delta`` at the end of the answer.
+    With ``max_calls`` (parallel_tool_calls false: 1) the answer ends at that many tool calls:
+    ``done`` turns true and the rest of the text is dropped, so the caller can stop generating."""
 
-    def __init__(self, in_reasoning: bool, tools: list[dict] | None = None):
+    def __init__(self, in_reasoning: bool, tools: list[dict] | None = None, max_calls: int | None = None):
         self.mode = "reasoning" if in_reasoning else "content"
         self.tools = {t["function"]["name"]: t["function"] for t in (tools or []) if t.get("type") == "function"}
         self.buffer = ""
         self.calls = 0
+        self.max_calls = max_calls
+        self.done = False
         self._content_started = False
 
     def _tags(self) -> tuple[str, ...]:
@@ -63,8 +67,10 @@ class OutputParser:
         return (_THINK_OPEN, _CALL_OPEN) if self.tools else (_THINK_OPEN,)
 
     def feed(self, text: str, final: bool = False) -> Delta:
-        self.buffer += text
         out = Delta()
+        if self.done:
+            return out
+        self.buffer += text
         while True:
             tags = self._tags()
             found = [(self.buffer.find(t), t) for t in tags if t in self.buffer]
@@ -79,6 +85,9 @@ class OutputParser:
             if self.mode == "tool":
                 out.tool_calls.append(self._parse_call(before))
                 self.mode = "content"
+                if self.max_calls is not None and self.calls >= self.max_calls:
+                    self.done, self.buffer = True, ""
+                    return out
             else:
                 self._emit(out, before)
                 self.mode = {_THINK_CLOSE: "content", _THINK_OPEN: "reasoning", _CALL_OPEN: "tool"}[tag]
@@ -87,7 +96,7 @@ class OutputParser:
 
     def finish(self) -> Delta:
         """The rest of the answer; an unclosed tool call is given back as content."""
-        if self.mode != "tool":
+        if self.mode != "tool" or self.done:
             return self.feed("", final=True)
         out, self.mode = Delta(), "content"
         self._emit(out, _CALL_OPEN + self.buffer)

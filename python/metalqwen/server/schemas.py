@@ -165,7 +165,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     # Qwen3.5 thinks or does not: "none"/"minimal" turn thinking off, "low"/"medium"/"high" leave it on.
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[bool] = None  # false: the answer ends at its first tool call
     functions: Optional[list[dict[str, Any]]] = None  # the API's deprecated forms of tools
     function_call: Union[str, dict, None] = None
     modalities: Optional[list[str]] = None
@@ -177,13 +177,6 @@ class ChatCompletionRequest(_Sampling):
     def _auto_or_none(cls, value):
         if isinstance(value, dict) or value == "required":
             raise ValueError("only 'auto' and 'none' are supported yet")
-        return value
-
-    @field_validator("parallel_tool_calls")
-    @classmethod
-    def _parallel(cls, value):
-        if value is False:
-            raise ValueError("false (at most one tool call) is not supported yet")
         return value
 
     @field_validator("functions", "function_call", "audio", "prediction")
