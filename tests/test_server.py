@@ -242,7 +242,8 @@ def test_logprobs_out_of_range_are_400_naming_the_field(server):
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, "functions"),
     ({"messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "audio"]}, "modalities"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 5}, "n"),  # more choices than the queue takes (4)
     ({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}, "reasoning_effort"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
@@ -472,5 +473,47 @@ def test_concurrent_clients_share_steps_and_get_their_sequential_answers(demo, d
         text = httpx.get(live.url + "/metrics").text
         values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
         assert values["metalqwen_engine_steps_total"] < values["metalqwen_generated_tokens_total"]
+    finally:
+        live.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_are_the_answers_of_seeds_seed_to_seed_plus_n(client, stream):
+    """n = 3 sampled choices: choice i is the single answer seeded seed + i; a stream interleaves
+    them, each choice ending with its own finish_reason; usage counts the prompt once."""
+    ask = dict(model="x", prompt="Once upon", max_tokens=6, temperature=0.9)
+    want = [client.completions.create(seed=7 + i, **ask) for i in range(3)]
+    if stream:
+        chunks = list(client.completions.create(seed=7, n=3, stream=True, stream_options={"include_usage": True},
+                                                **ask))
+        texts, finish = ["", "", ""], [None] * 3
+        for c in chunks:
+            for ch in c.choices:
+                texts[ch.index] += ch.text
+                finish[ch.index] = ch.finish_reason or finish[ch.index]
+        usage = chunks[-1].usage
+    else:
+        r = client.completions.create(seed=7, n=3, **ask)
+        assert [ch.index for ch in r.choices] == [0, 1, 2]
+        texts, finish, usage = [ch.text for ch in r.choices], [ch.finish_reason for ch in r.choices], r.usage
+    assert texts == [w.choices[0].text for w in want]
+    assert len(set(texts)) > 1, "different seeds, different samples"
+    assert finish == [w.choices[0].finish_reason for w in want]
+    assert usage.prompt_tokens == want[0].usage.prompt_tokens
+    assert usage.completion_tokens == sum(w.usage.completion_tokens for w in want)
+
+
+def test_n_chat_choices_in_shared_steps(demo, device, client):
+    """Chat with n = 2 on a server with 2 sequence slots: each choice equals its seed's single answer."""
+    openai = require("openai")
+    m = metalqwen.load(demo, device=device, max_context=512, progress=False, max_sequences=2)
+    live = LiveServer(create_app(m, max_queue=4))
+    try:
+        batched = openai.OpenAI(base_url=live.url + "/v1", api_key="unused")
+        ask = dict(model="x", messages=[{"role": "user", "content": "a story"}], max_tokens=6, temperature=0.8)
+        want = [client.chat.completions.create(seed=3 + i, **ask).choices[0].message for i in range(2)]
+        got = batched.chat.completions.create(seed=3, n=2, **ask).choices
+        assert [(c.message.content, getattr(c.message, "reasoning_content", None)) for c in got] == \
+            [(w.content, getattr(w, "reasoning_content", None)) for w in want]
     finally:
         live.close()

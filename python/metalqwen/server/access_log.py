@@ -10,16 +10,19 @@ import time
 log = logging.getLogger("metalqwen.server")
 
 
-def request_line(method: str, path: str, status: int, started: float, job=None) -> str:
-    """The log line of one request; ``job`` (worker.Job) when it generated."""
+def request_line(method: str, path: str, status: int, started: float, jobs=()) -> str:
+    """The log line of one request; ``jobs`` (worker.Job, one per choice) when it generated."""
     seconds = time.monotonic() - started
     line = f"{method} {path} {status} {seconds * 1000:.0f} ms"
-    s = job.stats if job is not None else None
-    if s is None:
+    stats = [job.stats for job in jobs if job.stats is not None]
+    if not stats:
         return line
-    ttft = f"{(job.first_token_at - started) * 1000:.0f} ms" if job.first_token_at else "-"
-    return (f"{line} | prompt {s.prompt_tokens} (cached {s.prompt_tokens_reused}), generated "
-            f"{s.generated_tokens}, first token {ttft}, {s.decode_tokens_per_second:.1f} tok/s")
+    first = min((job.first_token_at for job in jobs if job.first_token_at), default=None)
+    ttft = f"{(first - started) * 1000:.0f} ms" if first else "-"
+    choices = f" in {len(jobs)} choices" if len(jobs) > 1 else ""
+    return (f"{line} | prompt {stats[0].prompt_tokens} (cached {stats[0].prompt_tokens_reused}), generated "
+            f"{sum(s.generated_tokens for s in stats)}{choices}, first token {ttft}, "
+            f"{sum(s.decode_tokens_per_second for s in stats):.1f} tok/s")
 
 
 async def logged_body(body, method: str, path: str, status: int, started: float, request_state):
@@ -28,7 +31,7 @@ async def logged_body(body, method: str, path: str, status: int, started: float,
         async for chunk in body:
             yield chunk
     finally:
-        log.info(request_line(method, path, status, started, getattr(request_state, "job", None)))
+        log.info(request_line(method, path, status, started, getattr(request_state, "jobs", ())))
 
 
 def configure(level: str) -> None:

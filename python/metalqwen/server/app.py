@@ -27,6 +27,7 @@ from .logprobs import CompletionLogprobs, TokenTexts, chat_logprobs
 from .metrics import Metrics
 from .output_parser import Delta, OutputParser
 from .schemas import ChatCompletionRequest, CompletionRequest
+from .streams import merged
 from .page import chat_page
 from .worker import Job, QueueFull, ShuttingDown, Worker
 
@@ -153,15 +154,25 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                     frequency_penalty=pick("frequency_penalty"), repetition_penalty=pick("repetition_penalty"),
                     seed=req.seed, stop=req.stop or None, boundaries=boundaries, logprobs=logprobs)
 
-    def start(job: Job) -> Job:
+    def start(prompt: list[int], opts: dict, n: int, request: Request) -> list[Job]:
+        """The request's n jobs (choice i seeded seed + i), queued together or not at all."""
+        if n > 1 and n > max_queue:  # each choice is a job of the queue
+            raise _Refused(400, f"n: {n} choices exceed the {max_queue} requests the server queues (--max-queue)",
+                           "n")
+        jobs = []
         try:
-            worker.submit(job)
-        except QueueFull as e:
-            raise _Refused(429, str(e), None, "rate_limit_error") from None
-        except ShuttingDown as e:
+            for i in range(n):
+                seed = opts["seed"] if opts["seed"] is None else opts["seed"] + i
+                jobs.append(worker.submit(Job(prompt, {**opts, "seed": seed}, asyncio.get_running_loop())))
+        except (QueueFull, ShuttingDown) as e:
+            for job in jobs:
+                job.cancelled = True
+            if isinstance(e, QueueFull):
+                raise _Refused(429, str(e), None, "rate_limit_error") from None
             raise _Refused(503, str(e), None, "server_error") from None
         metrics.requests += 1
-        return job
+        request.state.jobs = jobs
+        return jobs
 
     async def run(job: Job):
         """The job's chunks (model.Chunk); ends the job when the response ends, also a client gone mid-stream."""
@@ -179,11 +190,16 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         finally:
             job.cancelled = True  # the worker stops before its next decode step
 
-    def usage(job: Job) -> dict:
-        s = job.stats
-        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
-                "total_tokens": s.prompt_tokens + s.generated_tokens,
-                "prompt_tokens_details": {"cached_tokens": s.prompt_tokens_reused}}
+    def choices(jobs: list[Job]):
+        """(index, chunk) of every job as they come, (index, None) when one ends."""
+        return merged([run(job) for job in jobs])
+
+    def usage(jobs: list[Job]) -> dict:
+        # The prompt is read once per choice but counted once, as OpenAI counts it.
+        first, generated = jobs[0].stats, sum(job.stats.generated_tokens for job in jobs)
+        return {"prompt_tokens": first.prompt_tokens, "completion_tokens": generated,
+                "total_tokens": first.prompt_tokens + generated,
+                "prompt_tokens_details": {"cached_tokens": first.prompt_tokens_reused}}
 
     def sse(data: dict | str) -> str:
         return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
@@ -203,14 +219,15 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools, **template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
-        job = request.state.job = start(Job(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens,
-                                                            boundaries, logprobs), asyncio.get_running_loop()))
-        parser = OutputParser(in_reasoning=text.rfind("<think>") > text.rfind("</think>"), tools=tools,
-                              max_calls=1 if req.parallel_tool_calls is False else None)
+        jobs = start(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens, boundaries, logprobs),
+                     req.n, request)
+        in_reasoning = text.rfind("<think>") > text.rfind("</think>")
+        max_calls = 1 if req.parallel_tool_calls is False else None
+        parsers = [OutputParser(in_reasoning, tools, max_calls) for _ in jobs]
         head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model_id}
 
-        def finish_reason(calls: int) -> str:
-            return "tool_calls" if calls else job.finish_reason
+        def finish_reason(i: int) -> str:
+            return "tool_calls" if parsers[i].calls else jobs[i].finish_reason
 
         def delta_json(d: Delta, first_index: int) -> dict:
             out: dict[str, Any] = {}
@@ -224,69 +241,77 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                                      for i, c in enumerate(d.tool_calls)]
             return out
 
+        def parse(i: int, piece) -> Delta:
+            """Choice i's next delta: its chunk parsed, or its end (piece None). With parallel_tool_calls
+            false, the answer ends at its first tool call and its job is stopped."""
+            parser = parsers[i]
+            if piece is None:
+                return parser.finish()
+            d = parser.feed(piece.text)  # nothing once the parser is done
+            jobs[i].cancelled = jobs[i].cancelled or parser.done
+            return d
+
         if req.stream:
             async def events():
                 chunk = {**head, "object": "chat.completion.chunk"}
                 # The first chunk also says how long the prompt is (clients ignore the extra field;
                 # the chat page shows it until the first token).
                 yield sse({**chunk, "metalqwen": {"prompt_tokens": len(prompt)},
-                           "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]})
-                calls = 0
-                held = []  # tokens whose text the parser holds back: their logprobs go with the next delta
+                           "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                        "finish_reason": None} for i in range(len(jobs))]})
+                held = [[] for _ in jobs]  # tokens whose text the parser holds back: their logprobs go with the next delta
 
-                def choice(delta: dict, finish: str | None) -> dict:
-                    out = {"index": 0, "delta": delta, "finish_reason": finish}
+                def choice(i: int, delta: dict, finish: str | None) -> dict:
+                    out = {"index": i, "delta": delta, "finish_reason": finish}
                     if logprobs is not None:  # a chunk with no token of its own carries none
-                        out["logprobs"] = chat_logprobs(texts, held) if held else None
-                        held.clear()
+                        out["logprobs"] = chat_logprobs(texts, held[i]) if held[i] else None
+                        held[i].clear()
                     return out
 
                 try:
-                    async for piece in run(job):
-                        if parser.done:  # the answer ended at its tool call; what the worker still sends is dropped
-                            continue
-                        if logprobs is not None:
-                            held.append(piece)
-                        if d := parser.feed(piece.text):
-                            yield sse({**chunk, "choices": [choice(delta_json(d, calls), None)]})
-                            calls += len(d.tool_calls)
-                        job.cancelled = parser.done  # the worker stops before its next step
+                    async for i, piece in choices(jobs):
+                        if piece is not None and parsers[i].done:
+                            continue  # what the worker still sends after the answer ended
+                        if logprobs is not None and piece is not None:
+                            held[i].append(piece)
+                        calls = parsers[i].calls
+                        d = parse(i, piece)
+                        if d or piece is None:
+                            yield sse({**chunk, "choices": [choice(i, delta_json(d, calls),
+                                                                   finish_reason(i) if piece is None else None)]})
                 except _Refused as e:
                     yield sse(_error_body(str(e), e.param, e.kind))
                     return
-                d = parser.finish()
-                calls += len(d.tool_calls)
-                yield sse({**chunk, "choices": [choice(delta_json(d, calls - len(d.tool_calls)),
-                                                       finish_reason(calls))]})
                 if req.stream_options and req.stream_options.include_usage:
-                    yield sse({**chunk, "choices": [], "usage": usage(job)})
+                    yield sse({**chunk, "choices": [], "usage": usage(jobs)})
                 yield sse("[DONE]")
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        total = Delta()
-        pieces = []
-        async for piece in run(job):
-            if parser.done:
+        totals = [Delta() for _ in jobs]
+        pieces = [[] for _ in jobs]
+        async for i, piece in choices(jobs):
+            if piece is not None and parsers[i].done:
                 continue
-            pieces.append(piece)
-            d = parser.feed(piece.text)
+            if piece is not None:
+                pieces[i].append(piece)
+            d, total = parse(i, piece), totals[i]
             total.reasoning, total.content = total.reasoning + d.reasoning, total.content + d.content
             total.tool_calls += d.tool_calls
-            job.cancelled = parser.done
-        d = parser.finish()
-        total.reasoning, total.content = total.reasoning + d.reasoning, total.content + d.content
-        total.tool_calls += d.tool_calls
-        message: dict[str, Any] = {"role": "assistant", "content": total.content or None}
-        if total.reasoning:
-            message["reasoning_content"] = total.reasoning
-        if total.tool_calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
+
+        def message(total: Delta) -> dict:
+            out: dict[str, Any] = {"role": "assistant", "content": total.content or None}
+            if total.reasoning:
+                out["reasoning_content"] = total.reasoning
+            if total.tool_calls:
+                out["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}} for c in total.tool_calls]
-        return {**head, "object": "chat.completion", "usage": usage(job),
-                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(len(total.tool_calls)),
-                             "logprobs": chat_logprobs(texts, pieces) if logprobs is not None else None}]}
+            return out
+
+        return {**head, "object": "chat.completion", "usage": usage(jobs),
+                "choices": [{"index": i, "message": message(totals[i]), "finish_reason": finish_reason(i),
+                             "logprobs": chat_logprobs(texts, pieces[i]) if logprobs is not None else None}
+                            for i in range(len(jobs))]}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -295,31 +320,36 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                       else model.prompt_ids(req.prompt))
         except (ValueError, TypeError) as e:
             raise _Refused(400, str(e), "prompt") from None
-        job = request.state.job = start(Job(prompt, options(req, prompt, req.max_tokens or 16, logprobs=req.logprobs),
-                                            asyncio.get_running_loop()))
-        legacy = CompletionLogprobs(texts) if req.logprobs is not None else None
+        jobs = start(prompt, options(req, prompt, req.max_tokens or 16, logprobs=req.logprobs), req.n, request)
+        legacy = [CompletionLogprobs(texts) for _ in jobs] if req.logprobs is not None else None
         head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
                 "model": model_id}
         if req.stream:
             async def events():
                 try:
-                    async for piece in run(job):
-                        yield sse({**head, "choices": [{"index": 0, "text": piece.text,
-                                                        "logprobs": legacy.add([piece]) if legacy else None,
-                                                        "finish_reason": None}]})
+                    async for i, piece in choices(jobs):
+                        if piece is None:
+                            yield sse({**head, "choices": [{"index": i, "text": "", "logprobs": None,
+                                                            "finish_reason": jobs[i].finish_reason}]})
+                        else:
+                            yield sse({**head, "choices": [{"index": i, "text": piece.text,
+                                                            "logprobs": legacy[i].add([piece]) if legacy else None,
+                                                            "finish_reason": None}]})
                 except _Refused as e:
                     yield sse(_error_body(str(e), e.param, e.kind))
                     return
-                yield sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                                "finish_reason": job.finish_reason}]})
                 if req.stream_options and req.stream_options.include_usage:
-                    yield sse({**head, "choices": [], "usage": usage(job)})
+                    yield sse({**head, "choices": [], "usage": usage(jobs)})
                 yield sse("[DONE]")
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        pieces = [piece async for piece in run(job)]
-        return {**head, "usage": usage(job),
-                "choices": [{"index": 0, "text": "".join(p.text for p in pieces),
-                             "logprobs": legacy.add(pieces) if legacy else None, "finish_reason": job.finish_reason}]}
+        pieces = [[] for _ in jobs]
+        async for i, piece in choices(jobs):
+            if piece is not None:
+                pieces[i].append(piece)
+        return {**head, "usage": usage(jobs),
+                "choices": [{"index": i, "text": "".join(p.text for p in pieces[i]),
+                             "logprobs": legacy[i].add(pieces[i]) if legacy else None,
+                             "finish_reason": jobs[i].finish_reason} for i in range(len(jobs))]}
 
     return app

@@ -116,7 +116,7 @@ class _Sampling(_Body):
     repetition_penalty: Optional[float] = Field(default=None, gt=0)
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1)  # choices: one job each (in shared steps with --max-sequences > 1)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     # OpenAI fields that would change the output and that this server does not do yet: refused
