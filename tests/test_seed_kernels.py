@@ -177,7 +177,7 @@ def test_reference_quantize_round_trip():
 def test_seed_library_resolves_every_kernel(seed_lib):
     from metalqwen import gpu
 
-    names = re.findall(r"^kernel void (\w+)\(", SEED.read_text(), flags=re.M)
+    names = re.findall(r"^kernel void (\w+)\(", Path(SEED).read_text(), flags=re.M)
     assert len(names) >= 20
     for name in names:
         assert seed_lib.kernel(name).max_threads_per_threadgroup >= 32, name
