@@ -1,5 +1,5 @@
-// Gated DeltaNet mixer core, between the in_proj_* matvecs and out_proj (DESIGN.md
-// section 2):
+// Gated DeltaNet mixer core, between the in_proj_* matvecs and out_proj (docs/design.md,
+// "Gated DeltaNet"):
 //   delta_conv_scan: causal conv + silu, q/k L2 norms, decay/beta gates, the recurrent
 //                    scan, the gated output norm but its per-head factor (g = y * norm_w *
 //                    silu(z) and partial sums of y^2), state snapshots, and in decode and

@@ -368,7 +368,7 @@ def edit_json(path, edit) -> None:
 
 def numpy_forward(ck, token_ids) -> np.ndarray:
     """Logits [T, vocab] of a loaded ``metalqwen.checkpoint.Checkpoint``, in float64 numpy,
-    written from DESIGN.md section 2 alone (not from mlx-lm): a cross-check that the
+    written from docs/design.md "The model" alone (not from mlx-lm): a cross-check that the
     mlx-lm reference and our reading of the checkpoint mean the same model.
     """
     m = numpy_model(ck)

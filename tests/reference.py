@@ -1,6 +1,6 @@
 """Numpy references shared by the kernel tests.
 
-Written from the formats' definitions (DESIGN.md section 2), never from a kernel:
+Written from the formats' definitions (docs/design.md, "Quantized weights"), never from a kernel:
 bf16 as the top half of a float32 rounded to nearest-even, MLX affine quantization
 (`w = scale * q + bias`, element j of a uint32 word in bits `bits*j ..`, element 0
 in the low bits), and the error measures the tests compare with.

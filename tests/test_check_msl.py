@@ -19,7 +19,9 @@ import pytest
 
 from metalqwen import _core, gpu
 
-SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "forward.metal"
+# The seed library (another engine's forward.metal) is not part of this repository:
+# METALQWEN_SEED_METAL names it where a machine has it (docs/testing.md, "The seed kernel library").
+SEED = os.environ.get("METALQWEN_SEED_METAL")
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 MARK = "// <- rejected here"
 
@@ -55,9 +57,10 @@ def checkout_library() -> str:
 
 
 def test_seed_library_passes():
-    if not SEED.exists():
-        pytest.skip(f"seed kernel library not found at {SEED}: shared/ must sit beside the repository")
-    gpu.check_msl(SEED.read_text(), "forward.metal")
+    if not SEED:
+        pytest.skip("METALQWEN_SEED_METAL is unset: the seed kernel library is not part of "
+                    "the repository (docs/testing.md)")
+    gpu.check_msl(Path(SEED).read_text(), "forward.metal")
 
 
 def test_our_shader_library_passes():
@@ -657,8 +660,8 @@ import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_check_msl import checkout_library, SEED
 gpu.check_msl(checkout_library(), "metalqwen-shaders")
-if SEED.exists():
-    gpu.check_msl(SEED.read_text(), "forward.metal")
+if SEED:
+    gpu.check_msl(open(SEED).read(), "forward.metal")
 gpu.check_msl({(HEADER + legal)!r}, "legal.metal")
 try:
     gpu.check_msl({(HEADER + illegal)!r}, "rejected.metal")

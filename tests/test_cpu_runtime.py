@@ -588,10 +588,15 @@ kernel void split(device float* y [[buffer(0)]], uint t [[thread_index_in_thread
 
 
 def test_seed_library_compiles_unchanged(cpu):
+    import os
     import re
     from pathlib import Path
 
-    seed = Path(__file__).resolve().parents[2] / "shared" / "seed" / "forward.metal"
+    # Another engine's library, not part of this repository (docs/testing.md, "The seed kernel library").
+    if not os.environ.get("METALQWEN_SEED_METAL"):
+        pytest.skip("METALQWEN_SEED_METAL is unset: the seed kernel library is not part of "
+                    "the repository (docs/testing.md)")
+    seed = Path(os.environ["METALQWEN_SEED_METAL"])
     lib = cpu.compile(seed.read_text(), "forward.metal")
     names = re.findall(r"^\s*(?:\[\[kernel\]\]|kernel)\s+void\s+(\w+)", seed.read_text(), re.M)
     assert names

@@ -472,7 +472,7 @@ def test_reference_logits_and_greedy_agree(converted):
 
 @pytest.mark.parametrize("name", list(mf.VARIANTS) + ["demo"])
 def test_numpy_forward_matches_mlx_lm_reference(converted, demo, name):
-    """DESIGN.md's math, run in numpy on our reading of the checkpoint, is mlx-lm's model.
+    """The model's math (docs/design.md, "The model"), run in numpy on our reading of the checkpoint, is mlx-lm's model.
 
     On the demo folder this also shows our writer's layout means to mlx-lm what we mean.
     """

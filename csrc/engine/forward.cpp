@@ -1,5 +1,5 @@
 // One forward step, encoded into one command buffer, in the order of the model's
-// math (DESIGN.md section 2): embed, then per layer norm -> mixer (attention or
+// math (docs/design.md, "The model"): embed, then per layer norm -> mixer (attention or
 // Gated DeltaNet) -> residual + norm -> MLP, then final norm, lm_head, next token.
 #include <algorithm>
 #include <utility>

@@ -1,5 +1,5 @@
 """Numpy side of the attention.metal tests: mirrors of shaders/params/attention.h, the
-KV-cache formats, and float64 references of DESIGN.md section 2's gated attention
+KV-cache formats, and float64 references of the gated attention (docs/design.md, "Full attention")
 (per-head RMSNorm, half-split partial RoPE, causal GQA softmax(q k^T / sqrt(d)) v,
 output times sigmoid(gate)), written from the math, never from the kernels.
 """

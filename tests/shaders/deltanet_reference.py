@@ -1,6 +1,6 @@
 """Numpy side of the deltanet.metal tests: mirrors of shaders/params/deltanet.h, test
-data with realistic ranges, and float64 references written from DESIGN.md section 2
-(Gated DeltaNet), never from the kernels. The references are generic in d_k and d_v
+data with realistic ranges, and float64 references written from docs/design.md, "Gated
+DeltaNet", never from the kernels. The references are generic in d_k and d_v
 (the kernels are specialised for 128/128), so their orientation is tested with d_k != d_v.
 """
 

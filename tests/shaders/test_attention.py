@@ -1,6 +1,6 @@
 """shaders/attention.metal: q/k norm + RoPE + KV append, flash-decode, flash prefill.
 
-Every kernel is compared with float64 numpy written from DESIGN.md section 2 (see
+Every kernel is compared with float64 numpy written from docs/design.md, "Full attention" (see
 attention_reference.py). Attention tests build the cache in numpy (random int8 codes
 with f16 scales, or f16 values) and compare against a reference that reads the very
 same dequantized values, so the tolerance measures the kernel, not the quantisation;

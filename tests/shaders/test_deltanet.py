@@ -1,7 +1,7 @@
 """shaders/deltanet.metal: the Gated DeltaNet core (conv + norms + gates + scan + the gated
 norm's elementwise part in one kernel, with the history-ring store in decode and verify steps;
 prefill's per-head norm factor + ring store; state restore) against float64 numpy written
-from DESIGN.md section 2.
+from docs/design.md, "Gated DeltaNet".
 
 Outputs start as NaN and are followed by NaN guard rows/planes, the inputs' row padding
 is NaN too (so a wrong stride reads NaN into the result), and so is every history-ring
@@ -222,7 +222,7 @@ def run_conv_scan(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, z, norm_bi
 
 def conv_scan_reference(*, x, w_bits, hist, a, b, a_log, dt_bias, state, n_k, n_v, position=20, alog_bf16=False,
                         **_):
-    """(y, final state, state after each row) from DESIGN.md's math in float64."""
+    """(y, final state, state after each row) from the math of docs/design.md, "Gated DeltaNet", in float64."""
     rows = x.shape[0]
     y, _, _ = conv_ref(x, ref.bf16_to_f32(w_bits), effective_history(hist, position))
     q, k, v = qk_norm_ref(y, n_k, D, QK_EPS)

@@ -1,7 +1,7 @@
 """shaders/norm.metal: RMSNorm (plain and fused with the residual add), silu(gate) * up,
 and the residual add.
 
-Compared with float64 numpy from DESIGN.md section 2: rms(x) = x * rsqrt(mean(x^2) + eps)
+Compared with float64 numpy from docs/design.md, "Every layer": rms(x) = x * rsqrt(mean(x^2) + eps)
 times the stored (already shifted) bf16 weight; MLP activation silu(gate) * up. Rows are
 strided with NaN padding that must neither be read (it would poison the result) nor
 written; outputs start as NaN. Sizes: rows 1, 7, 33 x hidden 32, 1024, 5120 (27B), the

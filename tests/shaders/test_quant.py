@@ -145,7 +145,7 @@ def test_qmv_smallest_row(dev, lib, fmt):
         check_matmul(run_qmv(dev, lib, wt, x, r), wt, x, f"qmv_r{r} one group")
 
 
-# The 27B projections (DESIGN.md "Real sizes"): (in_dim, out_dim of the whole matrix).
+# The 27B projections (docs/design.md, "Real sizes"): (in_dim, out_dim of the whole matrix).
 # A slice of `rows_stored` weight rows is made; `rows_run` rows ending at the slice's
 # end are computed through buffer offsets (so the row tail sits at the buffer's end).
 BIG = [

@@ -1,4 +1,4 @@
-// The CPU runtime's checking mode (DESIGN.md section 3): kernels compiled as the checking
+// The CPU runtime's checking mode (docs/cpu-runtime.md, "Races and bounds"): kernels compiled as the checking
 // variant (msl/mq_access_hooks.h) report every load and store here; the checker keeps shadow
 // state per threadgroup-memory and device-memory word and reports, independent of the order
 // the runtime happens to run threads in,

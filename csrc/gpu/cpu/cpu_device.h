@@ -1,4 +1,4 @@
-// The CPU runtime's Device (see DESIGN.md section 3).
+// The CPU runtime's Device (see docs/cpu-runtime.md).
 #pragma once
 #include <memory>
 #include <string>
