@@ -40,8 +40,8 @@ def test_switch_assembles_for_macos(tmp_path, target):
     """The Mach-O spelling (leading underscore, no .type) of both entry points, as a Mac's clang builds it."""
     _require("clang++", "llvm-nm")
     obj = tmp_path / "fiber_switch.o"
-    subprocess.run(["clang++", "-target", target, "-ffreestanding", "-nostdinc++", "-std=c++20", "-Werror", "-x", "c++", "-c", "-",
-                    "-I", str(ROOT / "csrc" / "gpu" / "cpu"), "-o", str(obj)],
+    subprocess.run(["clang++", "-target", target, "-ffreestanding", "-nostdinc++", "-std=c++20", "-Werror", "-x", "c++",
+                    "-c", "-", "-I", str(ROOT / "csrc" / "gpu" / "cpu"), "-o", str(obj)],
                    input='#include "fiber_switch.h"\n', text=True, check=True)
     symbols = subprocess.run(["llvm-nm", str(obj)], capture_output=True, text=True, check=True).stdout.split()
     for name in ("_mq_fiber_switch_asm", "_mq_fiber_start_asm"):

@@ -902,7 +902,7 @@ def test_missing_or_corrupt_tokenizer_files(damaged):
     with pytest.raises(TokenizerError, match="tokenizer_config.json is not valid JSON"):
         Tokenizer.from_folder(folder)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:
-        f.write("{\"model\": 1}")
+        f.write('{"model": 1}')
     with pytest.raises(TokenizerError, match="tokenizer.json cannot be loaded"):
         Tokenizer.from_folder(folder)
     os.remove(os.path.join(folder, "tokenizer.json"))

@@ -163,7 +163,8 @@ def run_conv_scan(dev, lib, *, x, w_bits, hist, a, b, a_log, dt_bias, z, norm_bi
                   position=20, slots=None, simdgroups=SCAN_SIMDGROUPS, alog_bf16=False, wf32=False, norm_f32=None,
                   store=False):
     """delta_conv_scan; ``wf32``: the *_wf32 variant, given the same conv/dt_bias values as f32;
-    ``norm_f32`` (default: wf32): the norm weight as f32 (flag norm_f32); ``store``: store_history (checked: exactly the step's rows land in the ring, else none).
+    ``norm_f32`` (default: wf32): the norm weight as f32 (flag norm_f32); ``store``: store_history
+    (checked: exactly the step's rows land in the ring, else none).
     Returns (g [rows][n_v][D], partials [rows][n_v][HEAD_PARTIALS], state, snapshots
     [snap_rows][n_v][D][D])."""
     rows, c = x.shape

@@ -31,7 +31,7 @@ def test_metal_files_hold_instances_only():
     for path, text in checkout_shader_files().items():
         if path.endswith(".metal"):
             assert f'#include "{path[:-6]}.h"' in text
-            assert ".metal\"" not in text and "{" not in text, path
+            assert '.metal"' not in text and "{" not in text, path
 
 
 def test_the_tables_name_every_kernel_there_was():
