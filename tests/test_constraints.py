@@ -232,12 +232,13 @@ TOOLS = [
     {"type": "function", "function": {
         "name": "search", "parameters": {"type": "object", "properties": {
             "query": {"type": "string"},
+            "engine": {"type": "string", "enum": ["web", "news <b>\\"]},
             "filters": {"type": "object", "properties": {"year": {"type": "integer"},
                                                          "langs": {"type": "array", "items": {"enum": ["en", "fr"]},
                                                                    "maxItems": 2}},
                         "required": ["year"], "additionalProperties": False},
             "exact": {"type": "boolean"}},
-            "required": ["query", "filters"]}}},
+            "required": ["query", "engine", "filters"]}}},
 ]
 SCHEMA_OF = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
