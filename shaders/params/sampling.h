@@ -110,3 +110,37 @@ struct LogprobParams {
   uint out_pos;  // the chosen id is ids[out_pos]
   uint slot;     // the entry of out written
 };
+
+// Structured output and OpenAI's logit_bias, applied in place to the rows the choice
+// (argmax or sample_top_kp) reads, after the penalties: bias first, then the mask (a refused
+// token stays -inf whatever its bias).
+// token_mask: a grammar's allowed tokens, one bit per token: bit t % 32 of word t / 32 of
+// the row's mask (LSB first, llguidance's layout) set = token t allowed; a refused token's
+// logit becomes -inf. Tokens >= 32 * mask_words are refused.
+//   logits [rows][row_stride] in place; mask uint [rows][mask_stride], a row's first
+//   mask_words words used (a row with no grammar: all bits set).
+// One thread per (token, row): dispatch a grid of (n, rows) threads, any threadgroup width
+// (MQ_TOKEN_MASK_THREADS); a SIMD-group of 32 consecutive tokens shares one mask word.
+// A separate dispatch rather than a mask read in the choice kernels: it leaves argmax, the
+// sampler's passes and draft mode unchanged and costs one dispatch, n / 8 bytes read and
+// the refused tokens' 4-byte writes (~1 MB on a 248320 vocabulary), against 2-12 mask reads
+// per sampler pass set and three kernels' signatures if folded in.
+#define MQ_TOKEN_MASK_THREADS 256
+struct TokenMaskParams {
+  uint n;            // vocabulary size (logit entries per row)
+  uint row_stride;   // floats between rows of logits (>= n)
+  uint mask_words;   // words of a row's mask in use: ceil(n_mask / 32), n_mask the grammar's vocabulary
+  uint mask_stride;  // words between rows of mask (>= mask_words)
+};
+
+// logit_bias: adds row r's (token, bias) pairs to its logits: logits[r][token] += bias.
+//   logits [rows][row_stride] in place; entries uint2 [rows][MQ_LOGIT_BIAS_MAX]:
+//   (token id, as_type<uint>(bias)); an unused entry has token id >= n (skipped). A row's
+//   token ids are distinct (the host merges duplicates; OpenAI's logit_bias is a map).
+// One thread per (entry, row): dispatch a grid of (MQ_LOGIT_BIAS_MAX, rows) threads.
+// OpenAI's bound on logit_bias entries (bias in [-100, 100]).
+#define MQ_LOGIT_BIAS_MAX 300
+struct LogitBiasParams {
+  uint n;           // vocabulary size
+  uint row_stride;  // floats between rows of logits (>= n)
+};
