@@ -781,7 +781,8 @@ def run_token_mask(dev, lib, logits, masks, mask_words, *, pad=3, mask_pad=2, th
     mbuf[:, :masks.shape[1]] = masks
     params = np.array([(n, stride, mask_words, mstride)], TOKEN_MASK_PARAMS)
     out = dev.buffer(buf)
-    lib.kernel("token_mask").dispatch_threads({0: out, 1: dev.buffer(mbuf), 2: params}, (n, rows), (threads,))
+    # Whole threadgroups, so threads past n exist (as they may with dispatchThreadgroups).
+    lib.kernel("token_mask").dispatch({0: out, 1: dev.buffer(mbuf), 2: params}, (-(-n // threads), rows), (threads,))
     got = out.numpy(np.float32).reshape(rows, stride)
     assert np.isnan(got[:, n:]).all(), "written past a row's n entries"
     return got[:, :n]
@@ -837,17 +838,19 @@ def run_logit_bias(dev, lib, logits, entries, *, pad=3):
     buf[:, :n] = logits
     params = np.array([(n, stride)], LOGIT_BIAS_PARAMS)
     out = dev.buffer(buf)
-    lib.kernel("logit_bias").dispatch_threads({0: out, 1: dev.buffer(entries), 2: params},
-                                              (LOGIT_BIAS_MAX, rows), (64,))
+    lib.kernel("logit_bias").dispatch({0: out, 1: dev.buffer(entries), 2: params}, (-(-LOGIT_BIAS_MAX // 64), rows),
+                                      (64,))  # 320 threads a row: 20 past the table
     got = out.numpy(np.float32).reshape(rows, stride)
     assert np.isnan(got[:, n:]).all(), "written past a row's n entries"
     return got[:, :n]
 
 
 def bias_table(rows_entries, n_unused):
-    """uint2 [rows][LOGIT_BIAS_MAX]: (token, bias bits); unused entries hold an id >= n."""
+    """uint2 [rows][LOGIT_BIAS_MAX]: (token, bias bits); unused entries hold an id >= n (and a
+    bias of 1, which must not be added anywhere)."""
     table = np.zeros((len(rows_entries), LOGIT_BIAS_MAX, 2), np.uint32)
     table[:, :, 0] = n_unused
+    table[:, :, 1] = np.float32(1.0).view(np.uint32)
     for r, (ids, bias) in enumerate(rows_entries):
         table[r, :len(ids), 0] = ids
         table[r, :len(ids), 1] = np.asarray(bias, np.float32).view(np.uint32)
