@@ -5,7 +5,8 @@ CPU by random numpy logits masked with Constraint.mask(), as the GPU's token_mas
 - the mask is exact: bit t set <=> the grammar accepts token t next (every token checked);
 - every output of greedy and sampled decoding parses and validates against its JSON schema
   (jsonschema), over nested objects, enums, arrays with min/max items, escaped and non-ASCII
-  strings, numbers with bounds, optional and required fields, any JSON object; and a regex;
+  strings, numbers with bounds, optional and required fields, any JSON object; a regex, a
+  Lark grammar; after free reasoning and </think> when the prompt ends inside <think>;
 - the forced tool-call grammar's output is read by OutputParser into the right ToolCall,
   its arguments valid against the tool's parameters (also after thinking, and a named tool);
 - a refused token raises and leaves the state usable; drafts are cut at the first refused
@@ -158,6 +159,34 @@ def test_json_object_is_any_object(grammars, tok):
         text = tok.decode(decode(c, tok, grammars, np.random.default_rng([9, trial]), temperature=1.0,
                                  random_steps=20))
         assert isinstance(json.loads(text), dict)
+
+
+def test_after_thinking_the_answer_validates(grammars, tok):
+    # The prompt ends inside <think>: reasoning, </think> (its own token), then the constrained answer.
+    schema = SCHEMAS["enums"]
+    for trial in range(3):
+        c = grammars.json_schema(schema, NO_WS, thinking=True)
+        ids = decode(c, tok, grammars, np.random.default_rng([5, trial]), random_steps=25)
+        assert ids.count(tok.token_to_id("</think>")) == 1
+        parser = OutputParser(in_reasoning=True)
+        deltas = [parser.feed(tok.decode(ids)), parser.finish()]
+        jsonschema.validate(json.loads("".join(d.content for d in deltas)), schema)
+    text = tok.decode(decode(grammars.regex("[0-9]{1,3}/[a-z]", thinking=True), tok, grammars,
+                             np.random.default_rng(6), random_steps=10))
+    assert re.fullmatch(r"(?s).*</think>\n\n[0-9]{1,3}/[a-z]", text), text
+
+
+def test_response_format(grammars, tok):
+    assert grammars.response_format({"type": "text"}) is None
+    schema = SCHEMAS["flat"]
+    c = grammars.response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(tok.decode(decode(c, tok, grammars, np.random.default_rng(8)))), schema)
+    c = grammars.response_format({"type": "json_object"})
+    assert isinstance(json.loads(tok.decode(decode(c, tok, grammars, np.random.default_rng(8), random_steps=5))), dict)
+    with pytest.raises(ConstraintError, match="response_format.type 'yaml'"):
+        grammars.response_format({"type": "yaml"})
+    with pytest.raises(ConstraintError, match="response_format.json_schema"):
+        grammars.response_format({"type": "json_schema", "json_schema": {"schema": [1]}})
 
 
 def test_regex_and_lark(grammars, tok):

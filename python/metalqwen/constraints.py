@@ -52,18 +52,42 @@ class Grammars:
 
     # ------------------------------------------------------------------ grammar sources
 
-    def json_schema(self, schema: Mapping[str, Any] | str, options: Mapping[str, Any] | None = None) -> "Constraint":
+    def json_schema(self, schema: Mapping[str, Any] | str, options: Mapping[str, Any] | None = None, *,
+                    thinking: bool = False) -> "Constraint":
         """Output is one JSON value valid against ``schema`` (llguidance's JSON-schema subset;
-        ``options``: its JsonCompileOptions, e.g. {"whitespace_flexible": False})."""
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=dict(options or {}) or None)
-        except ValueError as e:
-            raise ConstraintError(f"[constraints] json_schema is not a JSON object: {e}") from None
-        return self._constraint(grammar, "json_schema")
+        ``options``: its JsonCompileOptions, e.g. {"whitespace_flexible": False}). ``thinking``:
+        the prompt ends inside <think>, so free reasoning and ``</think>\\n\\n`` come first."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise ConstraintError(f"[constraints] json_schema is not JSON: {e}") from None
+        if not isinstance(schema, Mapping):
+            raise ConstraintError(f"[constraints] json_schema must be a JSON object, got {type(schema).__name__}")
+        if options:  # read by llguidance from the schema itself, also inside a Lark grammar's %json
+            schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **options}}
+        if thinking:
+            return self.lark(_after_thinking(self.tokenizer, f"%json {json.dumps(schema, ensure_ascii=False)}"))
+        return self._constraint(llguidance.LLMatcher.grammar_from_json_schema(schema), "json_schema")
 
-    def json_object(self) -> "Constraint":
+    def json_object(self, *, thinking: bool = False) -> "Constraint":
         """OpenAI's response_format {"type": "json_object"}: any JSON object."""
-        return self.json_schema({"type": "object"})
+        return self.json_schema({"type": "object"}, thinking=thinking)
+
+    def response_format(self, response_format: Mapping[str, Any], *, thinking: bool = False) -> "Constraint | None":
+        """OpenAI's ``response_format``: None for {"type": "text"}, else the constraint of
+        {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}, ...}}."""
+        kind = response_format.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return self.json_object(thinking=thinking)
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), Mapping):
+                raise ConstraintError("[constraints] response_format.json_schema must be an object with a 'schema' object")
+            return self.json_schema(spec.get("schema", {}), thinking=thinking)
+        raise ConstraintError(f"[constraints] response_format.type {kind!r} is not one of text, json_object, json_schema")
 
     def lark(self, grammar: str) -> "Constraint":
         """A Lark grammar (llguidance's dialect: %json, special tokens as <[id]>, & and ~ on lexemes)."""
@@ -76,8 +100,10 @@ class Grammars:
         except ValueError as e:
             raise ConstraintError(f"[constraints] GBNF grammar: {e}") from None
 
-    def regex(self, pattern: str) -> "Constraint":
+    def regex(self, pattern: str, *, thinking: bool = False) -> "Constraint":
         """Output matches ``pattern`` as a whole (Rust regex syntax)."""
+        if thinking:
+            return self.lark(_after_thinking(self.tokenizer, "/" + pattern.replace("/", "\\/") + "/"))
         return self._constraint(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
 
     def tool_call(self, tools: Sequence[Mapping[str, Any]], *, name: str | None = None, max_calls: int | None = None,
@@ -239,9 +265,10 @@ def tool_call_lark(tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], *, 
         rules.append('calls: call ("\\n"? call)*')
     else:
         rules.append('calls: call' + ' ("\\n"? call)?' * (max_calls - 1))
-    think_close = _tag(tokenizer, "</think>")
-    if thinking:
-        rules += [f'start: THINKING {think_close} "\\n\\n" calls', "THINKING: /(?s:.*)/"]
-    else:
-        rules.append("start: calls")
-    return "\n".join([*rules, _STRING_VALUE])
+    return "\n".join([_after_thinking(tokenizer, "calls") if thinking else "start: calls", *rules, _STRING_VALUE])
+
+
+def _after_thinking(tokenizer: Tokenizer, body: str) -> str:
+    """Lark: free reasoning, ``</think>\\n\\n`` (Qwen's answer after thinking), then ``body``."""
+    return (f'start: THINKING {_tag(tokenizer, "</think>")} "\\n\\n" answer\nanswer: {body}\n'
+            "THINKING: /(?s:.*)/")
