@@ -25,7 +25,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from metalqwen.constraints import ConstraintError, Grammars
+from metalqwen.constraints import ConstraintError, Grammars, fill_masks
 from metalqwen.server.output_parser import OutputParser
 from metalqwen.tokenizer import Tokenizer
 
@@ -318,3 +318,17 @@ def test_tool_grammar_refuses_text_before_the_call_and_unknown_functions(grammar
     assert c.accepted_prefix(head + tok.encode("search>")) == len(head + tok.encode("search>"))
     t = grammars.tool_call(TOOLS, thinking=True)
     assert t.accepted_prefix(tok.encode("I will call it.") + [tok.token_to_id("</think>")] + tok.encode("\n\n")) > 3
+
+
+def test_fill_masks_writes_each_sequences_row(grammars, tok):
+    # A shared step: three constrained sequences in rows 0, 2, 3 of the step's mask buffer; row 1 free.
+    cs = [grammars.json_schema(SCHEMAS["flat"], NO_WS), grammars.regex("[a-z]{2}"), grammars.tool_call(TOOLS)]
+    for t in tok.encode('{"name":"B'):
+        cs[0].advance(t)
+    out = np.full((4, cs[0].mask_words), 0xFFFFFFFF, np.uint32)
+    fill_masks([(cs[0], 0), (cs[1], 2), (cs[2], 3)], out)
+    for c, r in [(cs[0], 0), (cs[1], 2), (cs[2], 3)]:
+        np.testing.assert_array_equal(out[r], c.mask(), err_msg=f"row {r}")
+    assert (out[1] == 0xFFFFFFFF).all()
+    with pytest.raises(ConstraintError, match="mask row 4 of 4"):
+        fill_masks([(cs[1], 4)], out)

@@ -23,7 +23,7 @@ import numpy as np
 from .errors import MetalqwenError
 from .tokenizer import Tokenizer
 
-__all__ = ["Constraint", "ConstraintError", "Grammars", "tool_call_lark"]
+__all__ = ["Constraint", "ConstraintError", "Grammars", "fill_masks", "mask_words", "tool_call_lark"]
 
 
 class ConstraintError(MetalqwenError, ValueError):
@@ -199,6 +199,31 @@ class Constraint:
     def _check(self) -> None:
         if self._m.is_error():
             raise ConstraintError(f"[constraints] {self._m.get_error()}")
+
+
+_executor: llguidance.LLExecutor | None = None
+
+
+def fill_masks(rows: Sequence[tuple[Constraint, int]], out: np.ndarray) -> None:
+    """The next masks of several sequences at once (a shared step): constraint c's into row r
+    of ``out`` (uint32 [rows][mask_words]) for each (c, r), on llguidance's thread pool with
+    the GIL released; rows not named are left as they are (an unconstrained row: all ones)."""
+    global _executor
+    if not rows:
+        return
+    words = rows[0][0].mask_words
+    if out.dtype != np.uint32 or out.ndim != 2 or out.shape[1] != words or not out.flags["C_CONTIGUOUS"]:
+        raise ConstraintError(f"[constraints] masks buffer must be contiguous uint32 [rows][{words}], "
+                              f"got {out.dtype} {out.shape}")
+    for c, r in rows:
+        if c.mask_words != words or not 0 <= r < out.shape[0]:
+            raise ConstraintError(f"[constraints] mask row {r} of {out.shape[0]} for a {c.mask_words}-word mask")
+        c._check()
+    if _executor is None:
+        _executor = llguidance.LLExecutor()
+    _executor.unsafe_compute_mask_ptr([(c._m, r) for c, r in rows], out.ctypes.data, words * 4, out.shape[0])
+    for c, _ in rows:
+        c._check()
 
 
 # ---------------------------------------------------------------------------- tool calls
