@@ -24,7 +24,6 @@ import re
 import jsonschema
 import numpy as np
 import pytest
-
 from metalqwen.constraints import ConstraintError, Grammars, fill_masks
 from metalqwen.server.output_parser import OutputParser
 from metalqwen.tokenizer import Tokenizer
@@ -288,7 +287,7 @@ def test_required_tool_choice_gives_valid_calls(grammars, tok, thinking, tempera
         rng = np.random.default_rng([11, trial, thinking, int(temperature)])
         c = grammars.tool_call(TOOLS, thinking=thinking)
         ids = decode(c, tok, grammars, rng, temperature=temperature, random_steps=int(rng.integers(5, 50)))
-        text, reasoning, content, calls = parsed(tok, ids, thinking)
+        text, _, content, calls = parsed(tok, ids, thinking)
         assert calls and content.strip() == "", text
         assert ids[0] == tok.token_to_id("<tool_call>") or thinking
         for call in calls:

@@ -15,7 +15,8 @@ row). Tool calls are forced in Qwen3.5's XML layout, the one server/output_parse
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import llguidance
 import numpy as np
@@ -53,7 +54,7 @@ class Grammars:
     # ------------------------------------------------------------------ grammar sources
 
     def json_schema(self, schema: Mapping[str, Any] | str, options: Mapping[str, Any] | None = None, *,
-                    thinking: bool = False) -> "Constraint":
+                    thinking: bool = False) -> Constraint:
         """Output is one JSON value valid against ``schema`` (llguidance's JSON-schema subset;
         ``options``: its JsonCompileOptions, e.g. {"whitespace_flexible": False}). ``thinking``:
         the prompt ends inside <think>, so free reasoning and ``</think>\\n\\n`` come first."""
@@ -70,11 +71,11 @@ class Grammars:
             return self.lark(_after_thinking(self.tokenizer, f"%json {json.dumps(schema, ensure_ascii=False)}"))
         return self._constraint(llguidance.LLMatcher.grammar_from_json_schema(schema), "json_schema")
 
-    def json_object(self, *, thinking: bool = False) -> "Constraint":
+    def json_object(self, *, thinking: bool = False) -> Constraint:
         """OpenAI's response_format {"type": "json_object"}: any JSON object."""
         return self.json_schema({"type": "object"}, thinking=thinking)
 
-    def response_format(self, response_format: Mapping[str, Any], *, thinking: bool = False) -> "Constraint | None":
+    def response_format(self, response_format: Mapping[str, Any], *, thinking: bool = False) -> Constraint | None:
         """OpenAI's ``response_format``: None for {"type": "text"}, else the constraint of
         {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}, ...}}."""
         kind = response_format.get("type")
@@ -89,31 +90,31 @@ class Grammars:
             return self.json_schema(spec.get("schema", {}), thinking=thinking)
         raise ConstraintError(f"[constraints] response_format.type {kind!r} is not one of text, json_object, json_schema")
 
-    def lark(self, grammar: str) -> "Constraint":
+    def lark(self, grammar: str) -> Constraint:
         """A Lark grammar (llguidance's dialect: %json, special tokens as <[id]>, & and ~ on lexemes)."""
         return self._constraint(llguidance.LLMatcher.grammar_from_lark(grammar), "lark grammar")
 
-    def gbnf(self, grammar: str) -> "Constraint":
+    def gbnf(self, grammar: str) -> Constraint:
         """A llama.cpp GBNF grammar (converted to Lark)."""
         try:
             return self._constraint(llguidance.grammar_from("gbnf", grammar), "GBNF grammar")
         except ValueError as e:
             raise ConstraintError(f"[constraints] GBNF grammar: {e}") from None
 
-    def regex(self, pattern: str, *, thinking: bool = False) -> "Constraint":
+    def regex(self, pattern: str, *, thinking: bool = False) -> Constraint:
         """Output matches ``pattern`` as a whole (Rust regex syntax)."""
         if thinking:
             return self.lark(_after_thinking(self.tokenizer, "/" + pattern.replace("/", "\\/") + "/"))
         return self._constraint(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
 
     def tool_call(self, tools: Sequence[Mapping[str, Any]], *, name: str | None = None, max_calls: int | None = None,
-                  thinking: bool = False) -> "Constraint":
+                  thinking: bool = False) -> Constraint:
         """At least one tool call (tool_choice "required"), or one call of the tool ``name``
         (a named tool_choice); at most ``max_calls`` (parallel_tool_calls false: 1).
         ``thinking``: the prompt ends inside <think>, so reasoning and ``</think>\\n\\n`` come first."""
         return self.lark(tool_call_lark(self.tokenizer, tools, name=name, max_calls=max_calls, thinking=thinking))
 
-    def _constraint(self, grammar: str, what: str) -> "Constraint":
+    def _constraint(self, grammar: str, what: str) -> Constraint:
         error = llguidance.LLMatcher.validate_grammar(grammar, self._llg)
         if error:
             raise ConstraintError(f"[constraints] {what}: {error}")
