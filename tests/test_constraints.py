@@ -196,6 +196,10 @@ def test_regex_and_lark(grammars, tok):
     lark = 'start: "(" item ("," item)* ")"\nitem: /[a-z]{1,4}/ | start'
     text = tok.decode(decode(grammars.lark(lark), tok, grammars, np.random.default_rng(4), random_steps=15))
     assert re.fullmatch(r"[(),a-z]+", text) and text.count("(") == text.count(")"), text
+    gbnf = 'root ::= "id-" [0-9]{1,4} ("," "id-" [0-9]{1,4})?'
+    for trial in range(3):
+        text = tok.decode(decode(grammars.gbnf(gbnf), tok, grammars, np.random.default_rng([10, trial]), random_steps=4))
+        assert re.fullmatch(r"id-[0-9]{1,4}(,id-[0-9]{1,4})?", text), text
 
 
 def test_mask_is_exact(grammars, tok):
