@@ -628,7 +628,7 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
 
 // A grammar's token mask applied to rows of logits (params/sampling.h): refused -> -inf.
 //   logits [rows][row_stride] in place; mask uint [rows][mask_stride].
-// Grid: (n, rows) threads.
+// Grid: >= (n, rows) threads.
 [[kernel]] void token_mask(device float* logits [[buffer(0)]],
                            device const uint* mask [[buffer(1)]],
                            constant TokenMaskParams& p [[buffer(2)]],
@@ -640,15 +640,15 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
   if (!allowed) logits[(ulong)gid.y * p.row_stride + t] = -INFINITY;
 }
 
-// logit_bias (params/sampling.h): logits[row][token] += bias for each of the row's entries.
-//   logits [rows][row_stride] in place; entries uint2 [rows][MQ_LOGIT_BIAS_MAX].
-// Grid: (MQ_LOGIT_BIAS_MAX, rows) threads.
+// logit_bias (params/sampling.h): logits[row][token] += bias for each entry, on every row.
+//   logits [rows][row_stride] in place; entries uint2 [MQ_LOGIT_BIAS_MAX].
+// Grid: >= (MQ_LOGIT_BIAS_MAX, rows) threads.
 [[kernel]] void logit_bias(device float* logits [[buffer(0)]],
                            device const uint2* entries [[buffer(1)]],
                            constant LogitBiasParams& p [[buffer(2)]],
                            uint2 gid [[thread_position_in_grid]]) {
   if (gid.x >= MQ_LOGIT_BIAS_MAX) return;
-  const uint2 e = entries[(ulong)gid.y * MQ_LOGIT_BIAS_MAX + gid.x];
+  const uint2 e = entries[gid.x];
   if (e.x >= p.n) return;
   logits[(ulong)gid.y * p.row_stride + e.x] += as_type<float>(e.y);
 }

@@ -119,12 +119,13 @@ struct LogprobParams {
 // logit becomes -inf. Tokens >= 32 * mask_words are refused.
 //   logits [rows][row_stride] in place; mask uint [rows][mask_stride], a row's first
 //   mask_words words used (a row with no grammar: all bits set).
-// One thread per (token, row): dispatch a grid of (n, rows) threads, any threadgroup width
-// (MQ_TOKEN_MASK_THREADS); a SIMD-group of 32 consecutive tokens shares one mask word.
-// A separate dispatch rather than a mask read in the choice kernels: it leaves argmax, the
-// sampler's passes and draft mode unchanged and costs one dispatch, n / 8 bytes read and
-// the refused tokens' 4-byte writes (~1 MB on a 248320 vocabulary), against 2-12 mask reads
-// per sampler pass set and three kernels' signatures if folded in.
+// One thread per (token, row): dispatch at least (n, rows) threads (extra ones return), any
+// threadgroup width (MQ_TOKEN_MASK_THREADS); a SIMD-group of 32 consecutive tokens shares one
+// mask word. Rows of several sequences (a shared step) go in one dispatch, a mask row each.
+// A separate dispatch rather than a mask read folded into the choice kernels: it costs one
+// dispatch, n / 8 bytes read and the refused tokens' 4-byte writes per row (<= 1 MB on a
+// 248320 vocabulary, microseconds); folded in, each of the sampler's 2-12 passes over the row
+// would read the mask, and argmax, the sampler and its draft mode would all change.
 #define MQ_TOKEN_MASK_THREADS 256
 struct TokenMaskParams {
   uint n;            // vocabulary size (logit entries per row)
@@ -133,11 +134,14 @@ struct TokenMaskParams {
   uint mask_stride;  // words between rows of mask (>= mask_words)
 };
 
-// logit_bias: adds row r's (token, bias) pairs to its logits: logits[r][token] += bias.
-//   logits [rows][row_stride] in place; entries uint2 [rows][MQ_LOGIT_BIAS_MAX]:
-//   (token id, as_type<uint>(bias)); an unused entry has token id >= n (skipped). A row's
-//   token ids are distinct (the host merges duplicates; OpenAI's logit_bias is a map).
-// One thread per (entry, row): dispatch a grid of (MQ_LOGIT_BIAS_MAX, rows) threads.
+// logit_bias: adds one sequence's (token, bias) pairs to each of its rows (a decode row, or
+// its verify rows alike): logits[r][token] += bias. The choice kernels take one sequence per
+// dispatch (their params are per request), so does this one: bind logits at the sequence's
+// first row.
+//   logits [rows][row_stride] in place; entries uint2 [MQ_LOGIT_BIAS_MAX]: (token id,
+//   as_type<uint>(bias)); an unused entry has token id >= n (skipped). The token ids are
+//   distinct (the host merges duplicates; OpenAI's logit_bias is a map).
+// One thread per (entry, row): dispatch at least (MQ_LOGIT_BIAS_MAX, rows) threads (extra return).
 // OpenAI's bound on logit_bias entries (bias in [-100, 100]).
 #define MQ_LOGIT_BIAS_MAX 300
 struct LogitBiasParams {

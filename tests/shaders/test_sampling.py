@@ -845,33 +845,29 @@ def run_logit_bias(dev, lib, logits, entries, *, pad=3):
     return got[:, :n]
 
 
-def bias_table(rows_entries, n_unused):
-    """uint2 [rows][LOGIT_BIAS_MAX]: (token, bias bits); unused entries hold an id >= n (and a
-    bias of 1, which must not be added anywhere)."""
-    table = np.zeros((len(rows_entries), LOGIT_BIAS_MAX, 2), np.uint32)
-    table[:, :, 0] = n_unused
-    table[:, :, 1] = np.float32(1.0).view(np.uint32)
-    for r, (ids, bias) in enumerate(rows_entries):
-        table[r, :len(ids), 0] = ids
-        table[r, :len(ids), 1] = np.asarray(bias, np.float32).view(np.uint32)
+def bias_table(ids, bias, n_unused):
+    """uint2 [LOGIT_BIAS_MAX]: (token, bias bits); unused entries hold an id >= n (and a bias
+    of 1, which must not be added anywhere)."""
+    table = np.zeros((LOGIT_BIAS_MAX, 2), np.uint32)
+    table[:, 0] = n_unused
+    table[:, 1] = np.float32(1.0).view(np.uint32)
+    table[:len(ids), 0] = ids
+    table[:len(ids), 1] = np.asarray(bias, np.float32).view(np.uint32)
     return table
 
 
-@pytest.mark.parametrize("n", [50, 1000, VOCAB_27B])
-def test_logit_bias_adds_each_rows_entries(dev, lib, n):
-    rng = seeded("logit_bias", n)
+@pytest.mark.parametrize("n,count", [(50, 50), (1000, 17), (1000, 0), (VOCAB_27B, LOGIT_BIAS_MAX)])
+def test_logit_bias_adds_the_entries_to_every_row(dev, lib, n, count):
+    # One sequence's rows (decode, or verify rows) share its table.
+    rng = seeded("logit_bias", n, count)
     rows = 3
     logits = rng.standard_normal((rows, n)).astype(np.float32) * 4
-    counts = [min(n, LOGIT_BIAS_MAX), 0, min(n, 17)]
-    rows_entries = []
+    ids = rng.choice(n, size=count, replace=False)
+    bias = rng.uniform(-100, 100, count).astype(np.float32)
+    bias[:2] = [-100.0, 100.0][:count]
     want = logits.copy()
-    for r, k in enumerate(counts):
-        ids = rng.choice(n, size=k, replace=False)
-        bias = rng.uniform(-100, 100, k).astype(np.float32)
-        bias[:2] = [-100.0, 100.0][:k]
-        rows_entries.append((ids, bias))
-        want[r, ids] += bias
-    got = run_logit_bias(dev, lib, logits, bias_table(rows_entries, n + int(rng.integers(0, 5))))
+    want[:, ids] += bias
+    got = run_logit_bias(dev, lib, logits, bias_table(ids, bias, n + int(rng.integers(0, 5))))
     np.testing.assert_array_equal(got, want)
 
 
@@ -881,7 +877,7 @@ def test_logit_bias_then_token_mask(dev, lib):
     rng = seeded("bias_then_mask")
     logits = rng.standard_normal((1, n)).astype(np.float32)
     ids = np.arange(0, n, 5)
-    biased = run_logit_bias(dev, lib, logits, bias_table([(ids, np.full(ids.size, 100.0))], n), pad=0)
+    biased = run_logit_bias(dev, lib, logits, bias_table(ids, np.full(ids.size, 100.0), n), pad=0)
     allowed = np.zeros((1, n), bool)
     allowed[0, ::2] = True
     got = run_token_mask(dev, lib, biased, pack_mask(allowed, n // 32), n // 32, pad=0)
