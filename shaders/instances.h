@@ -75,7 +75,7 @@
 // sampling.metal.
 #define MQ_SAMPLING_KERNELS(K, P)                                                                    \
   P(argmax_partial) P(argmax_final) P(sample_top_kp) P(penalty_count) P(penalty_apply) P(spec_accept) \
-  P(token_logprobs)
+  P(token_logprobs) P(token_mask) P(logit_bias)
 
 #ifdef __METAL_VERSION__
 // As MLX writes them: the instance's signature is the template's (decltype).

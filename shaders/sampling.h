@@ -1,4 +1,4 @@
-// Token selection on the GPU: penalties, greedy argmax in two stages, and an exact,
+// Token selection on the GPU: penalties, logit_bias, grammar token masks, greedy argmax in two stages, and an exact,
 // deterministic temperature / top-k / top-p / min-p sampler. Both write ids into a device buffer so decode can
 // run ahead of the CPU. Layouts and dispatch geometry: shaders/params/sampling.h.
 #pragma once
@@ -624,4 +624,31 @@ inline uint first_reaching(threadgroup const float* w, uint count, float base, f
       entry[4 + MQ_LOGPROB_MAX_TOP + r] = as_type<uint>(value_of(best) - lse);
     }
   }
+}
+
+// A grammar's token mask applied to rows of logits (params/sampling.h): refused -> -inf.
+//   logits [rows][row_stride] in place; mask uint [rows][mask_stride].
+// Grid: >= (n, rows) threads.
+[[kernel]] void token_mask(device float* logits [[buffer(0)]],
+                           device const uint* mask [[buffer(1)]],
+                           constant TokenMaskParams& p [[buffer(2)]],
+                           uint2 gid [[thread_position_in_grid]]) {
+  const uint t = gid.x;
+  if (t >= p.n) return;
+  const uint w = t / 32u;
+  const bool allowed = w < p.mask_words && ((mask[(ulong)gid.y * p.mask_stride + w] >> (t % 32u)) & 1u) != 0u;
+  if (!allowed) logits[(ulong)gid.y * p.row_stride + t] = -INFINITY;
+}
+
+// logit_bias (params/sampling.h): logits[row][token] += bias for each entry, on every row.
+//   logits [rows][row_stride] in place; entries uint2 [MQ_LOGIT_BIAS_MAX].
+// Grid: >= (MQ_LOGIT_BIAS_MAX, rows) threads.
+[[kernel]] void logit_bias(device float* logits [[buffer(0)]],
+                           device const uint2* entries [[buffer(1)]],
+                           constant LogitBiasParams& p [[buffer(2)]],
+                           uint2 gid [[thread_position_in_grid]]) {
+  if (gid.x >= MQ_LOGIT_BIAS_MAX) return;
+  const uint2 e = entries[gid.x];
+  if (e.x >= p.n) return;
+  logits[(ulong)gid.y * p.row_stride + e.x] += as_type<float>(e.y);
 }

@@ -110,3 +110,41 @@ struct LogprobParams {
   uint out_pos;  // the chosen id is ids[out_pos]
   uint slot;     // the entry of out written
 };
+
+// Structured output and OpenAI's logit_bias, applied in place to the rows the choice
+// (argmax or sample_top_kp) reads, after the penalties: bias first, then the mask (a refused
+// token stays -inf whatever its bias).
+// token_mask: a grammar's allowed tokens, one bit per token: bit t % 32 of word t / 32 of
+// the row's mask (LSB first, llguidance's layout) set = token t allowed; a refused token's
+// logit becomes -inf. Tokens >= 32 * mask_words are refused.
+//   logits [rows][row_stride] in place; mask uint [rows][mask_stride], a row's first
+//   mask_words words used (a row with no grammar: all bits set).
+// One thread per (token, row): dispatch at least (n, rows) threads (extra ones return), any
+// threadgroup width (MQ_TOKEN_MASK_THREADS); a SIMD-group of 32 consecutive tokens shares one
+// mask word. Rows of several sequences (a shared step) go in one dispatch, a mask row each.
+// A separate dispatch rather than a mask read folded into the choice kernels: it costs one
+// dispatch, n / 8 bytes read and the refused tokens' 4-byte writes per row (<= 1 MB on a
+// 248320 vocabulary, microseconds); folded in, each of the sampler's 2-12 passes over the row
+// would read the mask, and argmax, the sampler and its draft mode would all change.
+#define MQ_TOKEN_MASK_THREADS 256
+struct TokenMaskParams {
+  uint n;            // vocabulary size (logit entries per row)
+  uint row_stride;   // floats between rows of logits (>= n)
+  uint mask_words;   // words of a row's mask in use: ceil(n_mask / 32), n_mask the grammar's vocabulary
+  uint mask_stride;  // words between rows of mask (>= mask_words)
+};
+
+// logit_bias: adds one sequence's (token, bias) pairs to each of its rows (a decode row, or
+// its verify rows alike): logits[r][token] += bias. The choice kernels take one sequence per
+// dispatch (their params are per request), so does this one: bind logits at the sequence's
+// first row.
+//   logits [rows][row_stride] in place; entries uint2 [MQ_LOGIT_BIAS_MAX]: (token id,
+//   as_type<uint>(bias)); an unused entry has token id >= n (skipped). The token ids are
+//   distinct (the host merges duplicates; OpenAI's logit_bias is a map).
+// One thread per (entry, row): dispatch at least (MQ_LOGIT_BIAS_MAX, rows) threads (extra return).
+// OpenAI's bound on logit_bias entries (bias in [-100, 100]).
+#define MQ_LOGIT_BIAS_MAX 300
+struct LogitBiasParams {
+  uint n;           // vocabulary size
+  uint row_stride;  // floats between rows of logits (>= n)
+};

@@ -743,3 +743,146 @@ def test_logprobs_27b_vocab(dev, lib):
     logits[VOCAB_27B - 1] = logits.max() + 0.5  # the best in the very last entry
     chosen = int(np.argmax(logits))
     check_logprobs(run_logprobs(dev, lib, logits, chosen, 20), logits, chosen, 20)
+
+
+# ---------------------------------------------------------------------------
+# token_mask and logit_bias: in place on the rows the choice reads
+
+TOKEN_MASK_PARAMS = np.dtype([(n, "<u4") for n in ("n", "row_stride", "mask_words", "mask_stride")])
+LOGIT_BIAS_PARAMS = np.dtype([("n", "<u4"), ("row_stride", "<u4")])
+LOGIT_BIAS_MAX = 300  # MQ_LOGIT_BIAS_MAX
+TOKEN_MASK_THREADS = 256  # MQ_TOKEN_MASK_THREADS
+
+
+def test_params_constants_match_the_header():
+    from .params import header_constants
+
+    c = header_constants("sampling")
+    assert (c["MQ_LOGIT_BIAS_MAX"], c["MQ_TOKEN_MASK_THREADS"]) == (LOGIT_BIAS_MAX, TOKEN_MASK_THREADS)
+
+
+def pack_mask(allowed, words):
+    """bool [rows][n] -> uint32 [rows][words]: bit t % 32 of word t // 32 (llguidance's layout)."""
+    rows, n = allowed.shape
+    bits = np.zeros((rows, words * 32), bool)
+    bits[:, :min(n, words * 32)] = allowed[:, :words * 32]
+    return np.packbits(bits, axis=1, bitorder="little").view("<u4")
+
+
+def run_token_mask(dev, lib, logits, masks, mask_words, *, pad=3, mask_pad=2, threads=TOKEN_MASK_THREADS):
+    """token_mask over rows of `logits` laid out with `pad` extra floats per row (NaN: never
+    written) and mask rows of mask_words + mask_pad words; returns the rows' first n entries."""
+    rows, n = logits.shape
+    stride = n + pad
+    buf = np.full((rows, stride), np.nan, np.float32)
+    buf[:, :n] = logits
+    mstride = mask_words + mask_pad
+    mbuf = np.full((rows, mstride), 0xFFFFFFFF, np.uint32)  # words past mask_words: never read
+    mbuf[:, :masks.shape[1]] = masks
+    params = np.array([(n, stride, mask_words, mstride)], TOKEN_MASK_PARAMS)
+    out = dev.buffer(buf)
+    # Whole threadgroups, so threads past n exist (as they may with dispatchThreadgroups).
+    lib.kernel("token_mask").dispatch({0: out, 1: dev.buffer(mbuf), 2: params}, (-(-n // threads), rows), (threads,))
+    got = out.numpy(np.float32).reshape(rows, stride)
+    assert np.isnan(got[:, n:]).all(), "written past a row's n entries"
+    return got[:, :n]
+
+
+@pytest.mark.parametrize("n,threads", [(1, 32), (33, 64), (1000, 256), (4099, 96)])
+def test_token_mask_refuses_the_cleared_bits(dev, lib, n, threads):
+    rng = seeded("token_mask", n)
+    rows = 3
+    logits = rng.standard_normal((rows, n)).astype(np.float32)
+    logits[0, ::7] = np.inf  # refused or not, every value is overwritten the same way
+    allowed = rng.random((rows, n)) < [[0.5], [0.02], [1.0]]
+    words = -(-n // 32)
+    got = run_token_mask(dev, lib, logits, pack_mask(allowed, words), words, threads=threads)
+    np.testing.assert_array_equal(got, np.where(allowed, logits, -np.inf))
+
+
+def test_token_mask_refuses_tokens_past_the_grammars_vocabulary(dev, lib):
+    # The grammar's vocabulary (the tokenizer's) may be shorter than the logits' rows.
+    n, grammar_n = 1000, 700
+    rng = seeded("token_mask_short")
+    logits = rng.standard_normal((2, n)).astype(np.float32)
+    allowed = np.ones((2, grammar_n), bool)
+    words = -(-grammar_n // 32)
+    got = run_token_mask(dev, lib, logits, pack_mask(allowed, words), words, mask_pad=10)
+    want = logits.copy()
+    want[:, grammar_n:] = -np.inf  # 700..703: cleared bits of the last word; 704..: past mask_words
+    np.testing.assert_array_equal(got, want)
+
+
+def test_token_mask_then_argmax_and_sampler_choose_allowed_tokens(dev, lib):
+    # Verify rows of one sequence: a mask per row; the choice then never leaves it.
+    rng = seeded("token_mask_choice")
+    rows, n = 4, VOCAB_27B
+    logits = np.stack([llm_logits(rng, n) for _ in range(rows)])
+    allowed = np.zeros((rows, n), bool)
+    for r in range(rows):
+        allowed[r, rng.choice(n, size=[1, 5, 300, 20000][r], replace=False)] = True
+    words = -(-n // 32)
+    masked = run_token_mask(dev, lib, logits, pack_mask(allowed, words), words, pad=0, mask_pad=0)
+    np.testing.assert_array_equal(masked, np.where(allowed, logits, -np.inf))
+    best = run_argmax(dev, lib, masked, chunk=4096)
+    np.testing.assert_array_equal(best, np.argmax(np.where(allowed, logits, -np.inf), axis=1))
+    for counter in range(3):
+        got = run_sampler(dev, lib, masked, temperature=1.5, top_p=0.95, counter=counter)
+        assert all(allowed[r, t] for r, t in enumerate(got)), got
+
+
+def run_logit_bias(dev, lib, logits, entries, *, pad=3):
+    rows, n = logits.shape
+    stride = n + pad
+    buf = np.full((rows, stride), np.nan, np.float32)
+    buf[:, :n] = logits
+    params = np.array([(n, stride)], LOGIT_BIAS_PARAMS)
+    out = dev.buffer(buf)
+    lib.kernel("logit_bias").dispatch({0: out, 1: dev.buffer(entries), 2: params}, (-(-LOGIT_BIAS_MAX // 64), rows),
+                                      (64,))  # 320 threads a row: 20 past the table
+    got = out.numpy(np.float32).reshape(rows, stride)
+    assert np.isnan(got[:, n:]).all(), "written past a row's n entries"
+    return got[:, :n]
+
+
+def bias_table(ids, bias, n_unused):
+    """uint2 [LOGIT_BIAS_MAX]: (token, bias bits); unused entries hold an id >= n (and a bias
+    of 1, which must not be added anywhere)."""
+    table = np.zeros((LOGIT_BIAS_MAX, 2), np.uint32)
+    table[:, 0] = n_unused
+    table[:, 1] = np.float32(1.0).view(np.uint32)
+    table[:len(ids), 0] = ids
+    table[:len(ids), 1] = np.asarray(bias, np.float32).view(np.uint32)
+    return table
+
+
+@pytest.mark.parametrize("n,count", [(50, 50), (1000, 17), (1000, 0), (VOCAB_27B, LOGIT_BIAS_MAX)])
+def test_logit_bias_adds_the_entries_to_every_row(dev, lib, n, count):
+    # One sequence's rows (decode, or verify rows) share its table.
+    rng = seeded("logit_bias", n, count)
+    rows = 3
+    logits = rng.standard_normal((rows, n)).astype(np.float32) * 4
+    ids = rng.choice(n, size=count, replace=False)
+    bias = rng.uniform(-100, 100, count).astype(np.float32)
+    bias[:2] = [-100.0, 100.0][:count]
+    want = logits.copy()
+    want[:, ids] += bias
+    got = run_logit_bias(dev, lib, logits, bias_table(ids, bias, n + int(rng.integers(0, 5))))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_logit_bias_then_token_mask(dev, lib):
+    # The engine's order: bias, then the mask; a refused token stays -inf whatever its bias.
+    n = 512
+    rng = seeded("bias_then_mask")
+    logits = rng.standard_normal((1, n)).astype(np.float32)
+    ids = np.arange(0, n, 5)
+    biased = run_logit_bias(dev, lib, logits, bias_table(ids, np.full(ids.size, 100.0), n), pad=0)
+    allowed = np.zeros((1, n), bool)
+    allowed[0, ::2] = True
+    got = run_token_mask(dev, lib, biased, pack_mask(allowed, n // 32), n // 32, pad=0)
+    want = logits.copy()
+    want[0, ids] += 100.0
+    want[~allowed] = -np.inf
+    np.testing.assert_array_equal(got, want)
+    assert run_argmax(dev, lib, got, chunk=128)[0] % 10 == 0  # a biased, allowed id (multiple of 5 and of 2)
