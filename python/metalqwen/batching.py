@@ -249,14 +249,11 @@ class Scheduler:
         stats = seq.output.stats
         if seq.started:
             stats.decode_seconds = time.perf_counter() - seq.started
-        room = self._runner.max_context - len(seq.request.ids)
-        stats.context_full = (seq.output.finish_reason == "length" and stats.generated_tokens == room
-                              < seq.request.max_tokens)
-        stats.engine = self._runner.counters()
+        seq.output.settle(self._runner.max_context - len(seq.request.ids), seq.request.max_tokens,
+                          self._runner.counters())
         if not seq.cancelled and seq.error is None:
             seq._add(seq.output.tail())
         if seq in self.running:
             self.running.remove(seq)
             self._free.append(seq.slot)
             self._free.sort()
-

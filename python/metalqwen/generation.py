@@ -119,6 +119,13 @@ class Output:
             return Chunk(text=text, token=token)
         return Chunk(text=text, token=token, logprob=logprobs[0], top_logprobs=logprobs[1])
 
+    def settle(self, room: int, max_tokens: int, counters: dict) -> None:
+        """Final stats once generation stopped: whether the context ran out (``room``: the tokens
+        it had after the prompt) before ``max_tokens``, and the engine's counters then."""
+        self.stats.context_full = (self.finish_reason == "length" and self.stats.generated_tokens == room
+                                   < max_tokens)
+        self.stats.engine = counters
+
     def tail(self) -> Chunk | None:
         """The text held back at the end (none after a stop string: what follows it is dropped)."""
         if self._hit:

@@ -246,9 +246,7 @@ class Model:
                 self.last_tokens = out.tokens = fed
                 stats.generated_tokens = len(fed)
             stats.decode_seconds = time.perf_counter() - start
-            stats.context_full = (out.finish_reason == "length" and stats.generated_tokens == room
-                                  < request.max_tokens)
-            stats.engine = self.counters()
+            out.settle(room, request.max_tokens, self.counters())
             count_speculation(stats, before, stats.engine)
         tail = out.tail()
         if tail is not None:
