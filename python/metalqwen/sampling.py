@@ -42,14 +42,14 @@ def check_field(name: str, value: Any) -> float | int:
     return arguments.number(name, value, **_RANGES[name])
 
 
-def check_logprobs(value: Any) -> int:
+def check_logprobs(value: Any, name: str = "logprobs") -> int:
     """None (off, the engine's -1) or how many top log-probabilities to report, 0..MAX_TOP_LOGPROBS."""
     if value is None:
         return -1
     allowed = f"an integer in 0..{MAX_TOP_LOGPROBS} (top entries per token), or None for off"
-    value = arguments.integer("logprobs", value, low=0, allowed=allowed)
+    value = arguments.integer(name, value, low=0, allowed=allowed)
     if value > MAX_TOP_LOGPROBS:
-        raise ValueError(f"logprobs must be {allowed}, got {value}")
+        raise ValueError(f"{name} must be {allowed}, got {value}")
     return value
 
 

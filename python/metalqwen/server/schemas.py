@@ -19,11 +19,11 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-def _logprobs(value: int | None) -> int | None:
+def _logprobs(value: int | None, name: str) -> int | None:
     """Top entries per token, checked as Model.stream checks ``logprobs`` (None: the field is absent)."""
     if value is not None:
         try:
-            sampling.check_logprobs(value)
+            sampling.check_logprobs(value, name)
         except TypeError as e:  # pydantic reports ValueErrors (a 400 naming the field)
             raise ValueError(str(e)) from None
     return value
@@ -199,7 +199,7 @@ class ChatCompletionRequest(_Sampling):
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs(cls, value):
-        return _logprobs(value)
+        return _logprobs(value, "top_logprobs")
 
     @field_validator("tool_choice")
     @classmethod
@@ -248,7 +248,7 @@ class CompletionRequest(_Sampling):
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, value):
-        return _logprobs(value)
+        return _logprobs(value, "logprobs")
 
     @model_validator(mode="after")
     def _checks(self):
