@@ -55,8 +55,13 @@ class Model:
         """Whether prefills show their progress on stderr."""
         return self.runner.progress
 
+    @progress.setter
+    def progress(self, show: bool) -> None:
+        self.runner.progress = show
+
     @property
     def prefix_cache(self) -> PrefixCache | None:
+        """The snapshots prompts resume from (``load(prefix_cache_bytes=...)``), or None."""
         return self.runner.prefix_cache
 
     def counters(self) -> dict:
