@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "../../shaders/params.h"
 #include "engine/errors.h"
 #include "engine/shader_source.h"
 #include "gpu/cpu/cpu_device.h"
@@ -98,6 +99,13 @@ void bind_shaders(py::module_& m) {
         "The embedded shader files' key, which a prebuilt Metal library must hold (tools/shader_key.cmake).");
   m.def("weight_formats", &mq::engine::weight_formats,
         "The host-name suffix of every projection weight format the kernels are instantiated for.");
+  // Limits the kernels are built for (shaders/params/*.h), read by the Python layer's checks.
+  m.attr("MAX_STEP_ROWS") = MQ_QMV_MAX_ROWS;       // rows of a decode, verify or shared step (matvec path)
+  m.attr("MAX_DRAFT") = MQ_QMV_MAX_ROWS - 1;       // drafts of one verify step: its rows less the chosen token
+  m.attr("MAX_SEQUENCES") = MQ_MAX_SEGMENTS;       // sequence slots, each a segment of a shared step
+  m.attr("MAX_TOP_LOGPROBS") = MQ_LOGPROB_MAX_TOP;  // top entries per token of the logprobs kernel
+  m.attr("MAX_EXPERTS") = MQ_MOE_MAX_EXPERTS;      // experts the MoE router kernel takes
+  m.attr("MAX_EXPERTS_PER_TOKEN") = MQ_MOE_MAX_TOP_K;
 }
 
 // C++ errors become metalqwen.errors classes: GpuError, CompileError (with .diagnostics),

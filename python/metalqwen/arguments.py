@@ -1,6 +1,6 @@
 """Checks of the arguments users pass to generate/stream/score: each failure is a
 TypeError (wrong kind of value) or ValueError (out of range) naming the argument, the
-value and what is allowed."""
+value and what is allowed. The sampling settings' checks are in sampling.py."""
 
 from __future__ import annotations
 
@@ -33,39 +33,6 @@ def integer(name: str, value: Any, *, low: int, allowed: str) -> int:
     if value < low:
         raise ValueError(f"{name} must be {allowed}, got {int(value)}")
     return int(value)
-
-
-def sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any, min_p: Any = 0.0, presence_penalty: Any = 0.0,
-             frequency_penalty: Any = 0.0, repetition_penalty: Any = 1.0) -> dict:
-    """The engine's sampling arguments, each checked on its own (penalty ranges as OpenAI and vLLM take them)."""
-    checked = dict(
-        temperature=number("temperature", temperature, low=0, allowed=">= 0 (0 = greedy)"),
-        top_p=number("top_p", top_p, low=0, high=1, low_open=True, allowed="in (0, 1] (1 = off)"),
-        top_k=integer("top_k", top_k, low=0, allowed=">= 0 (0 = off)"),
-        min_p=number("min_p", min_p, low=0, high=1, allowed="in [0, 1] (0 = off)"),
-        presence_penalty=number("presence_penalty", presence_penalty, low=-2, high=2, allowed="in [-2, 2] (0 = off)"),
-        frequency_penalty=number("frequency_penalty", frequency_penalty, low=-2, high=2,
-                                 allowed="in [-2, 2] (0 = off)"),
-        repetition_penalty=number("repetition_penalty", repetition_penalty, low=0, low_open=True,
-                                  allowed="> 0 (1 = off)"),
-    )
-    if seed is not None:
-        checked["seed"] = integer("seed", seed, low=0, allowed="an integer >= 0, or None for a random seed") % 2**64
-    return checked
-
-
-MAX_TOP_LOGPROBS = 20  # MQ_LOGPROB_MAX_TOP (shaders/params/sampling.h)
-
-
-def logprobs(value: Any) -> int:
-    """None (off, the engine's -1) or how many top log-probabilities to report, 0..20."""
-    if value is None:
-        return -1
-    allowed = f"an integer in 0..{MAX_TOP_LOGPROBS} (top entries per token), or None for off"
-    value = integer("logprobs", value, low=0, allowed=allowed)
-    if value > MAX_TOP_LOGPROBS:
-        raise ValueError(f"logprobs must be {allowed}, got {value}")
-    return value
 
 
 def stop_strings(stop: Any) -> list[str]:

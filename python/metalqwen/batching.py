@@ -9,7 +9,7 @@ request gets exactly what it gets alone: the same tokens (greedy) and the same s
 (sampling), because every row is computed as in a single-sequence step.
 
 Speculation composes: a request with a drafter verifies its drafts in its slot's rows, and
-the rows of a step (at most 8) go first to the requests whose drafts are accepted most.
+the rows of a step (at most ``MAX_ROWS``) go first to the requests whose drafts are accepted most.
 Shared steps draft by prompt lookup (the MTP head drafts for single-sequence decoding only).
 
 A step the GPU fails (``GpuError``) ends every request whose slot it ran in, with that error
@@ -23,13 +23,13 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import speculative as spec
+from . import _core, speculative as spec
 from .errors import GpuError
-from .model import Chunk, Generation, Model, Output, Prompt, Request
+from .generation import Chunk, Generation, Output, Prompt, Request, count_verify
 
 __all__ = ["Scheduler", "Sequence", "MAX_ROWS"]
 
-MAX_ROWS = 8  # rows of one step on the engine's matvec path (slots plus their drafts)
+MAX_ROWS = _core.MAX_STEP_ROWS  # rows of one step on the engine's matvec path (slots plus their drafts)
 
 
 @dataclass
@@ -78,9 +78,11 @@ class Scheduler:
     """Runs requests on one model in shared steps (see the module docstring). Not thread-safe:
     one thread calls submit/cancel/step (the server's engine thread)."""
 
-    def __init__(self, model: Model, prefill_rows: int = 64):
+    def __init__(self, model, prefill_rows: int = 64):
+        """``model``: a loaded ``model.Model``; its ``runner`` drives the engine's slots."""
         self.model = model
-        self._engine = model._engine
+        self._runner = model.runner
+        self._engine = model.runner.engine
         self.prefill_rows = int(prefill_rows)
         self._free = list(range(self._engine.max_sequences))
         self.waiting: deque[Sequence] = deque()
@@ -93,7 +95,7 @@ class Scheduler:
     def submit(self, prompt: Prompt | Request, max_tokens: int = 256, **options) -> Sequence:
         """Queues a request (arguments as ``Model.stream``, checked now; or a ``Model.request``)."""
         request = prompt if isinstance(prompt, Request) else self.model.request(prompt, max_tokens, **options)
-        seq = Sequence(request, Output(self.model, request))
+        seq = Sequence(request, Output(request, self.model.tokenizer, self.model.eos_token_ids))
         self.waiting.append(seq)
         return seq
 
@@ -160,9 +162,9 @@ class Scheduler:
         self._free.remove(seq.slot)
         self.running.append(seq)
         self._engine.select(seq.slot)
-        seq.fed, seq.snapshot_at = self.model._resume(ids, seq.request.boundaries)
+        seq.fed, seq.snapshot_at = self._runner.resume(ids, seq.request.boundaries)
         seq.output.stats.prompt_tokens_reused = seq.fed
-        room = self.model.max_context - len(ids)
+        room = self._runner.max_context - len(ids)
         seq.left = min(seq.request.max_tokens, room)
         seq.history = list(ids)
         if seq.request.drafter is not None:
@@ -179,7 +181,7 @@ class Scheduler:
         self._engine.prefill(ids[seq.fed:end], logits="none", snapshot_at=at, snapshots=taken,
                              **seq.request.sampling)
         for snapshot in taken:
-            self.model.prefix_cache.add(snapshot)
+            self._runner.prefix_cache.add(snapshot)
         stats.prompt_seconds += time.perf_counter() - start
         seq.fed = end
         if end < len(ids):
@@ -198,7 +200,7 @@ class Scheduler:
             k = len(drafts[id(seq)])
             if k:
                 seq.policy.update(k, len(tokens) - 1)
-                _count_verify(seq.output.stats, k, len(tokens) - 1)
+                count_verify(seq.output.stats, k, len(tokens) - 1)
             self._emit(seq, tokens)
 
     def _drafts(self, seqs: list[Sequence]) -> dict[int, list[int]]:
@@ -247,26 +249,11 @@ class Scheduler:
         stats = seq.output.stats
         if seq.started:
             stats.decode_seconds = time.perf_counter() - seq.started
-        room = self.model.max_context - len(seq.request.ids)
-        stats.context_full = (seq.output.finish_reason == "length" and stats.generated_tokens == room
-                              < seq.request.max_tokens)
-        stats.engine = self.model.counters()
+        seq.output.settle(self._runner.max_context - len(seq.request.ids), seq.request.max_tokens,
+                          self._runner.counters())
         if not seq.cancelled and seq.error is None:
             seq._add(seq.output.tail())
         if seq in self.running:
             self.running.remove(seq)
             self._free.append(seq.slot)
             self._free.sort()
-
-
-def _count_verify(stats, drafted: int, accepted: int) -> None:
-    stats.verify_steps += 1
-    stats.drafted += drafted
-    stats.accepted += accepted
-    grow = drafted - len(stats.drafted_at)
-    if grow > 0:
-        stats.drafted_at += [0] * grow
-        stats.accepted_at += [0] * grow
-    for j in range(drafted):
-        stats.drafted_at[j] += 1
-        stats.accepted_at[j] += j < accepted

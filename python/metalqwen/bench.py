@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from . import speculative as spec
+from . import _core, speculative as spec
 from .progress import phase
 
 PREFILL_TOKENS = (512, 4096)
@@ -68,16 +68,15 @@ class EngineFigures:
 
 def concurrency_levels(text: str | None) -> list[int]:
     """``--concurrency 2,4,8`` -> [1, 2, 4, 8] (level 1 is the baseline of the ratios); None -> []."""
-    from .batching import MAX_ROWS
-
+    most = _core.MAX_SEQUENCES
     if text is None:
         return []
     try:
         levels = {int(t) for t in text.split(",")}
     except ValueError:
         levels = set()
-    if not levels or not all(1 <= c <= MAX_ROWS for c in levels):
-        raise ValueError(f"--concurrency must be comma-separated integers in 1..{MAX_ROWS} (sequences decoded "
+    if not levels or not all(1 <= c <= most for c in levels):
+        raise ValueError(f"--concurrency must be comma-separated integers in 1..{most} (sequences decoded "
                          f"together), got {text!r}")
     return sorted(levels | {1})
 
@@ -149,7 +148,7 @@ def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab:
     model = load(folder, device=device, max_context=p.max_context, kv_bits=kv_bits, progress=False,
                  speculative=speculative, max_sequences=max_sequences)
     figures.load_seconds = time.perf_counter() - start
-    engine = model._engine
+    engine = model.runner.engine
     _metalqwen_decode(model, prompt_ids(vocab, 8), 4)  # warm-up: pipelines and first-touch pages
     for n in p.prefill_tokens:
         phase(f"metalqwen: prefill {n} tokens")
@@ -180,7 +179,7 @@ def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab:
 def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
     """Seconds to decode ``tokens`` tokens after ``prompt`` (fed first, not timed), eos or not:
     plainly, or by the model's speculative mode (greedy)."""
-    engine = model._engine
+    engine = model.runner.engine
     engine.reset()
     engine.prefill(prompt)
     if model.speculative != "off":
@@ -206,7 +205,7 @@ def _metalqwen_concurrency(model, p: Plan, vocab: int) -> list[dict]:
     Decode time is the run's wall time less its prefills (each timed by the scheduler);
     decode steps are the run's command buffers less its prompts' chunks."""
     model.eos_token_ids = []  # a fixed number of tokens, eos or not, as in the other decode runs
-    engine = model._engine
+    engine = model.runner.engine
     engine.reset()
     before = model.counters()
     engine.prefill(concurrency_prompts(vocab, p, 1)[0])
@@ -232,7 +231,7 @@ def _metalqwen_concurrency(model, p: Plan, vocab: int) -> list[dict]:
 def speculative_stats(before: dict, after: dict) -> dict | None:
     """Over the decode runs when they speculated: verify steps, drafts, tokens per verify step
     and acceptance (overall and per depth); None otherwise."""
-    from .model import GenerationStats, count_speculation
+    from .generation import GenerationStats, count_speculation
 
     s = GenerationStats()
     count_speculation(s, before, after)

@@ -11,8 +11,7 @@ import time
 
 import numpy as np
 
-from . import __version__, arguments, gpu
-from .config import SAMPLING_NEUTRAL
+from . import __version__, _core, arguments, gpu, sampling
 from .errors import MetalqwenError
 
 MODEL_HELP = ("an MLX-format Qwen3.5 checkpoint folder, or a Hugging Face model id such as "
@@ -72,31 +71,29 @@ def _load(args: argparse.Namespace):
 
 def _check_max_sequences(value: int | None) -> None:
     """--max-sequences, checked before the (possibly long) load."""
-    from .batching import MAX_ROWS
-
-    allowed = f"an integer in 1..{MAX_ROWS} (one step holds at most {MAX_ROWS} rows)"
-    if value is not None and arguments.integer("--max-sequences", value, low=1, allowed=allowed) > MAX_ROWS:
+    most = _core.MAX_SEQUENCES
+    allowed = f"an integer in 1..{most} (one step holds at most {most} sequences)"
+    if value is not None and arguments.integer("--max-sequences", value, low=1, allowed=allowed) > most:
         raise ValueError(f"--max-sequences must be {allowed}, got {value}")
 
 
-# The sampling the command line uses for a field neither the user nor generation_config.json sets.
-_SAMPLING_NEUTRAL = {"temperature": 0.0, **SAMPLING_NEUTRAL}  # greedy
+# The temperature the command line uses when neither the user nor generation_config.json sets one.
+_TEMPERATURE = 0.0  # greedy
 
 
 def _options(args: argparse.Namespace) -> dict:
     """The generation options the user gave (sampling fields left out are None), checked
     before the (possibly long) load."""
     arguments.integer("--max-tokens", args.max_tokens, low=1, allowed="an integer >= 1")
-    given = {k: getattr(args, k) for k in _SAMPLING_NEUTRAL if getattr(args, k) is not None}
-    arguments.sampling(**{**_SAMPLING_NEUTRAL, **given}, seed=args.seed)
-    return dict(max_tokens=args.max_tokens, seed=args.seed, **{k: getattr(args, k) for k in _SAMPLING_NEUTRAL})
+    given = {k: getattr(args, k) for k in sampling.FIELDS}
+    sampling.check(**sampling.with_defaults(given, {}, _TEMPERATURE), seed=args.seed)
+    return dict(max_tokens=args.max_tokens, seed=args.seed, **given)
 
 
 def _with_folder_sampling(options: dict, model) -> dict:
     """Fills the sampling fields the user left out from the folder's generation_config.json
     (Qwen's recommended settings), else greedy and neutral: the rule of every front end."""
-    folder = {**_SAMPLING_NEUTRAL, **model.config.sampling_defaults}
-    return {k: folder[k] if k in folder and v is None else v for k, v in options.items()}
+    return {**options, **sampling.with_defaults(options, model.config.sampling_defaults, _TEMPERATURE)}
 
 
 class _AnswerPrinter:
@@ -414,8 +411,8 @@ def _add_speculative_options(p: argparse.ArgumentParser) -> None:
                         "(see convert / add-mtp), lookup = prompt lookup (n-grams of the prompt and answer); auto "
                         "(default) = mtp when the folder has the head, else lookup")
     p.add_argument("--draft-depth", type=int, default=None,
-                   help="most drafts per verify step, 1..7 (default 3 with mtp, 4 with lookup); each reserves a "
-                        "copy of the recurrent state")
+                   help=f"most drafts per verify step, 1..{_core.MAX_DRAFT} (default 3 with mtp, 4 with lookup); "
+                        "each reserves a copy of the recurrent state")
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -528,8 +525,9 @@ def parser() -> argparse.ArgumentParser:
                             "(each 1..8; 1 always runs: the baseline), and report aggregate and per-stream decode "
                             "tok/s and engine steps per level")
     bench.add_argument("--max-sequences", type=int, default=None,
-                       help="sequence slots reserved at load, 1..8 (default: the largest --concurrency level, else "
-                            "1); each reserves a KV cache of max-context tokens and a DeltaNet state")
+                       help=f"sequence slots reserved at load, 1..{_core.MAX_SEQUENCES} (default: the largest "
+                            "--concurrency level, else 1); each reserves a KV cache of max-context tokens and a "
+                            "DeltaNet state")
     bench.add_argument("--json", metavar="FILE", default=None, help="write every figure to FILE as JSON")
     bench.add_argument("--plot", metavar="FILE", default=None,
                        help="draw decode tok/s against context (and, with --concurrency, aggregate tok/s against "

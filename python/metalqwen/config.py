@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping, NamedTuple
 
-from . import _core
+from . import _core, sampling
 from .errors import MetalqwenError
 
 __all__ = [
@@ -65,9 +65,9 @@ _LAYER_TYPES = (LINEAR_ATTENTION, FULL_ATTENTION)
 _MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
 _TEXT_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 
-# Sizes moe.metal is specialised for (shaders/params/moe.h).
-MAX_EXPERTS = 512
-MAX_EXPERTS_PER_TOKEN = 16
+# Sizes moe.metal is specialised for (shaders/params/moe.h, exported by _core).
+MAX_EXPERTS = _core.MAX_EXPERTS
+MAX_EXPERTS_PER_TOKEN = _core.MAX_EXPERTS_PER_TOKEN
 
 
 class CheckpointError(MetalqwenError, ValueError):
@@ -494,18 +494,11 @@ def _id_list(value, where: str) -> list[int]:
     return list(items)
 
 
-# The value that turns each sampling filter or penalty off; each front end adds its own temperature
-# for when neither the user nor generation_config.json gives one.
-SAMPLING_NEUTRAL = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                    "repetition_penalty": 1.0}
-SAMPLING_FIELDS = ("temperature", *SAMPLING_NEUTRAL)
-
-
 def _sampling_defaults(generation_config: Mapping[str, Any] | None) -> dict[str, float]:
     """The numeric sampling fields of generation_config.json; ``do_sample: false`` means greedy
     (as transformers reads it)."""
     found = generation_config if isinstance(generation_config, Mapping) else {}
-    out = {k: found[k] for k in SAMPLING_FIELDS
+    out = {k: found[k] for k in sampling.FIELDS
            if isinstance(found.get(k), (int, float)) and not isinstance(found[k], bool)}
     if found.get("do_sample") is False:
         out["temperature"] = 0.0

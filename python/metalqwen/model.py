@@ -5,131 +5,24 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Iterator, Sequence, Union
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from . import _core, arguments, gpu, speculative as spec
+from .batching import Scheduler
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ModelConfig
 from .errors import ContextFullError
+from .generation import (Chunk, Generation, GenerationStats, Output, Prompt, Request, Runner,
+                         count_speculation)
 from .mtp_checkpoint import how_to_get_mtp
 from .prefix_cache import PrefixCache
-from .progress import LoadProgress, PrefillProgress
-from .tokenizer import StopMatcher, Tokenizer
+from .progress import LoadProgress
+from .sampling import check as check_sampling
+from .tokenizer import Tokenizer
 
 __all__ = ["load", "Model", "Generation", "GenerationStats", "Chunk"]
-
-Prompt = Union[str, Sequence[int]]
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    prompt_tokens_reused: int = 0  # already in the cache from the previous call
-    generated_tokens: int = 0
-    context_full: bool = False  # generation stopped because max_context was reached
-    prompt_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    engine: dict = field(default_factory=dict)  # the engine's counters after the call
-    # Speculative decoding in this call: verify steps, drafts fed and accepted, and the same per depth.
-    verify_steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    drafted_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def acceptance_at(self) -> list[float]:
-        """Per draft depth: the share of drafts at that depth that were accepted."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
-
-    @property
-    def tokens_per_verify_step(self) -> float:
-        return (self.verify_steps + self.accepted) / self.verify_steps if self.verify_steps else 0.0
-
-    @property
-    def prompt_tokens_per_second(self) -> float:
-        fed = self.prompt_tokens - self.prompt_tokens_reused
-        return fed / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        # The first token comes from prefill; decode time covers the rest.
-        n = self.generated_tokens - 1
-        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
-
-
-@dataclass
-class Generation:
-    tokens: list[int]
-    text: str
-    finish_reason: str  # "stop" (eos or stop string) | "length" (max_tokens or max_context reached)
-    stats: GenerationStats
-
-
-@dataclass
-class Chunk:
-    text: str  # new complete text (UTF-8 safe; may be empty while a character is incomplete)
-    token: int | None  # the token this chunk came from (None for the final flush)
-    # With stream(logprobs=N): the token's log-probability over the raw logits (before
-    # penalties and temperature), and the N most likely (id, logprob), ties lower id first.
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
-
-
-@dataclass
-class Request:
-    """A checked generation request (``Model.request``): what ``stream`` runs, and what a
-    ``batching.Scheduler`` runs beside others."""
-    ids: list[int]  # the prompt's token ids
-    max_tokens: int
-    sampling: dict  # the engine's sampling keywords (seed set, logprobs -1 when off)
-    stop: list[str]
-    boundaries: Sequence[int]  # prompt positions worth a prefix-cache snapshot
-    drafter: spec.Drafter | None  # None: plain decoding
-
-
-class Output:
-    """Generated tokens of one request turned into Chunks: stops at an eos token or a stop
-    string (its text dropped), releases UTF-8-safe text, and keeps the tokens and finish reason."""
-
-    def __init__(self, model: "Model", request: Request):
-        self.stats = GenerationStats(prompt_tokens=len(request.ids))
-        self.tokens: list[int] = []  # every generated token, eos included
-        self.finish_reason = "length"  # "stop" once an eos token or a stop string ended it
-        self.done = False
-        self._decoder = model.tokenizer.stream_decoder()
-        self._stopper = StopMatcher(request.stop)
-        self._eos = set(model.eos_token_ids)
-        self._hit = False
-
-    def add(self, token: int, logprobs: tuple | None = None) -> Chunk | None:
-        """The chunk of one generated token (None for an eos token, which ends the output)."""
-        self.stats.generated_tokens += 1
-        self.tokens.append(token)
-        if token in self._eos:
-            self.finish_reason, self.done = "stop", True
-            return None
-        text, self._hit = self._stopper.feed(self._decoder.add(token))
-        if self._hit:
-            self.finish_reason, self.done = "stop", True
-        if logprobs is None:
-            return Chunk(text=text, token=token)
-        return Chunk(text=text, token=token, logprob=logprobs[0], top_logprobs=logprobs[1])
-
-    def tail(self) -> Chunk | None:
-        """The text held back at the end (none after a stop string: what follows it is dropped)."""
-        if self._hit:
-            return None
-        tail, _ = self._stopper.feed(self._decoder.flush())
-        tail += self._stopper.flush()
-        return Chunk(text=tail, token=None) if tail else None
 
 
 class Model:
@@ -142,9 +35,9 @@ class Model:
         self.tokenizer = tokenizer
         self.device = device
         self._engine = engine
+        # The engine's side of generation, which a batching.Scheduler drives too.
+        self.runner = Runner(engine, prefix_cache, progress)
         self.eos_token_ids = sorted(set(self.config.eos_token_ids) | {tokenizer.eos_token_id} - {None})
-        self.progress = progress  # show prefill progress on stderr
-        self.prefix_cache = prefix_cache
         self.speculative = speculative  # "mtp" | "lookup" | "off": what stream() does unless told otherwise
         self.draft_depth = draft_depth  # drafts per verify step at most (the engine's rollback planes)
         # Statistics of the latest generate/stream (complete once the stream is exhausted).
@@ -157,6 +50,20 @@ class Model:
     def max_context(self) -> int:
         return self._engine.max_context
 
+    @property
+    def progress(self) -> bool:
+        """Whether prefills show their progress on stderr."""
+        return self.runner.progress
+
+    @progress.setter
+    def progress(self, show: bool) -> None:
+        self.runner.progress = show
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The snapshots prompts resume from (``load(prefix_cache_bytes=...)``), or None."""
+        return self.runner.prefix_cache
+
     def counters(self) -> dict:
         """Engine counters: steps (prefill chunks, decode, verify and shared steps) and their command buffers
         (a prefill chunk takes one per ``prefill_layers_per_buffer`` layers), steps the GPU failed, dispatches
@@ -164,7 +71,7 @@ class Model:
         per token, memory estimate, the load's weight buffers, bytes read into arenas and resident-set peak
         (``load_peak_rss``, from ``load_rss_before``), the compiled library's kernels and source bytes;
         ``*_last_step`` for the latest step."""
-        return dict(self._engine.counters())
+        return self.runner.counters()
 
     def reset(self) -> None:
         """Forgets the cached conversation."""
@@ -223,8 +130,6 @@ class Model:
         """Generates for several prompts together (options as for ``stream``, the same for each):
         up to ``max_sequences`` of them (``load``) share each step; the others wait for a slot.
         Each result equals what ``generate`` gives for that prompt alone."""
-        from .batching import Scheduler
-
         scheduler = Scheduler(self)
         requests = [scheduler.submit(p, max_tokens, **options) for p in prompts]
         scheduler.run()
@@ -279,10 +184,8 @@ class Model:
                 speculative: str | spec.Drafter | None = None, enable_thinking: bool | None = None) -> Request:
         """Checks a generation's arguments (those of ``stream``); raises what ``stream`` would."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
-        sampling = arguments.sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
-                                      repetition_penalty)
-        sampling.setdefault("seed", int.from_bytes(os.urandom(8), "little"))
-        sampling["logprobs"] = arguments.logprobs(logprobs)
+        sampling = check_sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
+                                  repetition_penalty, logprobs)
         stop = arguments.stop_strings(stop)
         drafter = self._drafter(speculative, sampling)
         if enable_thinking is not None and not isinstance(enable_thinking, bool):
@@ -312,23 +215,10 @@ class Model:
         penalised = (sampling["presence_penalty"], sampling["frequency_penalty"], sampling["repetition_penalty"])
         return None if penalised != (0.0, 0.0, 1.0) or sampling["logprobs"] >= 0 else mode
 
-    def _plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
-        self._engine.decode_begin(budget, **sampling)
-        try:
-            while (token := self._engine.decode_next()) is not None:
-                yield token
-        finally:
-            self._engine.decode_end()
-
-    def _speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter: spec.Drafter) -> Iterator[int]:
-        verify = {k: sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
-        return spec.generate(self._engine, self._engine.chosen(), budget, verify, drafter,
-                             spec.DepthPolicy(self.draft_depth), history=list(ids))
-
     def _run(self, request: Request) -> Iterator[Chunk]:
         """The generator behind ``stream`` (arguments already checked, so errors come at the call)."""
         ids, sampling = request.ids, request.sampling
-        out = Output(self, request)
+        out = Output(request, self.tokenizer, self.eos_token_ids)
         stats = self.last_stats = out.stats
         self.last_tokens = out.tokens
         self.last_finish_reason = "length"
@@ -337,13 +227,13 @@ class Model:
         budget = min(request.max_tokens, room)
 
         start = time.perf_counter()
-        stats.prompt_tokens_reused = self._feed_prompt(ids, sampling, request.boundaries)
+        stats.prompt_tokens_reused = self.runner.feed_prompt(ids, sampling, request.boundaries)
         stats.prompt_seconds = time.perf_counter() - start
 
         start = time.perf_counter()
         before = self.counters()
-        tokens = (self._plain_tokens(budget, sampling) if request.drafter is None
-                  else self._speculative_tokens(ids, budget, sampling, request.drafter))
+        tokens = (self.runner.plain_tokens(budget, sampling) if request.drafter is None
+                  else self.runner.speculative_tokens(ids, budget, sampling, request.drafter, self.draft_depth))
         try:
             for token in tokens:
                 chunk = out.add(token, self._engine.last_logprobs())
@@ -361,9 +251,7 @@ class Model:
                 self.last_tokens = out.tokens = fed
                 stats.generated_tokens = len(fed)
             stats.decode_seconds = time.perf_counter() - start
-            stats.context_full = (out.finish_reason == "length" and stats.generated_tokens == room
-                                  < request.max_tokens)
-            stats.engine = self.counters()
+            out.settle(room, request.max_tokens, self.counters())
             count_speculation(stats, before, stats.engine)
         tail = out.tail()
         if tail is not None:
@@ -375,47 +263,6 @@ class Model:
             raise ContextFullError(f"the prompt does not fit: {len(ids)} tokens + 1 for the next token exceed "
                                    f"max_context {self.max_context} (load with a larger max_context, or shorten "
                                    "the prompt)")
-
-    def _resume(self, ids: list[int], boundaries: Sequence[int] = ()) -> tuple[int, list[int]]:
-        """Sets the selected slot at the longest start of ``ids`` it can resume from: its live
-        state, the prefix cache's longest match, else nothing. Returns (tokens reused, the
-        positions where feeding the rest should snapshot for the prefix cache)."""
-        cached = self._engine.tokens()
-        reuse = len(cached) if 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
-        snapshot_at = []
-        if self.prefix_cache is not None:
-            saved = self.prefix_cache.longest(ids)
-            if saved is not None and saved.position > reuse:
-                self._engine.restore(saved)
-                reuse = saved.position
-            snapshot_at = sorted({int(b) for b in boundaries if reuse < b < len(ids)} | {len(ids)})
-        if reuse == 0:
-            self._engine.reset()
-        return reuse, snapshot_at
-
-    def _feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = ()) -> int:
-        """Prefills what the cache lacks of ``ids`` (progress on stderr past a second, when
-        shown), resuming as ``_resume`` does and saving snapshots; returns how many tokens were reused."""
-        reuse, snapshot_at = self._resume(ids, boundaries)
-        bar = PrefillProgress() if self.progress else None
-        taken = []
-        try:
-            self._engine.prefill(ids[reuse:], logits="none", progress=bar, snapshot_at=snapshot_at, snapshots=taken,
-                                 **sampling)
-        finally:
-            if bar:
-                bar.close()
-            for snapshot in taken:
-                self.prefix_cache.add(snapshot)
-        return reuse
-
-def count_speculation(stats: GenerationStats, before: dict, after: dict) -> None:
-    """The speculative counters of one call: the engine's, after minus before."""
-    for name in ("verify_steps", "drafted", "accepted"):
-        setattr(stats, name, after[name] - before[name])
-    for name in ("drafted_at", "accepted_at"):
-        old = before[name] + [0] * (len(after[name]) - len(before[name]))
-        setattr(stats, name, [a - b for a, b in zip(after[name], old)])
 
 
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
@@ -459,11 +306,13 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
     prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
     prefix_cache_bytes = arguments.integer("prefix_cache_bytes", prefix_cache_bytes, low=0, allowed="bytes >= 0")
-    max_sequences = arguments.integer("max_sequences", max_sequences, low=1, allowed="an integer in 1..8")
+    most = _core.MAX_SEQUENCES
+    max_sequences = arguments.integer("max_sequences", max_sequences, low=1, allowed=f"an integer in 1..{most}")
     prefill_layers_per_buffer = arguments.integer("prefill_layers_per_buffer", prefill_layers_per_buffer, low=1,
                                                   allowed="an integer >= 1")
-    if max_sequences > 8:
-        raise ValueError(f"max_sequences must be an integer in 1..8 (one step holds at most 8 rows), got {max_sequences}")
+    if max_sequences > most:
+        raise ValueError(f"max_sequences must be an integer in 1..{most} (one step holds at most {most} sequences), "
+                         f"got {max_sequences}")
     if draft_depth is not None:
         draft_depth = arguments.integer("draft_depth", draft_depth, low=1,
                                         allowed=f"an integer in 1..{spec.MAX_DEPTH}")

@@ -16,7 +16,7 @@ sanitize shifts only raw Hugging Face weights, keyed on the conv1d layout (PRs #
 #1442), mlx-vlm's MTP drafter shifts only raw ``mtp.``-prefixed weights (PR #1554), and some
 published bundles mix conventions within the head (the layer's norms raw, ``mtp.norm``
 shifted: omlx PR #1507). So the convention is detected per group by the median, as for the
-trunk (checkpoint._norm_convention): the layer's four norms together, and ``mtp.norm``
+trunk (checkpoint_layout.norm_convention): the layer's four norms together, and ``mtp.norm``
 alone. ``pre_fc_norm_*`` cannot be told apart by magnitude (their learned gains sit below
 0.5 in either convention, e.g. 0.49 and 0.27 shifted on Qwen3.6-35B-A3B: omlx PR #3750),
 so they follow the layer's norms. Unshifted groups get ``add = 1`` (the engine adds it at
@@ -28,14 +28,15 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .checkpoint import (_CONVENTION_HOW, _MTP_PREFIXES, _SHIFTED_NORMS, CheckpointError, TensorInfo, _Linear,
-                         _norm_convention, _norm_median, _take_layer, _Validator, _Vector, read_safetensors_header)
-from .config import ModelConfig
+from .checkpoint_checks import Validator, norm_median, take_layer
+from .checkpoint_layout import CONVENTION_HOW, MTP_PREFIXES, SHIFTED_NORMS, Linear, Vector, norm_convention
+from .config import CheckpointError, ModelConfig
+from .shards import TensorInfo, read_safetensors_header
 
 __all__ = ["SIDECAR", "mtp_head", "sidecar_tensors", "how_to_get_mtp"]
 
 SIDECAR = "mtp.safetensors"
-_LONGEST_FIRST = tuple(sorted(_MTP_PREFIXES, key=len, reverse=True))
+_LONGEST_FIRST = tuple(sorted(MTP_PREFIXES, key=len, reverse=True))
 
 
 def how_to_get_mtp(folder: str) -> str:
@@ -52,9 +53,9 @@ def sidecar_tensors(folder: str, shard_paths: list[str]) -> dict[str, TensorInfo
         return {}
     found, _ = read_safetensors_header(path)
     for name in found:
-        if not name.startswith(_MTP_PREFIXES):
+        if not name.startswith(MTP_PREFIXES):
             raise CheckpointError(f"[checkpoint] {path}: tensor {name}: not an MTP tensor (the sidecar {SIDECAR} "
-                                  f"holds only {', '.join(p + '*' for p in _MTP_PREFIXES)})")
+                                  f"holds only {', '.join(p + '*' for p in MTP_PREFIXES)})")
     return found
 
 
@@ -86,11 +87,11 @@ def mtp_head(folder: str, config: ModelConfig, found: dict[str, TensorInfo]) -> 
         raise CheckpointError(f"[checkpoint] {config.source}: mtp_num_hidden_layers = {layers}: metalqwen runs an "
                               f"MTP head of exactly one layer (Qwen3.5's)")
     H = config.hidden_size
-    v = _Validator(config, tensors)
-    v.linear(_Linear("mtp.fc", H, 2 * H), "mtp.fc")
+    v = Validator(config, tensors)
+    v.linear(Linear("mtp.fc", H, 2 * H), "mtp.fc")
     for norm in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"):
-        v.vector(_Vector(norm, (H,)), norm)
-    _take_layer(v, config, "mtp.layers.0.", True)
+        v.vector(Vector(norm, (H,)), norm)
+    take_layer(v, config, "mtp.layers.0.", True)
     extra = sorted(set(tensors) - set(v.used))
     if extra:
         v.fail(extra[0], "not part of a one-layer MTP head (expected mtp.fc, mtp.pre_fc_norm_*, mtp.norm and "
@@ -101,18 +102,18 @@ def mtp_head(folder: str, config: ModelConfig, found: dict[str, TensorInfo]) -> 
 
 def _unshifted_norms(folder: str, used: dict[str, TensorInfo]) -> dict[str, float]:
     """{norm name: 1.0} for the MTP norms stored as w (see the module docstring)."""
-    layer = sorted(n for n in used if n.startswith("mtp.layers.0.") and n.endswith(_SHIFTED_NORMS))
+    layer = sorted(n for n in used if n.startswith("mtp.layers.0.") and n.endswith(SHIFTED_NORMS))
     groups = [(layer, layer + ["mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"]),
               (["mtp.norm.weight"], ["mtp.norm.weight"])]
     add: dict[str, float] = {}
     for judged, applies_to in groups:
-        median = _norm_median([used[n] for n in judged])
-        how = _norm_convention(median)
+        median = norm_median([used[n] for n in judged])
+        how = norm_convention(median)
         if how == "twice":
             t = used[judged[0]]
             raise CheckpointError(f"[checkpoint] {t.file}: tensor {t.name}: the MTP head's RMSNorm weights "
                                   f"({', '.join(judged)}) have median {median:.2f}, expected about 1 (stored 1 + w) "
-                                  f"or 0 (stored w): they look {_CONVENTION_HOW[how]}")
+                                  f"or 0 (stored w): they look {CONVENTION_HOW[how]}")
         if how == "unshifted":
             add.update({n: 1.0 for n in applies_to})
     return add

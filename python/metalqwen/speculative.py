@@ -13,9 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
+from . import _core
+
 __all__ = ["Drafter", "PromptLookup", "MtpHead", "DepthPolicy", "DEFAULT_DEPTH", "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
 
-MAX_DEPTH = 7  # a verify step holds at most 8 rows (the engine's matvec path)
+MAX_DEPTH = _core.MAX_DRAFT  # a verify step's rows (the engine's matvec path) less the chosen token's
 DEFAULT_DEPTH = 4  # each depth reserves a copy of every DeltaNet state
 DEFAULT_MTP_DEPTH = 3  # MTP acceptance falls with depth (MTPLX: 0.93 / 0.86 / 0.75 at depths 1 / 2 / 3)
 

@@ -18,7 +18,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import SAMPLING_NEUTRAL
+from .. import sampling
 from ..errors import GpuError, MetalqwenError
 from ..model import Model
 from ..prefix_cache import message_boundaries
@@ -47,8 +47,8 @@ def _error(status: int, message: str, param: str | None, kind: str) -> JSONRespo
     return JSONResponse(_error_body(message, param, kind), status)
 
 
-# Sampling fields a request may omit, with the value used when generation_config.json lacks them too.
-_SAMPLING_NEUTRAL = {"temperature": 1.0, **SAMPLING_NEUTRAL}  # OpenAI's default temperature
+# The temperature of a request that gives none when generation_config.json has none either.
+_TEMPERATURE = 1.0  # OpenAI's default
 
 
 def _validation_message(error: dict) -> tuple[str, str | None]:
@@ -77,7 +77,6 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
 
     app = FastAPI(title="metalqwen", docs_url=None, redoc_url=None, lifespan=lifespan)
     model_id = model_id or model.checkpoint.name
-    defaults = {**_SAMPLING_NEUTRAL, **model.config.sampling_defaults}
     metrics = Metrics(model, worker)
     worker.on_done = metrics.finished  # every ended request counts, a cancelled or disconnected one too
     texts = TokenTexts(model.tokenizer)
@@ -148,11 +147,11 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         if max_tokens is not None and max_tokens > model.max_context:
             raise _Refused(400, f"max_tokens {max_tokens} exceeds the context of {model.max_context} tokens",
                            "max_tokens")
-        pick = lambda name: getattr(req, name) if getattr(req, name) is not None else defaults[name]  # noqa: E731
-        return dict(max_tokens=min(max_tokens or room, room), temperature=pick("temperature"), top_p=pick("top_p"),
-                    top_k=max(pick("top_k"), 0), min_p=pick("min_p"), presence_penalty=pick("presence_penalty"),
-                    frequency_penalty=pick("frequency_penalty"), repetition_penalty=pick("repetition_penalty"),
-                    seed=req.seed, stop=req.stop or None, boundaries=boundaries, logprobs=logprobs)
+        chosen = sampling.with_defaults({name: getattr(req, name) for name in sampling.FIELDS},
+                                        model.config.sampling_defaults, _TEMPERATURE)
+        chosen["top_k"] = max(chosen["top_k"], 0)  # -1 is off too
+        return dict(max_tokens=min(max_tokens or room, room), **chosen, seed=req.seed, stop=req.stop or None,
+                    boundaries=boundaries, logprobs=logprobs)
 
     def start(prompt: list[int], opts: dict, n: int, request: Request) -> list[Job]:
         """The request's n jobs (choice i seeded seed + i), queued together or not at all."""

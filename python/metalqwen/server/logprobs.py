@@ -10,7 +10,7 @@ import codecs
 from functools import lru_cache
 from typing import Iterable
 
-from ..model import Chunk
+from ..generation import Chunk
 
 # JSON has no -inf: vLLM reports a token the model rules out at this floor.
 _FLOOR = -9999.0

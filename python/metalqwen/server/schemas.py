@@ -12,9 +12,21 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .. import sampling
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _logprobs(value: int | None, name: str) -> int | None:
+    """Top entries per token, checked as Model.stream checks ``logprobs`` (None: the field is absent)."""
+    if value is not None:
+        try:
+            sampling.check_logprobs(value, name)
+        except TypeError as e:  # pydantic reports ValueErrors (a 400 naming the field)
+            raise ValueError(str(e)) from None
+    return value
 
 
 class TextPart(_Body):
@@ -107,13 +119,14 @@ class _Sampling(_Body):
 
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
-    temperature: Optional[float] = Field(default=None, ge=0, le=2)
-    top_p: Optional[float] = Field(default=None, gt=0, le=1)
-    top_k: Optional[int] = Field(default=None, ge=-1)
-    min_p: Optional[float] = Field(default=None, ge=0, le=1)
-    presence_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
-    frequency_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
-    repetition_penalty: Optional[float] = Field(default=None, gt=0)
+    # The sampling fields, checked by sampling.check_field (_sampling below) as Model.stream checks them.
+    temperature: Optional[float] = Field(default=None, le=2)  # the OpenAI API's bound on top of the shared check
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None  # -1 is off too, as vLLM takes it
+    min_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
     n: int = Field(default=1, ge=1)  # choices: one job each (in shared steps with --max-sequences > 1)
@@ -124,6 +137,17 @@ class _Sampling(_Body):
     response_format: Optional[dict[str, Any]] = None
     logit_bias: Optional[dict[str, float]] = None
     best_of: Optional[int] = None
+
+    @field_validator(*sampling.FIELDS)
+    @classmethod
+    def _sampling(cls, value, info):
+        if value is None or info.field_name == "top_k" and value == -1:
+            return value
+        try:
+            sampling.check_field(info.field_name, value)
+        except TypeError as e:  # pydantic reports ValueErrors (a 400 naming the field)
+            raise ValueError(str(e)) from None
+        return value
 
     @field_validator("response_format")
     @classmethod
@@ -161,7 +185,7 @@ class ChatCompletionRequest(_Sampling):
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], dict, None] = None
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    top_logprobs: Optional[int] = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     # Qwen3.5 thinks or does not: "none"/"minimal" turn thinking off, "low"/"medium"/"high" leave it on.
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
@@ -171,6 +195,11 @@ class ChatCompletionRequest(_Sampling):
     modalities: Optional[list[str]] = None
     audio: Optional[dict[str, Any]] = None
     prediction: Optional[dict[str, Any]] = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, value):
+        return _logprobs(value, "top_logprobs")
 
     @field_validator("tool_choice")
     @classmethod
@@ -205,9 +234,14 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int]]
-    logprobs: Optional[int] = Field(default=None, ge=0, le=20)  # the legacy integer: top entries per token
+    logprobs: Optional[int] = None  # the legacy integer: top entries per token
     echo: bool = False
     suffix: Optional[str] = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, value):
+        return _logprobs(value, "logprobs")
 
     @model_validator(mode="after")
     def _checks(self):
