@@ -3,10 +3,9 @@
 // inside a step) and fails there if the GPU cannot run one, then resolves each into the slot
 // a step dispatches it from (no name lookups while encoding). Sizes: shaders/params/*.h.
 #include <algorithm>
-#include <initializer_list>
 
+#include "layer_tensors.h"
 #include "mtp.h"
-#include "workspace.h"
 
 namespace mq::engine {
 namespace {
@@ -47,7 +46,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
     plan.need(v.rows, op + "_rows" + variant, exactly(MQ_QMV_THREADS));
   };
   // Per format: plain and norm-fused matvecs (the latter for a group of `normed_rows` rows in
-  // all, the members' sum where forward.cpp normalises the input of several projections at
+  // all, the members' sum where projections.cpp normalises the input of several projections at
   // once), the GEMM.
   auto projection = [&](QuantLinear& l, uint64_t normed_rows = 0) {
     ProjectionKernels& k = l.kernels;
@@ -55,11 +54,18 @@ void Engine::plan_kernels(KernelPlan& plan) {
     matvec(k.qmv_norm, "qmv_norm", l, normed_rows ? normed_rows : l.out);
     plan.need(k.qmm, "qmm" + quant_suffix(l), exactly(MQ_QMM_THREADS));
   };
-  // The members of one encode_normed_projections call.
-  auto normed_group = [&](std::initializer_list<QuantLinear*> members) {
-    uint64_t rows = 0;
-    for (const QuantLinear* p : members) rows += p->out;
-    for (QuantLinear* p : members) projection(*p, rows);
+  // A part's projections by their role (layer_tensors.h): its normed ones are the members of one
+  // encode_normed_projections call; expert stacks take the MoE matvec and grouped GEMM.
+  auto plan_part = [&](auto& part, const auto& table) {
+    const std::vector<QuantLinear*> normed = projections(part, table, TensorRole::normed);
+    uint64_t normed_rows = 0;
+    for (const QuantLinear* p : normed) normed_rows += p->out;
+    for (QuantLinear* p : normed) projection(*p, normed_rows);
+    for (QuantLinear* p : projections(part, table, TensorRole::projection)) projection(*p);
+    for (QuantLinear* p : projections(part, table, TensorRole::experts)) {
+      plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
+      plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
+    }
   };
   plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
   projection(lm_head_);
@@ -93,8 +99,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
     LayerWeights& l = *layer;
     LayerKernels& k = l.kernels;
     MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
-    normed_group({&mlp.gate_proj, &mlp.up_proj});
-    projection(mlp.down_proj);
+    plan_part(mlp, kMlpTensors);
     // gate and up with the post norm and the activation (one format)
     matvec(mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu", mlp.gate_proj,
              uint64_t(mlp.gate_proj.out) + mlp.up_proj.out);
@@ -103,11 +108,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
     plan.need(k.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
     if (l.moe) {
       MoeWeights& m = *l.moe;
-      normed_group({&m.gate, &m.shared_expert_gate});
-      for (QuantLinear* p : {&m.gate_proj, &m.up_proj, &m.down_proj}) {
-        plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
-        plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
-      }
+      plan_part(m, kMoeTensors);
       // The fused decode/verify block: routing + gate/up + silu, down + the weighted sum.
       plan.need(m.gate_proj.kernels.moe_qmv_route_silu, "moe_qmv_route_silu" + quant_suffix(m.gate_proj),
                 exactly(MQ_QMV_THREADS));
@@ -120,15 +121,13 @@ void Engine::plan_kernels(KernelPlan& plan) {
     }
     if (l.delta) {
       DeltaNetWeights& m = *l.delta;
-      normed_group({&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a});
-      projection(m.out_proj);
+      plan_part(m, kDeltaNetTensors);
       matvec(m.out_proj.kernels.qmv_head_norm, "qmv_head_norm", m.out_proj, m.out_proj.out);
       plan.need(k.conv_scan, delta_scan_kernel(m), up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS));
       plan.need(k.norm_history, "delta_norm_history", up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
     } else {
       AttentionWeights& m = *l.attn;
-      normed_group({&m.q_proj, &m.k_proj, &m.v_proj});
-      projection(m.o_proj);
+      plan_part(m, kAttentionTensors);
       const std::string vectors = vector_suffix(m.q_norm);
       plan.need(k.attn_prep, "attn_qk_norm_rope_append_" + cache + vectors, up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS));
       // One SIMD-group per query head of a kv head, as many as the kernels take.

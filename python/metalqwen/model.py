@@ -168,7 +168,7 @@ class Model:
 
     def reset(self) -> None:
         """Forgets the cached conversation."""
-        self._engine.reset()
+        self._engine.reset(0)
 
     @property
     def mtp_bytes(self) -> int:
@@ -188,14 +188,14 @@ class Model:
             raise ValueError(f"mtp_logits needs at least 2 token ids, got {len(ids)}")
         if len(ids) > self.max_context:
             raise ContextFullError(f"{len(ids)} token ids exceed max_context {self.max_context}")
-        return self._engine.mtp_logits(ids)
+        return self._engine.mtp_logits(0, ids)
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits (float32 [len(token_ids), vocab]) at every position, from a fresh state."""
         ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
         self._check_fits(ids)
-        self._engine.reset()
-        return self._engine.prefill(ids, logits="all")
+        self._engine.reset(0)
+        return self._engine.prefill(0, ids, logits="all")
 
     def prompt_ids(self, prompt: Prompt, chat: bool = False, enable_thinking: bool | None = None) -> list[int]:
         """Token ids of a prompt: a list of ids is used as is; text is encoded (with the chat template if chat,
@@ -313,7 +313,7 @@ class Model:
         return None if penalised != (0.0, 0.0, 1.0) or sampling["logprobs"] >= 0 else mode
 
     def _plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
-        self._engine.decode_begin(budget, **sampling)
+        self._engine.decode_begin(0, budget, _core.Sampling(**sampling))
         try:
             while (token := self._engine.decode_next()) is not None:
                 yield token
@@ -322,7 +322,7 @@ class Model:
 
     def _speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter: spec.Drafter) -> Iterator[int]:
         verify = {k: sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
-        return spec.generate(self._engine, self._engine.chosen(), budget, verify, drafter,
+        return spec.generate(self._engine, 0, self._engine.chosen(0), budget, _core.Sampling(**verify), drafter,
                              spec.DepthPolicy(self.draft_depth), history=list(ids))
 
     def _run(self, request: Request) -> Iterator[Chunk]:
@@ -346,7 +346,7 @@ class Model:
                   else self._speculative_tokens(ids, budget, sampling, request.drafter))
         try:
             for token in tokens:
-                chunk = out.add(token, self._engine.last_logprobs())
+                chunk = out.add(token, self._engine.last_logprobs(0))
                 if chunk is not None:
                     yield chunk
                 if out.done:
@@ -356,7 +356,7 @@ class Model:
             self.last_finish_reason = out.finish_reason
             # An interrupt that lands while decode_next runs loses the token it returned, but
             # that token was fed: take it from the cache so last_tokens matches the cache.
-            fed = self._engine.tokens()[len(ids):]
+            fed = self._engine.tokens(0)[len(ids):]
             if len(fed) > len(out.tokens):
                 self.last_tokens = out.tokens = fed
                 stats.generated_tokens = len(fed)
@@ -376,21 +376,21 @@ class Model:
                                    f"max_context {self.max_context} (load with a larger max_context, or shorten "
                                    "the prompt)")
 
-    def _resume(self, ids: list[int], boundaries: Sequence[int] = ()) -> tuple[int, list[int]]:
-        """Sets the selected slot at the longest start of ``ids`` it can resume from: its live
+    def _resume(self, ids: list[int], boundaries: Sequence[int] = (), slot: int = 0) -> tuple[int, list[int]]:
+        """Sets ``slot`` at the longest start of ``ids`` it can resume from: its live
         state, the prefix cache's longest match, else nothing. Returns (tokens reused, the
         positions where feeding the rest should snapshot for the prefix cache)."""
-        cached = self._engine.tokens()
+        cached = self._engine.tokens(slot)
         reuse = len(cached) if 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
         snapshot_at = []
         if self.prefix_cache is not None:
             saved = self.prefix_cache.longest(ids)
             if saved is not None and saved.position > reuse:
-                self._engine.restore(saved)
+                self._engine.restore(slot, saved)
                 reuse = saved.position
             snapshot_at = sorted({int(b) for b in boundaries if reuse < b < len(ids)} | {len(ids)})
         if reuse == 0:
-            self._engine.reset()
+            self._engine.reset(slot)
         return reuse, snapshot_at
 
     def _feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = ()) -> int:
@@ -400,8 +400,8 @@ class Model:
         bar = PrefillProgress() if self.progress else None
         taken = []
         try:
-            self._engine.prefill(ids[reuse:], logits="none", progress=bar, snapshot_at=snapshot_at, snapshots=taken,
-                                 **sampling)
+            self._engine.prefill(0, ids[reuse:], _core.Sampling(**sampling), logits="none", progress=bar,
+                                 snapshot_at=snapshot_at, snapshots=taken)
         finally:
             if bar:
                 bar.close()
