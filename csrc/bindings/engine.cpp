@@ -208,7 +208,7 @@ void bind_engine(py::module_& m) {
           // entries: [(slot, drafts, Sampling)]
           [](Engine& e, const std::vector<std::tuple<int, std::vector<uint32_t>, Sampling>>& entries) {
             std::vector<Engine::SlotStep> steps;
-            for (const auto& [slot, drafts, sampling] : entries) steps.push_back({slot, drafts, sampling});
+            for (const auto& [slot, drafts, sampling] : entries) steps.push_back({.slot = slot, .drafts = drafts, .sampling = sampling});
             py::gil_scoped_release release;
             return e.step(steps);
           },

@@ -267,6 +267,7 @@ class Engine {
   // Every kernel a step may dispatch for this model, with its threadgroup needs, into the
   // slots (k_, each layer's and projection's kernels) the plan fills at load (pipelines.cpp).
   void plan_kernels(KernelPlan& plan);
+  void plan_layer_kernels(KernelPlan& plan, LayerWeights& layer);
   // The model over the pass's rows (each segment at its slot's ids and positions): the logits
   // its logit_row0 asks for into the logits buffer; x left holding the final residual stream.
   void encode_forward(Encoder& enc, const ForwardPass& pass);
@@ -286,6 +287,10 @@ class Engine {
                        bool add_mix);
   void encode_attention(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer, const Norm& input_norm,
                         bool add_mix);
+  // attn [rows][nq * head_dim] from q, k, v: flash-decode over each segment's cache (matvec
+  // passes), or the prefill kernels over the one slot's cache.
+  void encode_attention_decode(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer);
+  void encode_attention_prefill(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer);
   // The MLP into mix: dense on xn, or with `post_norm` on rms(x + mix) * post_norm (the norm
   // fused where it can be); or the sparse MoE block (routing stays on the GPU).
   void encode_mlp(Encoder& enc, bool matvec, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate,

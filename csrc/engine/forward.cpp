@@ -143,94 +143,108 @@ void Engine::encode_deltanet(Encoder& enc, const ForwardPass& pass, const LayerW
   }
 }
 
-// Gated attention: q (with its gate), k, v projections, then on matvec steps flash-decode with
-// the q/k norm, RoPE and K/V append inside (no prep dispatch, no barrier between append and
-// read), the context split across threadgroups to give every GPU core a few and merged by the
-// combine; on prefill steps a prep dispatch (norms, RoPE, append) and prefill attention over
-// the slot's cache. Then o_proj into mix.
+// Gated attention: q (with its gate), k, v projections, the attention itself, then o_proj into mix.
 void Engine::encode_attention(Encoder& enc, const ForwardPass& pass, const LayerWeights& l, const Norm& input_norm,
                               bool add_mix) {
   const ModelDims& d = model_.dims;
   Workspace& w = *ws_;
   const AttentionWeights& m = *l.attn;
-  const LayerKernels& k = l.kernels;
-  const uint32_t H = uint32_t(d.hidden), HD = MQ_ATTN_HEAD_DIM, rows = pass.rows;
-  const uint32_t nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
+  const uint32_t H = uint32_t(d.hidden), HD = MQ_ATTN_HEAD_DIM, nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads);
   const uint32_t q_stride = nq * 2 * HD, kv_stride = nkv * HD;
-  const uint32_t max_ctx = uint32_t(options_.max_context), attn_stride = nq * HD;
   encode_normed_projections(enc, pass.matvec, input_norm, add_mix,
                             {{&m.q_proj, w.q, q_stride}, {&m.k_proj, w.k, kv_stride}, {&m.v_proj, w.v, kv_stride}},
-                            rows);
+                            pass.rows);
+  if (pass.matvec)
+    encode_attention_decode(enc, pass, l);
+  else
+    encode_attention_prefill(enc, pass, l);
+  encode_projection(enc, pass.matvec, m.o_proj, w.attn, nq * HD, w.mix, H, pass.rows);
+}
+
+// Flash-decode with the q/k norm, RoPE and K/V append inside (no prep dispatch, no barrier
+// between append and read); the context is split across threadgroups to give every GPU core a
+// few, then merged by the combine. Per segment: row groups of per_group rows, and splits from
+// its own context only (decode_splits), so a sequence's bits do not depend on what it is
+// batched with.
+void Engine::encode_attention_decode(Encoder& enc, const ForwardPass& pass, const LayerWeights& l) {
+  const ModelDims& d = model_.dims;
+  Workspace& w = *ws_;
+  const AttentionWeights& m = *l.attn;
   const StepSegments& segs = pass.segs;
-  if (pass.matvec) {
-    // Per segment: row groups of per_group rows, and splits from its own context only
-    // (decode_splits), so a sequence's bits do not depend on what it is batched with.
-    const bool one_row_each =
-        std::all_of(segs.seg, segs.seg + segs.count, [](const StepSegment& g) { return g.rows == 1; });
-    const uint32_t per_group = one_row_each ? 1 : 4;
-    const Pipeline& decode = one_row_each ? *k.attn_decode_r1 : *k.attn_decode_r4;
-    // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
-    const uint32_t heads = decode.threads / MQ_SIMD_WIDTH;
-    const uint32_t head_groups = nkv * ceil_div(rep, heads);
-    AttnDecodeParams ap{.nq = nq,
-                        .nkv = nkv,
-                        .q_stride = q_stride,
-                        .k_stride = kv_stride,
-                        .v_stride = kv_stride,
-                        .out_stride = attn_stride,
-                        .max_ctx = max_ctx,
-                        .cache_slot_bytes = w.slot_strides.cache_bytes,
-                        .n_splits = 1,
-                        .split_len = {},
-                        .eps = d.eps};
-    uint32_t row_groups = 0;
-    for (uint32_t i = 0; i < segs.count; ++i) {
-      const uint32_t context = segs.seg[i].position + segs.seg[i].rows;
-      const uint32_t splits = decode_splits(context, head_groups, device_->gpu_cores(), w.max_splits);
-      ap.split_len[i] = ceil_div(context, splits);
-      ap.n_splits = std::max(ap.n_splits, ceil_div(context, ap.split_len[i]));
-      row_groups += ceil_div(segs.seg[i].rows, per_group);
-    }
-    enc.dispatch(decode,
-                 {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.buffer, l.v_cache.buffer,
-                  w.part_o, w.part_ms, w.attn, Arg::value(segs), Arg::value(ap)},
-                 {ap.n_splits, head_groups, row_groups}, {heads * MQ_SIMD_WIDTH});
-    if (ap.n_splits > 1)
-      enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(segs), Arg::value(ap)}, {nq, rows});
-  } else {
-    // Prefill passes hold one sequence: their kernels take its slot's part of the caches.
-    const int slot = int(segs.seg[0].slot);
-    const uint32_t pos = segs.seg[0].position;
-    const AttnPrepParams pp{.rows = rows,
-                            .nq = nq,
-                            .nkv = nkv,
-                            .q_stride = q_stride,
-                            .k_stride = kv_stride,
-                            .v_stride = kv_stride,
-                            .pos_base = pos,
-                            .max_ctx = max_ctx,
-                            .eps = d.eps};
-    const uint32_t prep_threads = k.attn_prep->threads;  // one SIMD-group per (row, head)
-    enc.dispatch(*k.attn_prep,
-                 {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.part(slot), l.v_cache.part(slot),
-                  Arg::value(pp)},
-                 {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
-    const AttnParams ap{.rows = rows,
-                        .nq = nq,
-                        .nkv = nkv,
-                        .q_stride = q_stride,
-                        .out_stride = attn_stride,
-                        .pos_base = pos,
-                        .max_ctx = max_ctx};
-    // Each SIMD-group owns 8 rows of one query head; a threadgroup all rep heads of a
-    // kv head for 8 * rb rows, or, when they do not fit, `max_sg` of them for 8 rows.
-    const uint32_t max_sg = k.attn_prefill->threads / MQ_SIMD_WIDTH;
-    const uint32_t rb = rep <= max_sg ? std::max(1u, std::min(max_sg / rep, ceil_div(rows, 8))) : 1;
-    const uint32_t sg = rep <= max_sg ? rep * rb : max_sg;
-    enc.dispatch(*k.attn_prefill, {w.q, l.k_cache.part(slot), l.v_cache.part(slot), w.attn, Arg::value(ap)},
-                 {ceil_div(rows, 8 * rb), nkv * ceil_div(rep, sg / rb)}, {sg * MQ_SIMD_WIDTH});
+  const uint32_t HD = MQ_ATTN_HEAD_DIM, nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
+  const bool one_row_each =
+      std::all_of(segs.seg, segs.seg + segs.count, [](const StepSegment& g) { return g.rows == 1; });
+  const uint32_t per_group = one_row_each ? 1 : 4;
+  const Pipeline& decode = one_row_each ? *l.kernels.attn_decode_r1 : *l.kernels.attn_decode_r4;
+  // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.
+  const uint32_t heads = decode.threads / MQ_SIMD_WIDTH;
+  const uint32_t head_groups = nkv * ceil_div(rep, heads);
+  AttnDecodeParams ap{.nq = nq,
+                      .nkv = nkv,
+                      .q_stride = nq * 2 * HD,
+                      .k_stride = nkv * HD,
+                      .v_stride = nkv * HD,
+                      .out_stride = nq * HD,
+                      .max_ctx = uint32_t(options_.max_context),
+                      .cache_slot_bytes = w.slot_strides.cache_bytes,
+                      .n_splits = 1,
+                      .split_len = {},
+                      .eps = d.eps};
+  uint32_t row_groups = 0;
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const uint32_t context = segs.seg[i].position + segs.seg[i].rows;
+    const uint32_t splits = decode_splits(context, head_groups, device_->gpu_cores(), w.max_splits);
+    ap.split_len[i] = ceil_div(context, splits);
+    ap.n_splits = std::max(ap.n_splits, ceil_div(context, ap.split_len[i]));
+    row_groups += ceil_div(segs.seg[i].rows, per_group);
   }
-  encode_projection(enc, pass.matvec, m.o_proj, w.attn, nq * HD, w.mix, H, rows);
+  enc.dispatch(decode,
+               {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.buffer, l.v_cache.buffer, w.part_o,
+                w.part_ms, w.attn, Arg::value(segs), Arg::value(ap)},
+               {ap.n_splits, head_groups, row_groups}, {heads * MQ_SIMD_WIDTH});
+  if (ap.n_splits > 1)
+    enc.dispatch(*k_.attn_combine, {w.q, w.part_o, w.part_ms, w.attn, Arg::value(segs), Arg::value(ap)},
+                 {nq, pass.rows});
+}
+
+// A prep dispatch (q/k norms, RoPE, K/V append), then prefill attention over the slot's cache.
+// Prefill passes hold one sequence: their kernels take its slot's part of the caches.
+void Engine::encode_attention_prefill(Encoder& enc, const ForwardPass& pass, const LayerWeights& l) {
+  const ModelDims& d = model_.dims;
+  Workspace& w = *ws_;
+  const AttentionWeights& m = *l.attn;
+  const LayerKernels& k = l.kernels;
+  const uint32_t HD = MQ_ATTN_HEAD_DIM, nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
+  const uint32_t rows = pass.rows, pos = pass.segs.seg[0].position, max_ctx = uint32_t(options_.max_context);
+  const int slot = int(pass.segs.seg[0].slot);
+  const AttnPrepParams pp{.rows = rows,
+                          .nq = nq,
+                          .nkv = nkv,
+                          .q_stride = nq * 2 * HD,
+                          .k_stride = nkv * HD,
+                          .v_stride = nkv * HD,
+                          .pos_base = pos,
+                          .max_ctx = max_ctx,
+                          .eps = d.eps};
+  const uint32_t prep_threads = k.attn_prep->threads;  // one SIMD-group per (row, head)
+  enc.dispatch(*k.attn_prep,
+               {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.part(slot), l.v_cache.part(slot),
+                Arg::value(pp)},
+               {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
+  const AttnParams ap{.rows = rows,
+                      .nq = nq,
+                      .nkv = nkv,
+                      .q_stride = nq * 2 * HD,
+                      .out_stride = nq * HD,
+                      .pos_base = pos,
+                      .max_ctx = max_ctx};
+  // Each SIMD-group owns 8 rows of one query head; a threadgroup all rep heads of a
+  // kv head for 8 * rb rows, or, when they do not fit, `max_sg` of them for 8 rows.
+  const uint32_t max_sg = k.attn_prefill->threads / MQ_SIMD_WIDTH;
+  const uint32_t rb = rep <= max_sg ? std::max(1u, std::min(max_sg / rep, ceil_div(rows, 8))) : 1;
+  const uint32_t sg = rep <= max_sg ? rep * rb : max_sg;
+  enc.dispatch(*k.attn_prefill, {w.q, l.k_cache.part(slot), l.v_cache.part(slot), w.attn, Arg::value(ap)},
+               {ceil_div(rows, 8 * rb), nkv * ceil_div(rep, sg / rb)}, {sg * MQ_SIMD_WIDTH});
 }
 
 }  // namespace mq::engine

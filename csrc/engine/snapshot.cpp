@@ -19,16 +19,18 @@ std::vector<Engine::StateRegion> Engine::state_regions(int slot, int position) c
   for (const LayerWeights* layer : layers) {
     const LayerWeights& l = *layer;
     if (!l.full_attention) {
-      for (const SlotBuffer* b : {&l.state, &l.hist}) regions.push_back({b->buffer, base(*b), b->slot_bytes});
+      for (const SlotBuffer* b : {&l.state, &l.hist}) regions.push_back({.buffer = b->buffer, .offset = base(*b), .bytes = b->slot_bytes});
       continue;
     }
     for (const SlotBuffer* cache : {&l.k_cache, &l.v_cache}) {
       // Rows [0, p) of each plane (params/attention.h): q8 codes and their f16 scales, or f16.
       if (options_.kv_bits == 8) {
-        regions.push_back({cache->buffer, base(*cache), p * kv_dim});
-        regions.push_back({cache->buffer, base(*cache) + ctx * kv_dim, p * kv_dim / MQ_ATTN_Q8_BLOCK * 2});
+        regions.push_back({.buffer = cache->buffer, .offset = base(*cache), .bytes = p * kv_dim});
+        regions.push_back({.buffer = cache->buffer,
+                           .offset = base(*cache) + ctx * kv_dim,
+                           .bytes = p * kv_dim / MQ_ATTN_Q8_BLOCK * 2});
       } else {
-        regions.push_back({cache->buffer, base(*cache), p * kv_dim * 2});
+        regions.push_back({.buffer = cache->buffer, .offset = base(*cache), .bytes = p * kv_dim * 2});
       }
     }
   }

@@ -100,9 +100,10 @@ SlotStrides slot_strides(const ModelDims& d, const EngineOptions& o) {
     return uint32_t(value);
   };
   auto words = [](size_t n) { return slot_part_bytes(bytes_of_words(n)) / 4; };
-  return {fits("DeltaNet state", words(state_words(d))), fits("conv history", words(history_words(d))),
-          fits("state snapshot", o.max_draft > 0 ? words(size_t(o.max_draft) * state_words(d)) : 0),
-          fits("KV cache", kv_cache_slot_bytes(d, o))};
+  return {.state_words = fits("DeltaNet state", words(state_words(d))),
+          .history_words = fits("conv history", words(history_words(d))),
+          .snapshot_words = fits("state snapshot", o.max_draft > 0 ? words(size_t(o.max_draft) * state_words(d)) : 0),
+          .cache_bytes = fits("KV cache", kv_cache_slot_bytes(d, o))};
 }
 
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
@@ -112,7 +113,7 @@ size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
 
 SlotBuffer new_slot_buffer(gpu::Device& device, size_t bytes, int slots) {
   const size_t part = slot_part_bytes(bytes);
-  return {device.new_buffer(part * size_t(slots)), part};
+  return {.buffer = device.new_buffer(part * size_t(slots)), .slot_bytes = part};
 }
 
 uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
