@@ -155,10 +155,10 @@ ShapeResult run_shape(const std::shared_ptr<gpu::Device>& device, const BenchSha
 
   // `context` positions in the cache, then one recorded decode step (the warm-up).
   const engine::Sampling greedy;
-  engine->prefill(std::vector<uint32_t>(size_t(o.context), 0u), greedy, false, false);
+  engine->prefill(0, std::vector<uint32_t>(size_t(o.context), 0u), greedy, false, false);
   std::vector<engine::RecordedDispatch> step;
   engine->kernels().record_into(&step);
-  engine->decode_begin(2, greedy);
+  engine->decode_begin(0, 2, greedy);
   while (engine->decode_next()) {
   }
   engine->decode_end();
@@ -193,10 +193,10 @@ ShapeResult run_shape(const std::shared_ptr<gpu::Device>& device, const BenchSha
 
   if (wanted("decode_step")) {
     // Steps committed back to back as generation commits them (step t+1 before t is waited for).
-    engine->reset();
-    engine->prefill(std::vector<uint32_t>(size_t(o.context), 0u), greedy, false, false);
+    engine->reset(0);
+    engine->prefill(0, std::vector<uint32_t>(size_t(o.context), 0u), greedy, false, false);
     const auto start = std::chrono::steady_clock::now();
-    engine->decode_begin(o.tokens + 1, greedy);
+    engine->decode_begin(0, o.tokens + 1, greedy);
     while (engine->decode_next()) {
     }
     engine->decode_end();

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import metalqwen
+from metalqwen._core import Sampling
 from metalqwen.batching import Scheduler
 
 # Four requests that differ in prompt length, sampling and extras (penalties, logprobs).
@@ -134,26 +135,23 @@ def test_sequences_past_the_split_length_of_decode_attention(batched):
 
 def test_step_refuses_what_it_cannot_run(batched, prompts):
     engine = batched._engine
-    engine.select(1)
-    engine.reset()
-    engine.prefill(prompts[0])
-    engine.select(2)
-    engine.reset()
-    engine.select(0)
+    engine.reset(1)
+    engine.prefill(1, prompts[0])
+    engine.reset(2)
     with pytest.raises(RuntimeError, match="slot 2 holds no sequence"):
-        engine.step([(1, [], {}), (2, [], {})])
+        engine.step([(1, [], Sampling()), (2, [], Sampling())])
     with pytest.raises(RuntimeError, match="listed twice"):
-        engine.step([(1, [], {}), (1, [], {})])
+        engine.step([(1, [], Sampling()), (1, [], Sampling())])
     with pytest.raises(RuntimeError, match="outside 0..3"):
-        engine.step([(4, [], {})])
+        engine.step([(4, [], Sampling())])
     with pytest.raises(RuntimeError, match="exceed max_draft"):
-        engine.step([(1, [1] * 5, {})])
+        engine.step([(1, [1] * 5, Sampling())])
     with pytest.raises(RuntimeError, match="no penalties or logprobs"):
-        engine.step([(1, [1], {"logprobs": 2})])
+        engine.step([(1, [1], Sampling(logprobs=2))])
     with pytest.raises(ValueError, match="unknown sampling keyword 'temp'"):
-        engine.step([(1, [], {"temp": 1.0})])
+        engine.step([(1, [], Sampling(temp=1.0))])
     with pytest.raises(RuntimeError, match="outside 0..3"):
-        engine.select(7)
+        engine.reset(7)
 
 
 def test_slots_cost_memory_and_are_bounded(demo, device, batched):
@@ -178,13 +176,11 @@ def test_a_shared_step_has_the_barriers_of_a_one_sequence_step(batched, prompts)
     the per-sequence embeds and acceptances are added, beside the first one's (no barrier)."""
     engine = batched._engine
     for slot, p in enumerate(prompts):
-        engine.select(slot)
-        engine.reset()
-        engine.prefill(p)
-    engine.select(0)
-    engine.step([(0, [], {})])
+        engine.reset(slot)
+        engine.prefill(slot, p)
+    engine.step([(0, [], Sampling())])
     one = batched.counters()
-    engine.step([(slot, [], {}) for slot in range(4)])
+    engine.step([(slot, [], Sampling()) for slot in range(4)])
     four = batched.counters()
     assert four["barriers_last_step"] == one["barriers_last_step"]
     assert four["dispatches_last_step"] == one["dispatches_last_step"] + 2 * 3

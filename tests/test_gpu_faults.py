@@ -53,8 +53,7 @@ def clean(demo):
 
 def assert_reset(model, slot=0):
     engine = model._engine
-    engine.select(slot)
-    assert engine.position == 0 and engine.tokens() == []
+    assert engine.position(slot) == 0 and engine.tokens(slot) == []
 
 
 # ---------------------------------------------------------------- the CPU runtime's injected faults
@@ -195,7 +194,7 @@ def test_a_prefill_chunk_takes_a_command_buffer_per_bounded_run_of_layers(demo, 
     np.testing.assert_array_equal(logits, reference)
     # Decode steps stay one buffer each.
     engine = model._engine
-    engine.decode_begin(3)
+    engine.decode_begin(0, 3)
     while engine.decode_next() is not None:
         pass
     engine.decode_end()

@@ -175,7 +175,7 @@ def mlp_structure(moe: bool) -> tuple[int, int]:
 
 
 def decode_step_structure(layer_types: list[str], split: bool = False, moe: bool = False) -> tuple[int, int]:
-    """(dispatches, barriers) of a greedy one-row decode step, as Engine::encode_step encodes
+    """(dispatches, barriers) of a greedy one-row decode step, as Engine::encode_forward and encode_choice encode
     it: embed, the layers (with MoE blocks when `moe`), the final norm fused into the lm_head,
     argmax partial and final; nothing overlaps but inside a MoE block. Change these when the
     structure changes, on purpose."""
@@ -198,10 +198,10 @@ def verify_step_structure(layer_types: list[str], moe: bool = False) -> tuple[in
 def test_counters_count_the_dispatches_and_barriers_of_a_decode_step(demo, model):
     m = model(demo)
     engine = m._engine
-    engine.reset()
-    engine.prefill([5, 6, 7])
+    engine.reset(0)
+    engine.prefill(0, [5, 6, 7])
     before = m.counters()
-    engine.decode_begin(3)
+    engine.decode_begin(0, 3)
     while engine.decode_next() is not None:
         pass
     engine.decode_end()
@@ -220,8 +220,8 @@ def test_counters_count_the_dispatches_and_barriers_of_a_verify_step(demo, devic
     m = metalqwen.load(demo, device=device, max_context=160, kv_bits=16, progress=False, speculative="lookup",
                        draft_depth=7)
     engine = m._engine
-    engine.prefill([5, 6, 7])
-    engine.verify([8] * drafts)
+    engine.prefill(0, [5, 6, 7])
+    engine.verify(0, [8] * drafts)
     dispatches, barriers = verify_step_structure(m.config.layer_types)
     assert (m.counters()["dispatches_last_step"], m.counters()["barriers_last_step"]) == (dispatches, barriers)
 
@@ -231,9 +231,9 @@ def test_counters_count_the_combine_of_a_split_decode_step(demo, model):
     + append) and the combine of the split partials."""
     m = model(demo)
     engine = m._engine
-    engine.reset()
-    engine.prefill(list(range(5, 145)))  # the demo model holds 160 positions
-    engine.decode_begin(2)
+    engine.reset(0)
+    engine.prefill(0, list(range(5, 145)))  # the demo model holds 160 positions
+    engine.decode_begin(0, 2)
     while engine.decode_next() is not None:
         pass
     engine.decode_end()

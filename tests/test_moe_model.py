@@ -125,8 +125,8 @@ def test_counters_count_three_barriers_per_moe_block(converted, device, name):
     m = metalqwen.load(path, device=device, max_context=160, kv_bits=16, progress=False, speculative="lookup",
                        draft_depth=7)
     engine = m._engine
-    engine.prefill([5, 6, 7])
-    engine.decode_begin(2)
+    engine.prefill(0, [5, 6, 7])
+    engine.decode_begin(0, 2)
     while engine.decode_next() is not None:
         pass
     engine.decode_end()
@@ -134,7 +134,7 @@ def test_counters_count_three_barriers_per_moe_block(converted, device, name):
     want = decode_step_structure(m.config.layer_types, moe=True)
     assert (counted["dispatches_last_step"], counted["barriers_last_step"]) == want
     for drafts in (1, 7):
-        engine.verify([8] * drafts)
+        engine.verify(0, [8] * drafts)
         counted = m.counters()
         want = verify_step_structure(m.config.layer_types, moe=True)
         assert (counted["dispatches_last_step"], counted["barriers_last_step"]) == want

@@ -19,18 +19,18 @@ def _ids(n: int, seed: int, vocab: int = 1000) -> list[int]:
 def test_a_restored_snapshot_resumes_with_a_cold_runs_logits_exactly(demo, device, kv_bits):
     m = metalqwen.load(demo, device=device, max_context=256, prefill_chunk=16, kv_bits=kv_bits, progress=False)
     engine, a, b = m._engine, _ids(100, 1), _ids(90, 2)
-    cold = engine.prefill(a, logits="all")
-    engine.reset()
+    cold = engine.prefill(0, a, logits="all")
+    engine.reset(0)
     snaps = []
     # Positions inside a chunk, at a chunk's end, one token in, and after a short tail.
-    engine.prefill(a[:99], snapshot_at=[1, 5, 37, 64, 99], snapshots=snaps)
+    engine.prefill(0, a[:99], snapshot_at=[1, 5, 37, 64, 99], snapshots=snaps)
     assert [s.position for s in snaps] == [1, 5, 37, 64, 99] and all(s.nbytes > 0 for s in snaps)
     for s in snaps:
-        engine.reset()
-        engine.prefill(b)  # another sequence overwrites the caches and states
-        engine.restore(s)
-        assert engine.position == s.position and engine.tokens() == a[: s.position]
-        resumed = engine.prefill(a[s.position:], logits="all")
+        engine.reset(0)
+        engine.prefill(0, b)  # another sequence overwrites the caches and states
+        engine.restore(0, s)
+        assert engine.position(0) == s.position and engine.tokens(0) == a[: s.position]
+        resumed = engine.prefill(0, a[s.position:], logits="all")
         assert np.array_equal(resumed, cold[s.position:]), f"resumed at {s.position}"
 
 
@@ -38,32 +38,32 @@ def test_moe_snapshots_resume_exactly(converted, device):
     m = metalqwen.load(converted("moe")[1], device=device, max_context=128, prefill_chunk=16, kv_bits=16,
                        progress=False)
     engine, a = m._engine, _ids(60, 3, m.config.vocab_size)
-    cold = engine.prefill(a, logits="all")
-    engine.reset()
+    cold = engine.prefill(0, a, logits="all")
+    engine.reset(0)
     snaps = []
-    engine.prefill(a[:45], snapshot_at=[7, 45], snapshots=snaps)
+    engine.prefill(0, a[:45], snapshot_at=[7, 45], snapshots=snaps)
     for s in snaps:
-        engine.reset()
-        engine.prefill(_ids(30, 4, m.config.vocab_size))
-        engine.restore(s)
-        assert np.array_equal(engine.prefill(a[s.position:], logits="all"), cold[s.position:])
+        engine.reset(0)
+        engine.prefill(0, _ids(30, 4, m.config.vocab_size))
+        engine.restore(0, s)
+        assert np.array_equal(engine.prefill(0, a[s.position:], logits="all"), cold[s.position:])
 
 
 def test_snapshot_errors(demo, device):
     m = metalqwen.load(demo, device=device, max_context=64, progress=False)
     other = metalqwen.load(demo, device=device, max_context=64, progress=False)
     snaps = []
-    m._engine.prefill([1, 2, 3, 4], snapshot_at=[2], snapshots=snaps)
+    m._engine.prefill(0, [1, 2, 3, 4], snapshot_at=[2], snapshots=snaps)
     with pytest.raises(metalqwen.EngineError, match="only be restored by the engine that took it"):
-        other._engine.restore(snaps[0])
+        other._engine.restore(0, snaps[0])
     with pytest.raises(metalqwen.EngineError, match="snapshot positions must ascend"):
-        m._engine.prefill([5, 6], snapshot_at=[3])  # at or before the current position
+        m._engine.prefill(0, [5, 6], snapshot_at=[3])  # at or before the current position
 
 
 def test_the_lru_stays_within_its_budget(demo, device):
     m = metalqwen.load(demo, device=device, max_context=64, prefix_cache_bytes=1, progress=False)
     snaps = []
-    m._engine.prefill(_ids(30, 5), snapshot_at=[10, 20, 30], snapshots=snaps)
+    m._engine.prefill(0, _ids(30, 5), snapshot_at=[10, 20, 30], snapshots=snaps)
     sizes = [s.nbytes for s in snaps]  # grow with the K/V rows held
     cache = PrefixCache(sizes[1] + sizes[2])  # room for the last two
     for s in snaps:
@@ -89,7 +89,7 @@ def test_a_chat_that_drops_old_thinking_resumes_at_the_last_user_turn(demo, devi
     second = first + [{"role": "assistant", "content": reply.text}, {"role": "user", "content": "and?"}]
     ids2 = t.encode_chat(second)
     assert ids2[: len(ids1)] != ids1, "the template re-renders the answer: the live state cannot be extended"
-    m._engine.reset()  # only the prefix cache can help now
+    m._engine.reset(0)  # only the prefix cache can help now
     again = m.generate(ids2, max_tokens=6)
     assert again.stats.prompt_tokens_reused == end_of_user
     cold = metalqwen.load(demo, device=device, max_context=512, progress=False)

@@ -17,6 +17,7 @@ import pytest
 
 import metalqwen
 from metalqwen import speculative as spec
+from metalqwen._core import Sampling
 from test_model import prompt
 
 TOKENS = 64
@@ -128,12 +129,12 @@ def test_sampled_speculation_has_the_plain_distribution(converted):
     m = load(converted, "base", 16)
     engine, vocab = m._engine, m.config.vocab_size
     ids = prompt(vocab, 12, seed=5)
-    engine.reset()
-    engine.prefill(ids)  # greedy: the first token is fixed
-    first = engine.chosen()
+    engine.reset(0)
+    engine.prefill(0, ids)  # greedy: the first token is fixed
+    first = engine.chosen(0)
     snapshots = []
-    engine.reset()
-    engine.prefill(ids, snapshot_at=[len(ids)], snapshots=snapshots)
+    engine.reset(0)
+    engine.prefill(0, ids, snapshot_at=[len(ids)], snapshots=snapshots)
     def top4(logits):
         logits = logits.astype(np.float64)
         p = np.where(logits >= np.sort(logits)[-4], np.exp(logits - logits.max()), 0.0)
@@ -150,8 +151,8 @@ def test_sampled_speculation_has_the_plain_distribution(converted):
     after = top4(m.score(ids + [first, draft])[-1])
     counts, counts_after = np.zeros(vocab, np.int64), np.zeros(vocab, np.int64)
     for seed in range(200):
-        engine.restore(snapshots[0])
-        got = engine.verify([draft], temperature=1.0, top_k=4, seed=seed)
+        engine.restore(0, snapshots[0])
+        got = engine.verify(0, [draft], Sampling(temperature=1.0, top_k=4, seed=seed))
         assert (got[0] == draft) == (len(got) == 2)  # an accepted draft brings the token after it
         counts[got[0]] += 1
         if len(got) == 2:
@@ -159,10 +160,10 @@ def test_sampled_speculation_has_the_plain_distribution(converted):
     assert_fits(counts, p)
     assert counts_after.sum() > 20
     assert_fits(counts_after, after)
-    engine.restore(snapshots[0])
-    once = engine.verify([draft], temperature=1.0, top_k=4, seed=11)
-    engine.restore(snapshots[0])
-    assert engine.verify([draft], temperature=1.0, top_k=4, seed=11) == once  # a seed reproduces
+    engine.restore(0, snapshots[0])
+    once = engine.verify(0, [draft], Sampling(temperature=1.0, top_k=4, seed=11))
+    engine.restore(0, snapshots[0])
+    assert engine.verify(0, [draft], Sampling(temperature=1.0, top_k=4, seed=11)) == once  # a seed reproduces
 
 
 def test_sampled_generation_is_reproducible_for_a_seed(converted):

@@ -54,13 +54,13 @@ def test_a_prompt_that_does_not_fit_is_refused_before_running(small):
 
 def test_engine_errors_are_metalqwen_exceptions(small):
     engine = small._engine
-    engine.reset()
+    engine.reset(0)
     with pytest.raises(ContextFullError, match=r"\[engine\] context full"):
-        engine.prefill(list(range(80)))
+        engine.prefill(0, list(range(80)))
     with pytest.raises(EngineError, match="decode_next without decode_begin"):
         engine.decode_next()
     with pytest.raises(EngineError, match="outside the vocabulary"):
-        engine.prefill([10**6])
+        engine.prefill(0, [10**6])
     assert issubclass(EngineError, MetalqwenError) and issubclass(metalqwen.GpuError, MetalqwenError)
     assert issubclass(metalqwen.CheckpointError, MetalqwenError)
 
@@ -136,9 +136,9 @@ def test_ctrl_c_stops_a_prefill_between_chunks_and_the_cache_stays_usable(roomy,
     with pytest.raises(KeyboardInterrupt):
         roomy.generate(ids, max_tokens=2)
     timer.join()
-    fed = roomy._engine.position
+    fed = roomy._engine.position(0)
     assert 0 < fed < len(ids) and fed % 16 == 0, "stopped at a chunk boundary, before the end"
-    assert roomy._engine.tokens() == ids[:fed]
+    assert roomy._engine.tokens(0) == ids[:fed]
     # The next call reuses the fed chunks and continues exactly as a cold run.
     out = roomy.generate(ids[: fed + 20], max_tokens=4)
     assert out.stats.prompt_tokens_reused == fed
@@ -159,7 +159,7 @@ def test_ctrl_c_stops_decoding_within_a_step_and_keeps_what_was_made(roomy, demo
     timer.join()
     tokens = roomy.last_tokens
     assert made and tokens[: len(made)] == made and len(tokens) < roomy.max_context - len(ids)
-    cached = roomy._engine.tokens()
+    cached = roomy._engine.tokens(0)
     assert cached == (ids + tokens)[: len(cached)] and len(cached) >= len(ids) + len(tokens) - 1
     follow = ids + tokens + [5, 6]
     out = roomy.generate(follow, max_tokens=3)

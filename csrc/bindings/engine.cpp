@@ -4,7 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <set>
+#include <algorithm>
+#include <iterator>
 
 #include "engine/engine.h"
 
@@ -64,15 +65,16 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
   return m;
 }
 
-// prefill and decode_begin take the Sampling fields as keyword arguments, neutral by default.
-Sampling sampling(float temperature, int top_k, float top_p, float min_p, float presence_penalty,
-                  float frequency_penalty, float repetition_penalty, uint64_t seed, int logprobs) {
-  return {temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty, seed, logprobs};
+// Sampling's fields, in declaration order: the keyword constructor takes these names, repr shows them.
+const char* const kSamplingFields[] = {"temperature",       "top_k",           "top_p",
+                                       "min_p",             "presence_penalty", "frequency_penalty",
+                                       "repetition_penalty", "seed",           "logprobs"};
+
+py::array_t<float> logits_array(const std::vector<float>& out, size_t vocab) {
+  py::array_t<float> a({out.size() / vocab, vocab});
+  std::copy(out.begin(), out.end(), a.mutable_data());
+  return a;
 }
-#define MQ_SAMPLING_ARGS                                                                                     \
-  py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f, \
-      py::arg("presence_penalty") = 0.0f, py::arg("frequency_penalty") = 0.0f,                            \
-      py::arg("repetition_penalty") = 1.0f, py::arg("seed") = 0, py::arg("logprobs") = -1
 
 }  // namespace
 
@@ -82,6 +84,37 @@ void bind_engine(py::module_& m) {
       .def_readonly("position", &Snapshot::position)
       .def_readonly("tokens", &Snapshot::tokens)
       .def_property_readonly("nbytes", &Snapshot::nbytes);
+  // How the next token is chosen (engine.h): one object for prefill, decode_begin, verify,
+  // verify_mtp and step; keyword arguments only, neutral by default.
+  py::class_<Sampling>(m, "Sampling")
+      .def(py::init([](const py::kwargs& kw) {
+        py::object s = py::cast(Sampling{});
+        for (const auto& [key, value] : kw) {
+          const std::string name = key.cast<std::string>();
+          if (std::find_if(std::begin(kSamplingFields), std::end(kSamplingFields),
+                           [&](const char* f) { return name == f; }) == std::end(kSamplingFields))
+            throw py::value_error("unknown sampling keyword '" + name + "'");
+          s.attr(name.c_str()) = value;
+        }
+        return s.cast<Sampling>();
+      }))
+      .def_readwrite("temperature", &Sampling::temperature)
+      .def_readwrite("top_k", &Sampling::top_k)
+      .def_readwrite("top_p", &Sampling::top_p)
+      .def_readwrite("min_p", &Sampling::min_p)
+      .def_readwrite("presence_penalty", &Sampling::presence_penalty)
+      .def_readwrite("frequency_penalty", &Sampling::frequency_penalty)
+      .def_readwrite("repetition_penalty", &Sampling::repetition_penalty)
+      .def_readwrite("seed", &Sampling::seed)
+      .def_readwrite("logprobs", &Sampling::logprobs)
+      .def_property_readonly("penalised", &Sampling::penalised)
+      .def("__repr__", [](const py::object& self) {
+        std::string text = "Sampling(";
+        for (const char* f : kSamplingFields)
+          text += std::string(f == kSamplingFields[0] ? "" : ", ") + f + "=" +
+                  py::repr(self.attr(f)).cast<std::string>();
+        return text + ")";
+      });
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
@@ -102,28 +135,31 @@ void bind_engine(py::module_& m) {
                };
              }
              py::gil_scoped_release release;
-             const EngineOptions options{max_context, kv_bits, prefill_chunk, max_draft, mtp,
-                                         mtp_hidden == "pre_norm" ? MtpHidden::pre_norm : MtpHidden::post_norm,
-                                         max_sequences, prefill_layers_per_buffer};
+             const EngineOptions options{
+                 .max_context = max_context,
+                 .kv_bits = kv_bits,
+                 .prefill_chunk = prefill_chunk,
+                 .max_draft = max_draft,
+                 .mtp = mtp,
+                 .mtp_hidden = mtp_hidden == "pre_norm" ? MtpHidden::pre_norm : MtpHidden::post_norm,
+                 .max_sequences = max_sequences,
+                 .prefill_layers_per_buffer = prefill_layers_per_buffer};
              return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
            py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(),
            py::arg("mtp") = false, py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
            py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer)
-      .def("select", &Engine::select, py::arg("slot"))
-      .def_property_readonly("slot", &Engine::slot)
       .def_property_readonly("max_sequences", &Engine::max_sequences)
-      .def("reset", &Engine::reset)
-      .def_property_readonly("position", &Engine::position)
       .def_property_readonly("max_context", &Engine::max_context)
-      .def("tokens", &Engine::tokens)
+      .def("reset", &Engine::reset, py::arg("slot"))
+      .def("position", &Engine::position, py::arg("slot"))
+      .def("tokens", &Engine::tokens, py::arg("slot"))
+      .def("chosen", &Engine::chosen, py::arg("slot"))
       .def(
           "prefill",
-          [](Engine& e, std::vector<uint32_t> tokens, float temperature, int top_k, float top_p, float min_p,
-             float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed,
-             int logprobs, const std::string& logits, py::object progress, std::vector<int> snapshot_at,
-             py::object snapshots) -> py::object {
+          [](Engine& e, int slot, std::vector<uint32_t> tokens, const Sampling& sampling, const std::string& logits,
+             py::object progress, std::vector<int> snapshot_at, py::object snapshots) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
             // Between chunks: a pending Ctrl-C raises KeyboardInterrupt here (the chunks
@@ -137,97 +173,58 @@ void bind_engine(py::module_& m) {
             std::vector<std::shared_ptr<Snapshot>> taken;
             {
               py::gil_scoped_release release;
-              out = e.prefill(tokens,
-                              sampling(temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty,
-                                       repetition_penalty, seed, logprobs),
-                              logits == "all", logits == "last", between_chunks, snapshot_at, &taken);
+              out = e.prefill(slot, tokens, sampling, logits == "all", logits == "last", between_chunks, snapshot_at,
+                              &taken);
             }
             if (!snapshots.is_none())
               for (auto& s : taken) snapshots.attr("append")(s);
             if (logits == "none") return py::none();
-            const size_t vocab = size_t(e.dims().vocab);
-            py::array_t<float> a({out.size() / vocab, vocab});
-            std::copy(out.begin(), out.end(), a.mutable_data());
-            return a;
+            return logits_array(out, size_t(e.dims().vocab));
           },
-          py::arg("tokens"), MQ_SAMPLING_ARGS, py::arg("logits") = "none", py::arg("progress") = py::none(),
-          py::arg("snapshot_at") = std::vector<int>{}, py::arg("snapshots") = py::none())
-      .def("restore", &Engine::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
-      .def("decode_begin",
-           [](Engine& e, int max_tokens, float temperature, int top_k, float top_p, float min_p,
-              float presence_penalty, float frequency_penalty, float repetition_penalty, uint64_t seed,
-              int logprobs) {
-             e.decode_begin(max_tokens, sampling(temperature, top_k, top_p, min_p, presence_penalty,
-                                                 frequency_penalty, repetition_penalty, seed, logprobs));
-           },
-           py::arg("max_tokens"), MQ_SAMPLING_ARGS)
-      .def_property_readonly("has_mtp", &Engine::has_mtp)
-      .def(
-          "mtp_logits",
-          [](Engine& e, std::vector<uint32_t> ids) {
-            std::vector<float> out;
-            {
-              py::gil_scoped_release release;
-              out = e.mtp_logits(ids);
-            }
-            const size_t vocab = size_t(e.dims().vocab);
-            py::array_t<float> a({out.size() / vocab, vocab});
-            std::copy(out.begin(), out.end(), a.mutable_data());
-            return a;
-          },
-          py::arg("ids"))
+          py::arg("slot"), py::arg("tokens"), py::arg("sampling") = Sampling{}, py::arg("logits") = "none",
+          py::arg("progress") = py::none(), py::arg("snapshot_at") = std::vector<int>{},
+          py::arg("snapshots") = py::none())
+      .def("restore", &Engine::restore, py::arg("slot"), py::arg("snapshot"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("decode_begin", &Engine::decode_begin, py::arg("slot"), py::arg("max_tokens"),
+           py::arg("sampling") = Sampling{})
       .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())
       .def("decode_end", &Engine::decode_end, py::call_guard<py::gil_scoped_release>())
+      // (logprob, [(id, logprob), ...]) of the token decode_next (or step) returned last for the slot, or None.
       .def(
-          "verify",
-          [](Engine& e, std::vector<uint32_t> drafts, float temperature, int top_k, float top_p, float min_p,
-             uint64_t seed) {
-            py::gil_scoped_release release;
-            return e.verify(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed, -1));
+          "last_logprobs",
+          [](const Engine& e, int slot) -> py::object {
+            const auto found = e.last_logprobs(slot);
+            if (!found) return py::none();
+            return py::make_tuple(found->logprob, found->top);
           },
-          py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-          py::arg("min_p") = 0.0f, py::arg("seed") = 0)
-      .def(
-          "verify_mtp",
-          [](Engine& e, uint32_t drafts, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
-            py::gil_scoped_release release;
-            return e.verify_mtp(drafts, sampling(temperature, top_k, top_p, min_p, 0.0f, 0.0f, 1.0f, seed, -1));
-          },
-          py::arg("drafts"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-          py::arg("min_p") = 0.0f, py::arg("seed") = 0)
+          py::arg("slot"))
+      .def("verify", &Engine::verify, py::arg("slot"), py::arg("drafts"), py::arg("sampling") = Sampling{},
+           py::call_guard<py::gil_scoped_release>())
+      .def("verify_mtp", &Engine::verify_mtp, py::arg("slot"), py::arg("drafts"), py::arg("sampling") = Sampling{},
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "step",
-          // entries: [(slot, drafts, sampling)], sampling a dict of the Sampling keyword arguments.
-          [](Engine& e, const std::vector<std::tuple<int, std::vector<uint32_t>, py::dict>>& entries) {
+          // entries: [(slot, drafts, Sampling)]
+          [](Engine& e, const std::vector<std::tuple<int, std::vector<uint32_t>, Sampling>>& entries) {
             std::vector<Engine::SlotStep> steps;
-            static const std::set<std::string> known{"temperature",       "top_k",           "top_p",
-                                                     "min_p",             "presence_penalty", "frequency_penalty",
-                                                     "repetition_penalty", "seed",           "logprobs"};
-            for (const auto& [slot, drafts, kw] : entries) {
-              for (const auto& item : kw)
-                if (!known.count(item.first.cast<std::string>()))
-                  throw py::value_error("step: unknown sampling keyword '" + item.first.cast<std::string>() + "'");
-              auto get = [&kw](const char* key, auto neutral) {
-                return kw.contains(key) ? kw[key].cast<decltype(neutral)>() : neutral;
-              };
-              steps.push_back({slot, drafts,
-                               sampling(get("temperature", 0.0f), get("top_k", 0), get("top_p", 1.0f),
-                                        get("min_p", 0.0f), get("presence_penalty", 0.0f),
-                                        get("frequency_penalty", 0.0f), get("repetition_penalty", 1.0f),
-                                        get("seed", uint64_t(0)), get("logprobs", -1))});
-            }
+            for (const auto& [slot, drafts, sampling] : entries) steps.push_back({.slot = slot, .drafts = drafts, .sampling = sampling});
             py::gil_scoped_release release;
             return e.step(steps);
           },
           py::arg("entries"))
-      .def("chosen", &Engine::chosen)
-      // (logprob, [(id, logprob), ...]) of the token decode_next returned last, or None.
-      .def("last_logprobs",
-           [](const Engine& e) -> py::object {
-             const auto found = e.last_logprobs();
-             if (!found) return py::none();
-             return py::make_tuple(found->logprob, found->top);
-           })
+      .def_property_readonly("has_mtp", &Engine::has_mtp)
+      .def(
+          "mtp_logits",
+          [](Engine& e, int slot, std::vector<uint32_t> ids) {
+            std::vector<float> out;
+            {
+              py::gil_scoped_release release;
+              out = e.mtp_logits(slot, ids);
+            }
+            return logits_array(out, size_t(e.dims().vocab));
+          },
+          py::arg("slot"), py::arg("ids"))
       .def("counters", [](const Engine& e) {
         const Counters& c = e.counters();
         py::dict d;

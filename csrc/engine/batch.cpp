@@ -11,7 +11,7 @@ namespace mq::engine {
 
 void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
   const std::string where = "[engine] step: slot " + std::to_string(s.slot);
-  const Sequence& q = sequences_[size_t(s.slot)];
+  const Sequence& q = sequence(s.slot, "step: ");
   if (s.drafts.size() > size_t(options_.max_draft))
     throw EngineError(where + ": " + std::to_string(s.drafts.size()) + " drafts exceed max_draft " +
                       std::to_string(options_.max_draft) + " (set at load)");
@@ -33,19 +33,19 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
     throw EngineError("[engine] step takes 1.." + std::to_string(options_.max_sequences) + " slots, got " +
                       std::to_string(steps.size()));
   decode_end();
-  const int selected = slot_;
-  StepSegments segs{};
+  ForwardPass pass;
+  StepSegments& segs = pass.segs;
   std::vector<Sampling> samplings;
   uint32_t rows = 0;
   bool speculative = false;
   for (const SlotStep& s : steps) {
-    check_slot(s.slot, "step: ");
     for (uint32_t i = 0; i < segs.count; ++i)
       if (segs.seg[i].slot == uint32_t(s.slot))
         throw EngineError("[engine] step: slot " + std::to_string(s.slot) + " is listed twice");
     check_slot_step(s, rows);
     const uint32_t n = 1 + uint32_t(s.drafts.size());
-    segs.seg[segs.count++] = {uint32_t(s.slot), rows, n, uint32_t(sequences_[size_t(s.slot)].position)};
+    segs.seg[segs.count++] = {
+        .slot = uint32_t(s.slot), .first_row = rows, .rows = n, .position = uint32_t(sequences_[size_t(s.slot)].position)};
     samplings.push_back(s.sampling);
     rows += n;
     speculative |= !s.drafts.empty();
@@ -57,9 +57,10 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
   }
 
   Encoder enc(*device_, kernels_, "shared step");
-  snap_rows_ = speculative ? uint32_t(options_.max_draft) : 0;  // each segment keeps its first rows - 1
-  encode_rows(enc, segs, 0, false);
-  snap_rows_ = 0;
+  pass.rows = rows;
+  pass.matvec = true;
+  pass.snapshot_rows = speculative ? uint32_t(options_.max_draft) : 0;  // each segment keeps its first rows - 1
+  encode_forward(enc, pass);
   // Slots with penalties or logprobs choose as a decode step does (penalty counts are per
   // step, so one at a time); the others as verify rows, all together.
   StepSegments verified{};
@@ -68,15 +69,13 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
   for (uint32_t i = 0; i < segs.count; ++i) {
     const Sampling& s = samplings[i];
     if (s.penalised() || s.logprobs >= 0) {
-      bind_slot(int(segs.seg[i].slot));
-      encode_choice(enc, segs.seg[i].first_row, s, segs.seg[i].position + 1);
+      encode_choice(enc, int(segs.seg[i].slot), segs.seg[i].first_row, s, segs.seg[i].position + 1);
     } else {
       verified_index[i] = verified.count;
       verified.seg[verified.count++] = segs.seg[i];
       verified_samplings.push_back(s);
     }
   }
-  bind_slot(selected);
   if (verified.count) encode_verification(enc, verified, verified_samplings);
   Submitted submitted = commit(enc);
   try {

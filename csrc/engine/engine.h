@@ -107,52 +107,70 @@ using Submitted = std::vector<std::unique_ptr<gpu::CommandBuffer>>;
 // 0, penalty counts cleared: its tokens are gone) and throws gpu::GpuError naming the step
 // kind and the slots, with the device's message (the failing buffer's label; on Metal each
 // encoder's state). The error is thrown once; the next call works from the reset state.
+// What one forward pass encodes (forward.cpp): the rows of one or more sequence slots, the
+// kernels they take and which logits they leave. Each step kind builds its own.
+struct ForwardPass {
+  StepSegments segs{};  // rows by slot, in row order: a segment is a slot's rows from its position
+  uint32_t rows = 0;    // every segment's rows
+  // Matvec / flash-decode kernels (the weights stream once for all rows: decode, verify and shared
+  // steps), else GEMM / prefill attention, whose per-row results do not depend on the other rows
+  // of the chunk: so a prompt resumed from a snapshot gets a cold run's logits exactly.
+  bool matvec = false;
+  uint32_t snapshot_rows = 0;  // DeltaNet states kept after each segment's rows [0, snapshot_rows) (verify rollback)
+  uint32_t logit_row0 = 0;     // logits of rows [logit_row0, rows) into the logits buffer; rows: none
+  bool split_layers = false;   // a command buffer per prefill_layers_per_buffer layers (prefill chunks)
+  // `rows` rows of `slot` from `position`.
+  static ForwardPass one_slot(int slot, int position, uint32_t rows, bool matvec);
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options,
          const LoadProgress& progress = {});
   ~Engine();
 
-  // Sequence slots (EngineOptions::max_sequences): every call below works on the selected
-  // slot, whose KV caches, DeltaNet state, token ids and position are its own; the others
-  // keep theirs. Selecting ends a decode in progress (decode_end).
-  void select(int slot);
-  int slot() const { return slot_; }
+  // Sequence slots (EngineOptions::max_sequences): every call names the slot it works on, whose
+  // KV caches, DeltaNet state, token ids and position are its own; the others keep theirs. A call
+  // that runs a step (or resets) ends a decode in progress first (decode_end).
   int max_sequences() const { return options_.max_sequences; }
-
-  // Forgets every token of the selected slot: position 0, its recurrent state cleared.
-  void reset();
-  int position() const { return seq_->position; }
   int max_context() const { return options_.max_context; }
   const ModelDims& dims() const { return model_.dims; }
 
-  // Runs `tokens` from the current position in prefill chunks, then chooses the next
-  // token on the GPU (ids[position]). Returns logits [tokens.size()][vocab] when
-  // `all_logits`, else the last row's logits when `last_logits`, else nothing. Throws
-  // ContextFull (before running anything) when the tokens and the chosen one do not fit.
-  // When `progress` throws, the chunks already submitted stay fed (position() tells).
-  // `snapshot_at`: absolute positions in (position(), position() + tokens.size()], ascending,
-  // after which the state is saved into `snapshots` by the chunk that ends there. A chunk the
-  // GPU fails resets the slot (see GPU failures) and takes this call's snapshots back out.
-  std::vector<float> prefill(const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
-                             bool last_logits, const PrefillProgress& progress = {},
+  // Forgets every token of `slot`: position 0, its recurrent state cleared.
+  void reset(int slot);
+  int position(int slot) const { return sequence(slot).position; }
+  // Token ids fed so far (positions 0 .. position(slot)-1).
+  std::vector<uint32_t> tokens(int slot) const;
+  // The token chosen last and not yet fed (ids[position(slot)]), e.g. by prefill.
+  uint32_t chosen(int slot) const;
+
+  // Runs `tokens` from the slot's position in prefill chunks, then chooses the next token on the
+  // GPU (ids[position]). Returns logits [tokens.size()][vocab] when `all_logits`, else the last
+  // row's logits when `last_logits`, else nothing. Throws ContextFull (before running anything)
+  // when the tokens and the chosen one do not fit. When `progress` throws, the chunks already
+  // submitted stay fed (position() tells). `snapshot_at`: absolute positions in (position(),
+  // position() + tokens.size()], ascending, after which the state is saved into `snapshots` by
+  // the chunk that ends there. A chunk the GPU fails resets the slot (see GPU failures) and takes
+  // this call's snapshots back out.
+  std::vector<float> prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling,
+                             bool all_logits, bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
                              std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr);
-  // Puts a snapshot's state back into the selected slot (any slot: the parts are alike):
-  // position() and tokens() become the snapshot's.
-  void restore(const Snapshot& snapshot);
+  // Puts a snapshot's state into `slot` (any slot: the parts are alike): position() and
+  // tokens() become the snapshot's.
+  void restore(int slot, const Snapshot& snapshot);
 
-  // Token-by-token decoding from the token prefill chose: decode_begin, then
-  // decode_next until it returns nothing (after max_tokens) or the caller stops,
-  // then decode_end. Step k+1 is committed before step k is waited for (its input id
-  // is read on the GPU), so the GPU never waits for the CPU. After decode_end the state
-  // holds every returned token but possibly the last (tokens() tells).
-  void decode_begin(int max_tokens, const Sampling& sampling);
+  // Token-by-token decoding of `slot` from the token prefill chose: decode_begin, then
+  // decode_next until it returns nothing (after max_tokens) or the caller stops, then
+  // decode_end. Step k+1 is committed before step k is waited for (its input id is read on the
+  // GPU), so the GPU never waits for the CPU. After decode_end the state holds every returned
+  // token but possibly the last (tokens() tells).
+  void decode_begin(int slot, int max_tokens, const Sampling& sampling);
   std::optional<uint32_t> decode_next();
   void decode_end();
-  // The log-probabilities of the token decode_next (or step) returned last for the selected
-  // slot, when its sampling asked for them (Sampling::logprobs >= 0); nothing otherwise.
-  std::optional<TokenLogprobs> last_logprobs() const;
+  // The log-probabilities of the token decode_next (or step) returned last for `slot`, when its
+  // sampling asked for them (Sampling::logprobs >= 0); nothing otherwise.
+  std::optional<TokenLogprobs> last_logprobs(int slot) const;
 
   // Speculative decoding (options.max_draft > 0): one verify step feeds the chosen token
   // (ids[position()]) and `drafts` (at most max_draft) as 1 + drafts rows on the matvec path,
@@ -165,13 +183,13 @@ class Engine {
   // fed first). Attention K/V rows past it are stale and rewritten by later steps. Greedy
   // output equals decode's token for token; sampled output has decode's distribution.
   // No penalties (a draft would change the counts of the rows after it).
-  std::vector<uint32_t> verify(const std::vector<uint32_t>& drafts, const Sampling& sampling);
+  std::vector<uint32_t> verify(int slot, const std::vector<uint32_t>& drafts, const Sampling& sampling);
   // The same with `drafts` drafts (at most max_draft) made on the GPU by the MTP head in the
   // same command buffer: greedy chained drafts from the head's state for the row that chose
   // ids[position()] (point masses, so sampling stays exact). With the head loaded, every
   // verify step also runs it over its rows, which is how that state exists; after a plain
   // decode step or a restore it does not, and this step drafts nothing.
-  std::vector<uint32_t> verify_mtp(uint32_t drafts, const Sampling& sampling);
+  std::vector<uint32_t> verify_mtp(int slot, uint32_t drafts, const Sampling& sampling);
   // Several slots in one step: slot `slot` feeds its chosen token (ids[position()]) and `drafts`
   // (at most max_draft; none with penalties or logprobs) as rows of one matvec step, all slots'
   // rows together at most kMaxVerifyRows, each at its own position. Each slot then chooses,
@@ -184,111 +202,57 @@ class Engine {
     Sampling sampling;
   };
   std::vector<std::vector<uint32_t>> step(const std::vector<SlotStep>& steps);
-  // The token chosen last and not yet fed (ids[position()]), e.g. by prefill.
-  uint32_t chosen() const;
 
-  // Token ids fed so far (positions 0 .. position()-1).
-  std::vector<uint32_t> tokens() const;
   const Counters& counters() const { return counters_; }
   // The model's pipelines (bench/ records a step's dispatches through them).
   Kernels& kernels() { return kernels_; }
 
-  // MTP head (mtp.cpp), loaded with EngineOptions::mtp. mtp_logits: from a fresh state,
-  // logits [ids.size() - 1][vocab], row t predicting ids[t + 2] from the trunk's h[t] and
-  // ids[t + 1] with the MTP cache holding rows 0..t; the engine is reset afterwards.
+  // MTP head (mtp.cpp), loaded with EngineOptions::mtp. mtp_logits: from a fresh state of
+  // `slot`, logits [ids.size() - 1][vocab], row t predicting ids[t + 2] from the trunk's h[t]
+  // and ids[t + 1] with the MTP cache holding rows 0..t; the slot is reset afterwards.
   bool has_mtp() const { return mtp_ != nullptr; }
-  std::vector<float> mtp_logits(const std::vector<uint32_t>& ids);
+  std::vector<float> mtp_logits(int slot, const std::vector<uint32_t>& ids);
 
  private:
-  // Every kernel a step may dispatch for this model, with its threadgroup needs, into the
-  // slots (k_, each layer's and projection's kernels) the plan fills at load.
-  void plan_kernels(KernelPlan& plan);
-  // ContextFull unless `extra` more positions fit the sequence (the selected one by default);
-  // `caller` prefixes the message, e.g. "step: slot 2: ".
-  struct Sequence;
-  void check_room(size_t extra) const { check_room(extra, *seq_, ""); }
-  void check_room(size_t extra, const Sequence& q, const std::string& caller) const;
-  // EngineError unless `slot` is one of the slots reserved at load.
-  void check_slot(int slot, const std::string& caller) const;
+  // ---- sequence slots (sequences.cpp, speculative.cpp, batch.cpp, snapshot.cpp)
+  // A sequence slot's host-side state (its device state lives in the slot parts of the buffers).
+  struct Sequence {
+    int position = 0;
+    int generated_from = 0;  // end of the last prefill: positions from here on were generated
+    // The ws_->mtp_hidden row holding the MTP head's output for the pair that predicted
+    // ids[position + 1] (its logits draft the next step); -1 when no step left one.
+    int mtp_row = -1;
+    // Where in ids the token returned last sits, when its logprobs were asked for (else -1).
+    int logprob_position = -1;
+  };
+  // The slot's sequence; EngineError unless `slot` is one of the slots reserved at load
+  // (`caller` prefixes the message, e.g. "step: ").
+  Sequence& sequence(int slot, const std::string& caller = "");
+  const Sequence& sequence(int slot, const std::string& caller = "") const;
+  // ContextFull unless `extra` more positions fit `q`; `caller` prefixes the message, e.g. "step: slot 2: ".
+  void check_room(size_t extra, const Sequence& q, const std::string& caller = "") const;
   void check_sampling(const Sampling& sampling) const;
-  // Encodes the model over `rows` tokens at position() (ids[position() ..]): logits of
-  // rows [logit_row0, rows) into the logits buffer and, with `choose`, the next token
-  // (from the last row) into ids[position() + rows]. A `prefill` step always takes the
-  // GEMM / prefill-attention path, whose per-row results do not depend on the other rows
-  // of the chunk: so a prompt resumed from a snapshot gets a cold run's logits exactly.
-  // Decode and verify steps of up to kMaxVerifyRows rows take the matvec path.
-  void encode_step(Encoder& enc, uint32_t rows, uint32_t logit_row0, const Sampling* choose, bool prefill);
-  // The model over the rows of `segs` (each segment at its slot's ids and positions): logits of
-  // rows [logit_row0, rows) into the logits buffer; the matvec path unless `prefill` or too many rows.
-  void encode_rows(Encoder& enc, const StepSegments& segs, uint32_t logit_row0, bool prefill);
-  // The selected slot's `rows` rows at `position`, as the segments of a step.
-  StepSegments one_segment(uint32_t rows, int position) const;
-  // One decoder layer over the rows of `segs`: the residual stream x (+ mix, the previous
-  // layer's output, when `add_mix`) in, its output in mix and x the stream before that output.
-  void encode_layer(Encoder& enc, const LayerWeights& layer, const StepSegments& segs, bool add_mix);
-  // A norm: its weight and the pipeline of its separate dispatch (rms_norm or rms_norm_residual
-  // in the weight's dtype), which prefill steps use; matvec steps fold it into the projections.
-  struct Norm {
-    const DeviceTensor& weight;
-    const Pipeline& kernel;
-  };
-  // The MLP into mix: dense on xn, or with `post_norm` on rms(x + mix) * post_norm (the norm
-  // fused where it can be); or the sparse MoE block (routing stays on the GPU).
-  void encode_mlp(Encoder& enc, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate,
-                  const Norm* post_norm = nullptr);
-  // act = silu(gate(u)) * up(u), u = rms(x + mix) * norm, in one matvec dispatch; with `writes_h`
-  // it writes x + mix to x_next and u to xn too (the caller swaps x and x_next).
-  void encode_normed_gate_up(Encoder& enc, const MlpWeights& mlp, const Norm& norm, uint32_t rows,
-                             uint32_t intermediate, bool writes_h);
-  void encode_moe_mlp(Encoder& enc, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
-  // The MoE block of matvec steps in three barrier intervals (forward.cpp), when each gate/up
-  // pair (experts, shared expert) shares a format.
-  void encode_moe_mlp_fused(Encoder& enc, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
-  void encode_projection(Encoder& enc, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
-                         uint32_t y_stride, uint32_t rows, bool overlap = false);
-  // xn = rms(x) * w, after x += residual when asked (then the norm's kernel is rms_norm_residual's).
-  void encode_norm(Encoder& enc, const Norm& norm, uint32_t rows, bool add_residual,
-                   const std::shared_ptr<gpu::Buffer>& residual);
-  // A projection reading the normed rows: its weights and where its output rows go.
-  struct NormedOutput {
-    const QuantLinear* l;
-    Arg y;
-    uint32_t y_stride;
-  };
-  // y = W (rms(x (+ mix)) * norm) for each member (forward.cpp); leaves x (+ mix) in x, the
-  // normed rows in xn. `overlap`: no barrier before the first dispatch either (matvec steps).
-  void encode_normed_projections(Encoder& enc, const Norm& norm, bool add_mix,
-                                 std::initializer_list<NormedOutput> members, uint32_t rows, bool overlap = false);
-  void encode_choice(Encoder& enc, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
-  // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
-  void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);
-  // The choices of verify segments (each with its sampling): one token per row of logits into
-  // ws_->verify_chosen, then spec_accept per segment (ws_->accepted[i]) and the DeltaNet
-  // rollbacks (see verify; speculative.cpp).
-  void encode_verification(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings);
+  void check_slot_step(const SlotStep& s, uint32_t rows_before) const;
+  // A slot's token ids (uint [max_context + 1]) on the device and for the host.
+  Arg ids(int slot) const;
+  uint32_t* host_ids(int slot) const;
+  void commit_decode_step();
+  // A verify step of k drafts at the slot's position: `host_drafts`, or the MTP head's when null;
+  // returns the accepted drafts and the next token.
+  std::vector<uint32_t> run_verify(int slot, uint32_t k, const Sampling& sampling,
+                                   const std::vector<uint32_t>* host_drafts);
   // The counters of a verified segment: `drafted` drafts, `accepted` of them taken.
   void count_verified(uint32_t drafted, uint32_t accepted);
-  void check_slot_step(const SlotStep& s, uint32_t rows_before) const;
-  // Makes `slot` the one the single-sequence encoders use (select, without ending a decode).
-  void bind_slot(int slot) {
-    slot_ = slot;
-    seq_ = &sequences_[size_t(slot)];
-  }
-  // A verify step of k drafts at position(): `host_drafts`, or the MTP head's when null;
-  // returns the accepted drafts and the next token.
-  std::vector<uint32_t> run_verify(uint32_t k, const Sampling& sampling, const std::vector<uint32_t>* host_drafts);
-  // ids[position() + 1 .. + k] = the MTP head's greedy chain from ws_->mtp_hidden row mtp_row.
-  void encode_mtp_drafts(Encoder& enc, uint32_t k);
-  // out [rows][hidden] = the embeddings of ids[first .. first + rows) (a slot's ids).
-  void encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t rows, const Arg& out, bool overlap = false);
-  // Where the state after `position` tokens lives: (buffer, byte offset, bytes) regions.
+  // Where the state of `slot` after `position` tokens lives: (buffer, byte offset, bytes) regions.
   struct StateRegion {
     std::shared_ptr<gpu::Buffer> buffer;
     size_t offset, bytes;
   };
-  std::vector<StateRegion> state_regions(int position) const;
-  // Copies the state after `position` tokens (what `enc` leaves) into a new snapshot.
-  std::shared_ptr<Snapshot> encode_snapshot(Encoder& enc, int position);
+  std::vector<StateRegion> state_regions(int slot, int position) const;
+  // Copies the state of `slot` after `position` tokens (what `enc` leaves) into a new snapshot.
+  std::shared_ptr<Snapshot> encode_snapshot(Encoder& enc, int slot, int position);
+
+  // ---- committing steps (engine.cpp)
   Submitted commit(Encoder& enc);
   // Waits for each buffer of the step in order; throws the first failure's GpuError.
   void wait(Submitted& step);
@@ -299,18 +263,90 @@ class Engine {
   // slots, then `cause`'s message.
   gpu::GpuError step_failed(const std::string& kind, const std::vector<int>& slots, const gpu::GpuError& cause);
 
-  // MTP head (mtp.cpp, math in mtp.h). For r in [0, rows): the pair (row r of `hidden`,
-  // [rows][hidden_stride] f32, and ids[position + 1 + r], read on the GPU) at position
-  // + r; appends the MTP KV cache there; leaves the rows after mtp.norm in
-  // ws_->mtp_hidden [rows][hidden] (a chained call's `hidden`, stride hidden) and the
-  // logits of rows [logit_row0, rows) in ws_->logits rows [0, rows - logit_row0).
-  // Clobbers x, xn, mix and the layer scratch buffers (never the trunk's caches/state).
-  void encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
+  // ---- the forward pass (forward.cpp, mlp.cpp, projections.cpp)
+  // Every kernel a step may dispatch for this model, with its threadgroup needs, into the
+  // slots (k_, each layer's and projection's kernels) the plan fills at load (pipelines.cpp).
+  void plan_kernels(KernelPlan& plan);
+  void plan_layer_kernels(KernelPlan& plan, LayerWeights& layer);
+  // The model over the pass's rows (each segment at its slot's ids and positions): the logits
+  // its logit_row0 asks for into the logits buffer; x left holding the final residual stream.
+  void encode_forward(Encoder& enc, const ForwardPass& pass);
+  // out [rows][hidden] = the embeddings of ids[first .. first + rows) (a slot's ids).
+  void encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t rows, const Arg& out, bool overlap = false);
+  // One decoder layer over the pass's rows: the residual stream x (+ mix, the previous layer's
+  // output, when `add_mix`) in, its output in mix and x the stream before that output.
+  void encode_layer(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer, bool add_mix);
+  // A norm: its weight and the pipeline of its separate dispatch (rms_norm or rms_norm_residual
+  // in the weight's dtype), which prefill steps use; matvec steps fold it into the projections.
+  struct Norm {
+    const DeviceTensor& weight;
+    const Pipeline& kernel;
+  };
+  // The mixers: input norm of x (+ mix) into their projections, their output into mix.
+  void encode_deltanet(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer, const Norm& input_norm,
+                       bool add_mix);
+  void encode_attention(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer, const Norm& input_norm,
+                        bool add_mix);
+  // attn [rows][nq * head_dim] from q, k, v: flash-decode over each segment's cache (matvec
+  // passes), or the prefill kernels over the one slot's cache.
+  void encode_attention_decode(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer);
+  void encode_attention_prefill(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer);
+  // The MLP into mix: dense on xn, or with `post_norm` on rms(x + mix) * post_norm (the norm
+  // fused where it can be); or the sparse MoE block (routing stays on the GPU).
+  void encode_mlp(Encoder& enc, bool matvec, const MlpWeights& mlp, uint32_t rows, uint32_t intermediate,
+                  const Norm* post_norm = nullptr);
+  // act = silu(gate(u)) * up(u), u = rms(x + mix) * norm, in one matvec dispatch; with `writes_h`
+  // it writes x + mix to x_next and u to xn too (the caller swaps x and x_next).
+  void encode_normed_gate_up(Encoder& enc, const MlpWeights& mlp, const Norm& norm, uint32_t rows,
+                             uint32_t intermediate, bool writes_h);
+  void encode_moe_mlp(Encoder& enc, bool matvec, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
+  // The MoE block of matvec steps in three barrier intervals (mlp.cpp), when each gate/up
+  // pair (experts, shared expert) shares a format.
+  void encode_moe_mlp_fused(Encoder& enc, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
+  // y [rows][y_stride] = W x [rows][x_stride]: a matvec (weights streamed once) or a GEMM.
+  void encode_projection(Encoder& enc, bool matvec, const QuantLinear& l, const Arg& x, uint32_t x_stride,
+                         const Arg& y, uint32_t y_stride, uint32_t rows, bool overlap = false);
+  // xn = rms(x) * w, after x += residual when asked (then the norm's kernel is rms_norm_residual's).
+  void encode_norm(Encoder& enc, const Norm& norm, uint32_t rows, bool add_residual,
+                   const std::shared_ptr<gpu::Buffer>& residual);
+  // A projection reading the normed rows: its weights and where its output rows go.
+  struct NormedOutput {
+    const QuantLinear* l;
+    Arg y;
+    uint32_t y_stride;
+  };
+  // y = W (rms(x (+ mix)) * norm) for each member (projections.cpp); leaves x (+ mix) in x, the
+  // normed rows in xn. `overlap`: no barrier before the first dispatch either (matvec steps).
+  void encode_normed_projections(Encoder& enc, bool matvec, const Norm& norm, bool add_mix,
+                                 std::initializer_list<NormedOutput> members, uint32_t rows, bool overlap = false);
+
+  // ---- choosing tokens (choice.cpp, speculative.cpp)
+  // The next token of `slot` from logits row `logit_row` as `sampling` says, into ids[out_pos].
+  void encode_choice(Encoder& enc, int slot, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
+  // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
+  void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);
+  // The choices of verify segments (each with its sampling): one token per row of logits into
+  // ws_->verify_chosen, then spec_accept per segment (ws_->accepted[i]) and the DeltaNet
+  // rollbacks (see verify; speculative.cpp).
+  void encode_verification(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings);
+
+  // ---- MTP head (mtp.cpp, math in mtp.h)
+  // For r in [0, rows): the pair (row r of `hidden`, [rows][hidden_stride] f32, and
+  // ids[position + 1 + r] of `slot`, read on the GPU) at position + r; appends the slot's MTP
+  // KV cache there; leaves the rows after mtp.norm in ws_->mtp_hidden [rows][hidden] (a chained
+  // call's `hidden`, stride hidden) and the logits of rows [logit_row0, rows) in ws_->logits
+  // rows [0, rows - logit_row0). Clobbers x, xn, mix and the layer scratch buffers (never the
+  // trunk's caches/state).
+  void encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
                   uint32_t logit_row0 = 0);
   // lm_head over ws_->mtp_hidden rows [row0, rows) into ws_->logits rows [0, rows - row0).
-  void encode_mtp_logits(Encoder& enc, uint32_t row0, uint32_t rows);
+  void encode_mtp_logits(Encoder& enc, bool matvec, uint32_t row0, uint32_t rows);
   // The prefill hook: after a chunk's trunk (and its choice), the chunk's rows through the head.
-  void encode_mtp_prefill_chunk(Encoder& enc, uint32_t rows);
+  void encode_mtp_prefill_chunk(Encoder& enc, int slot, uint32_t rows);
+  // ids[position + 1 .. + k] of `slot` = the MTP head's greedy chain from ws_->mtp_hidden row mtp_row.
+  void encode_mtp_drafts(Encoder& enc, int slot, uint32_t k);
+  // The trunk state the head reads as h (EngineOptions::mtp_hidden), named once the trunk is encoded.
+  Arg mtp_trunk_hidden() const;
   void load_mtp();
 
   std::shared_ptr<gpu::Device> device_;
@@ -334,33 +370,16 @@ class Engine {
   DeviceTensor final_norm_;
   std::unique_ptr<MtpWeights> mtp_;  // null unless EngineOptions::mtp
   std::unique_ptr<Workspace> ws_;
-  bool matvec_ = false;  // the step being encoded takes the matvec / flash-decode path
-  uint32_t snap_rows_ = 0;  // the step being encoded snapshots DeltaNet states after rows [0, snap_rows_)
-  // A sequence slot's host-side state (its device state lives in the slot parts of the buffers).
-  struct Sequence {
-    int position = 0;
-    int generated_from = 0;  // end of the last prefill: positions from here on were generated
-    // The ws_->mtp_hidden row holding the MTP head's output for the pair that predicted
-    // ids[position + 1] (its logits draft the next step); -1 when no step left one.
-    int mtp_row = -1;
-    // Where in ids the token returned last sits, when its logprobs were asked for (else -1).
-    int logprob_position = -1;
-  };
   std::vector<Sequence> sequences_;  // one per slot
-  int slot_ = 0;                     // the selected slot
-  Sequence* seq_ = nullptr;          // &sequences_[slot_]
-  // The selected slot's token ids (uint [max_context + 1]) on the device and for the host.
-  Arg ids() const;
-  uint32_t* host_ids() const;
   Counters counters_;
 
   struct Decoding {
+    int slot = 0;
     Sampling sampling;
     int max_tokens = 0, returned = 0, committed = 0;
-    std::deque<std::pair<Submitted, int>> in_flight;  // (step, id slot it writes)
+    std::deque<std::pair<Submitted, int>> in_flight;  // (step, id position it writes)
   };
   std::optional<Decoding> decoding_;
-  void commit_decode_step();
 };
 
 }  // namespace mq::engine

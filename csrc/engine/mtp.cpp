@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "layer_tensors.h"
+
 namespace mq::engine {
 namespace {
 
@@ -27,80 +29,101 @@ void Engine::load_mtp() {
   device_->make_resident({m.layer.k_cache.buffer, m.layer.v_cache.buffer});
 }
 
-void Engine::encode_mtp(Encoder& enc, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
-                        uint32_t logit_row0) {
+Arg Engine::mtp_trunk_hidden() const {
+  return options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
+}
+
+void Engine::encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, const Arg& hidden,
+                        uint32_t hidden_stride, uint32_t logit_row0) {
   const MtpWeights& m = *mtp_;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(model_.dims.hidden);
   const float eps = model_.dims.eps;
   // Draft and verify-sized calls stream the weights once (matvec); longer ones take GEMM tiles.
-  matvec_ = rows <= kMaxVerifyRows;
+  const ForwardPass pass = ForwardPass::one_slot(slot, position, rows, rows <= kMaxVerifyRows);
   // e = embed(ids[position + 1 + r]) into mix (free: the trunk's last MLP output is in x by now).
-  encode_embed(enc, ids(), uint32_t(position) + 1, rows, w.mix);
+  encode_embed(enc, ids(slot), uint32_t(position) + 1, rows, w.mix);
   // mtp_in [rows][2H] = [rms(e) * pre_fc_norm_embedding | rms(h) * pre_fc_norm_hidden]: both halves
   // of one row side by side, so fc is one projection over 2H (two half-width projections
   // accumulated would round differently from the reference's single matmul).
-  const RmsNormParams pe{H, H, H, 2 * H, eps}, ph{H, hidden_stride, H, 2 * H, eps};
+  const RmsNormParams pe{.dim = H, .x_stride = H, .r_stride = H, .y_stride = 2 * H, .eps = eps};
+  const RmsNormParams ph{.dim = H, .x_stride = hidden_stride, .r_stride = H, .y_stride = 2 * H, .eps = eps};
   enc.dispatch(*m.norm_embedding, {w.mix, at(m.pre_fc_norm_embedding), w.mtp_in, Arg::value(pe)}, {rows});
-  enc.dispatch(*m.norm_hidden, {hidden, at(m.pre_fc_norm_hidden), Arg(w.mtp_in, size_t(H) * 4), Arg::value(ph)}, {rows},
-               {m.norm_hidden->threads}, true);
+  enc.dispatch(*m.norm_hidden, {hidden, at(m.pre_fc_norm_hidden), Arg(w.mtp_in, size_t(H) * 4), Arg::value(ph)},
+               {rows}, {m.norm_hidden->threads}, true);
   // u = fc(mtp_in) is the MTP layer's residual stream x; then the layer as the trunk's.
-  encode_projection(enc, m.fc, w.mtp_in, 2 * H, w.x, H, rows);
-  encode_layer(enc, m.layer, one_segment(rows, position), false);
+  encode_projection(enc, pass.matvec, m.fc, w.mtp_in, 2 * H, w.x, H, rows);
+  encode_layer(enc, pass, m.layer, false);
   // mtp_hidden = mtp.norm(x + mix): the head's output state, kept for a chained call.
-  const RmsNormParams pn{H, H, H, H, eps};
-  enc.dispatch(*m.norm_residual, {w.x, w.mix, at(m.norm), w.mtp_hidden, Arg::value(pn)},
-               {rows});
-  if (logit_row0 < rows) encode_mtp_logits(enc, logit_row0, rows);
+  const RmsNormParams pn{.dim = H, .x_stride = H, .r_stride = H, .y_stride = H, .eps = eps};
+  enc.dispatch(*m.norm_residual, {w.x, w.mix, at(m.norm), w.mtp_hidden, Arg::value(pn)}, {rows});
+  if (logit_row0 < rows) encode_mtp_logits(enc, pass.matvec, logit_row0, rows);
 }
 
 // Into ws_->logits: callers encode the MTP after the trunk's logits were consumed (by the
 // choice in the same command buffer, or read back by the CPU before this one runs).
-void Engine::encode_mtp_logits(Encoder& enc, uint32_t row0, uint32_t rows) {
+void Engine::encode_mtp_logits(Encoder& enc, bool matvec, uint32_t row0, uint32_t rows) {
   const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab);
-  encode_projection(enc, lm_head_, Arg(ws_->mtp_hidden, size_t(row0) * H * 4), H, ws_->logits, V, rows - row0);
+  encode_projection(enc, matvec, lm_head_, Arg(ws_->mtp_hidden, size_t(row0) * H * 4), H, ws_->logits, V,
+                    rows - row0);
 }
 
-// Prefill fills the MTP cache for the prompt: the chunk's rows [position(), position() + rows)
-// pair with ids[position() + 1 ..]; the last row of the final chunk with the id the choice
+// Prefill fills the MTP cache for the prompt: the chunk's rows [position, position + rows)
+// pair with ids[position + 1 ..]; the last row of the final chunk with the id the choice
 // just wrote (ids[end]). No MTP logits: the logits buffer holds the trunk's, for the caller.
-void Engine::encode_mtp_prefill_chunk(Encoder& enc, uint32_t rows) {
-  const uint32_t H = uint32_t(model_.dims.hidden);
-  const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
-  encode_mtp(enc, rows, seq_->position, hidden, H, rows);
+void Engine::encode_mtp_prefill_chunk(Encoder& enc, int slot, uint32_t rows) {
+  encode_mtp(enc, slot, rows, sequences_[size_t(slot)].position, mtp_trunk_hidden(), uint32_t(model_.dims.hidden),
+             rows);
 }
 
-std::vector<float> Engine::mtp_logits(const std::vector<uint32_t>& ids) {
+// Draft i (at ids[p + i]) is the argmax of the head's logits for the pair one position before
+// it; one row at a time, so the head's weights and the lm_head stream once per draft (matvec).
+void Engine::encode_mtp_drafts(Encoder& enc, int slot, uint32_t k) {
+  const Sequence& q = sequences_[size_t(slot)];
+  const uint32_t H = uint32_t(model_.dims.hidden), p = uint32_t(q.position), row = uint32_t(q.mtp_row);
+  encode_mtp_logits(enc, true, row, row + 1);
+  encode_argmax(enc, ws_->logits, 1, ids(slot), p + 1);
+  for (uint32_t i = 2; i <= k; ++i) {
+    // The pair (the head's last output, draft i - 1) at position p + i - 2; one row, into mtp_hidden row 0.
+    const uint32_t from = i == 2 ? row : 0;
+    encode_mtp(enc, slot, 1, int(p + i - 2), Arg(ws_->mtp_hidden, size_t(from) * H * 4), H, 0);
+    encode_argmax(enc, ws_->logits, 1, ids(slot), p + i);
+  }
+}
+
+std::vector<float> Engine::mtp_logits(int slot, const std::vector<uint32_t>& ids) {
   if (!mtp_) throw EngineError("[engine] mtp_logits: no MTP head loaded");
   if (ids.size() < 2) throw EngineError("[engine] mtp_logits needs at least two token ids");
   const uint32_t V = uint32_t(model_.dims.vocab), H = uint32_t(model_.dims.hidden);
   for (uint32_t t : ids)
     if (t >= V) throw EngineError("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
-  reset();
-  check_room(ids.size());
-  std::memcpy(host_ids(), ids.data(), ids.size() * 4);
+  reset(slot);
+  Sequence& q = sequences_[size_t(slot)];
+  check_room(ids.size(), q);
+  std::memcpy(host_ids(slot), ids.data(), ids.size() * 4);
   std::vector<float> logits;
   logits.reserve((ids.size() - 1) * V);
   for (size_t done = 0; done < ids.size();) {
     const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, ids.size() - done));
     const uint32_t heads = uint32_t(std::min<size_t>(rows, ids.size() - 1 - done));  // the last id has no next
     Encoder enc(*device_, kernels_, "MTP logits chunk");
-    encode_step(enc, rows, rows, nullptr, true);  // the trunk: no logits, no choice
-    // Named now: x is the buffer holding the residual stream at this point of the encoding.
-    const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
-    if (heads > 0) encode_mtp(enc, heads, seq_->position, hidden, H, 0);
+    ForwardPass trunk = ForwardPass::one_slot(slot, q.position, rows, false);
+    trunk.logit_row0 = rows;  // no logits, no choice
+    trunk.split_layers = true;
+    encode_forward(enc, trunk);
+    if (heads > 0) encode_mtp(enc, slot, heads, q.position, mtp_trunk_hidden(), H, 0);
     Submitted step = commit(enc);
     try {
       wait(step);
     } catch (const gpu::GpuError& e) {
-      throw step_failed("MTP logits chunk", {slot_}, e);
+      throw step_failed("MTP logits chunk", {slot}, e);
     }
     const float* l = static_cast<const float*>(ws_->logits->contents());
     logits.insert(logits.end(), l, l + size_t(heads) * V);
-    seq_->position += int(rows);
+    q.position += int(rows);
     done += rows;
   }
-  reset();  // the MTP cache lacks the last row: nothing may continue from here
+  reset(slot);  // the MTP cache lacks the last row: nothing may continue from here
   return logits;
 }
 

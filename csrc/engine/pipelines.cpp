@@ -3,18 +3,17 @@
 // inside a step) and fails there if the GPU cannot run one, then resolves each into the slot
 // a step dispatches it from (no name lookups while encoding). Sizes: shaders/params/*.h.
 #include <algorithm>
-#include <initializer_list>
 
+#include "layer_tensors.h"
 #include "mtp.h"
-#include "workspace.h"
 
 namespace mq::engine {
 namespace {
 
 constexpr uint32_t kSimd = MQ_SIMD_WIDTH;
 
-ThreadgroupNeed exactly(uint32_t threads) { return {threads, threads}; }
-ThreadgroupNeed up_to(uint32_t threads) { return {threads, kSimd}; }
+ThreadgroupNeed exactly(uint32_t threads) { return {.preferred = threads, .minimum = threads}; }
+ThreadgroupNeed up_to(uint32_t threads) { return {.preferred = threads, .minimum = kSimd}; }
 
 // "_<format>" (e.g. "_b4_g64", "_mxfp4", "_bf16"): the kernel-name suffix of a projection's variant.
 std::string quant_suffix(const QuantLinear& l) { return "_" + l.format; }
@@ -38,31 +37,48 @@ uint32_t qmv_rows_per_simdgroup(uint64_t weight_rows, uint32_t gpu_cores) {
   return 2;
 }
 
+namespace {
+
+// The R variant of a matvec family for `weight_rows` rows (shaders/params/quant.h).
+void plan_matvec(KernelPlan& plan, uint32_t gpu_cores, QmvVariant& v, const std::string& op, const QuantLinear& l,
+                 uint64_t weight_rows) {
+  v.r = qmv_rows_per_simdgroup(weight_rows, gpu_cores);
+  const std::string variant = "_r" + std::to_string(v.r) + quant_suffix(l);
+  plan.need(v.one, op + variant, exactly(MQ_QMV_THREADS));
+  plan.need(v.rows, op + "_rows" + variant, exactly(MQ_QMV_THREADS));
+}
+
+// Per format: plain and norm-fused matvecs (the latter for a group of `normed_rows` rows in
+// all, the members' sum where projections.cpp normalises the input of several projections at
+// once), the GEMM.
+void plan_projection(KernelPlan& plan, uint32_t gpu_cores, QuantLinear& l, uint64_t normed_rows = 0) {
+  ProjectionKernels& k = l.kernels;
+  plan_matvec(plan, gpu_cores, k.qmv, "qmv", l, l.out);
+  plan_matvec(plan, gpu_cores, k.qmv_norm, "qmv_norm", l, normed_rows ? normed_rows : l.out);
+  plan.need(k.qmm, "qmm" + quant_suffix(l), exactly(MQ_QMM_THREADS));
+}
+
+// A part's projections by their role (layer_tensors.h): its normed ones are the members of one
+// encode_normed_projections call; expert stacks take the MoE matvec and grouped GEMM.
+template <class W, size_t N>
+void plan_part(KernelPlan& plan, uint32_t gpu_cores, W& part, const LayerTensor<W> (&table)[N]) {
+  const std::vector<QuantLinear*> normed = projections(part, table, TensorRole::normed);
+  uint64_t normed_rows = 0;
+  for (const QuantLinear* p : normed) normed_rows += p->out;
+  for (QuantLinear* p : normed) plan_projection(plan, gpu_cores, *p, normed_rows);
+  for (QuantLinear* p : projections(part, table, TensorRole::projection)) plan_projection(plan, gpu_cores, *p);
+  for (QuantLinear* p : projections(part, table, TensorRole::experts)) {
+    plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
+    plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
+  }
+}
+
+}  // namespace
+
 void Engine::plan_kernels(KernelPlan& plan) {
-  // The R variant of a matvec family for `weight_rows` rows (shaders/params/quant.h).
-  auto matvec = [&](QmvVariant& v, const std::string& op, const QuantLinear& l, uint64_t weight_rows) {
-    v.r = qmv_rows_per_simdgroup(weight_rows, device_->gpu_cores());
-    const std::string variant = "_r" + std::to_string(v.r) + quant_suffix(l);
-    plan.need(v.one, op + variant, exactly(MQ_QMV_THREADS));
-    plan.need(v.rows, op + "_rows" + variant, exactly(MQ_QMV_THREADS));
-  };
-  // Per format: plain and norm-fused matvecs (the latter for a group of `normed_rows` rows in
-  // all, the members' sum where forward.cpp normalises the input of several projections at
-  // once), the GEMM.
-  auto projection = [&](QuantLinear& l, uint64_t normed_rows = 0) {
-    ProjectionKernels& k = l.kernels;
-    matvec(k.qmv, "qmv", l, l.out);
-    matvec(k.qmv_norm, "qmv_norm", l, normed_rows ? normed_rows : l.out);
-    plan.need(k.qmm, "qmm" + quant_suffix(l), exactly(MQ_QMM_THREADS));
-  };
-  // The members of one encode_normed_projections call.
-  auto normed_group = [&](std::initializer_list<QuantLinear*> members) {
-    uint64_t rows = 0;
-    for (const QuantLinear* p : members) rows += p->out;
-    for (QuantLinear* p : members) projection(*p, rows);
-  };
+  const uint32_t cores = device_->gpu_cores();
   plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
-  projection(lm_head_);
+  plan_projection(plan, cores, lm_head_);
   plan.need(k_.final_norm, "rms_norm_residual" + vector_suffix(final_norm_), up_to(MQ_NORM_THREADS));
   plan.need(k_.silu_mul, "silu_mul", up_to(kSiluMulThreads));
   plan.need(k_.copy_u32, "copy_u32", up_to(kCopyThreads));  // snapshots of the sequence state
@@ -76,72 +92,67 @@ void Engine::plan_kernels(KernelPlan& plan) {
   plan.need(k_.spec_accept, "spec_accept", exactly(1));
   if (options_.max_draft > 0) plan.need(k_.delta_restore, "delta_restore", up_to(kCopyThreads));  // rollbacks
 
-  const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
-  const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";
-  std::vector<LayerWeights*> layers;
-  for (LayerWeights& l : layers_) layers.push_back(&l);
+  for (LayerWeights& l : layers_) plan_layer_kernels(plan, l);
   if (mtp_) {
     // The MTP head: its layer as the trunk's, fc, and its three norms (mtp.h).
     MtpWeights& m = *mtp_;
-    layers.push_back(&m.layer);
-    projection(m.fc);
+    plan_layer_kernels(plan, m.layer);
+    plan_projection(plan, cores, m.fc);
     plan.need(m.norm_embedding, "rms_norm" + vector_suffix(m.pre_fc_norm_embedding), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_hidden, "rms_norm" + vector_suffix(m.pre_fc_norm_hidden), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_residual, "rms_norm_residual" + vector_suffix(m.norm), up_to(MQ_NORM_THREADS));
   }
-  for (LayerWeights* layer : layers) {
-    LayerWeights& l = *layer;
-    LayerKernels& k = l.kernels;
-    MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
-    normed_group({&mlp.gate_proj, &mlp.up_proj});
-    projection(mlp.down_proj);
-    // gate and up with the post norm and the activation (one format)
-    matvec(mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu", mlp.gate_proj,
-             uint64_t(mlp.gate_proj.out) + mlp.up_proj.out);
-    plan.need(k.input_norm, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
-    plan.need(k.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
-    plan.need(k.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
-    if (l.moe) {
-      MoeWeights& m = *l.moe;
-      normed_group({&m.gate, &m.shared_expert_gate});
-      for (QuantLinear* p : {&m.gate_proj, &m.up_proj, &m.down_proj}) {
-        plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
-        plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
-      }
-      // The fused decode/verify block: routing + gate/up + silu, down + the weighted sum.
-      plan.need(m.gate_proj.kernels.moe_qmv_route_silu, "moe_qmv_route_silu" + quant_suffix(m.gate_proj),
-                exactly(MQ_QMV_THREADS));
-      plan.need(m.down_proj.kernels.moe_qmv_combine, "moe_qmv_combine" + quant_suffix(m.down_proj),
-                exactly(MQ_QMV_THREADS));
-      plan.need(k_.moe_route, "moe_route", exactly(MQ_MOE_ROUTE_THREADS));
-      plan.need(k_.moe_group, "moe_group", up_to(MQ_MOE_GROUP_THREADS));
-      plan.need(k_.moe_gather_rows, "moe_gather_rows", up_to(kMoeRowThreads));
-      plan.need(k_.moe_combine, "moe_combine", up_to(kMoeRowThreads));
-    }
-    if (l.delta) {
-      DeltaNetWeights& m = *l.delta;
-      normed_group({&m.in_proj_qkv, &m.in_proj_z, &m.in_proj_b, &m.in_proj_a});
-      projection(m.out_proj);
-      matvec(m.out_proj.kernels.qmv_head_norm, "qmv_head_norm", m.out_proj, m.out_proj.out);
-      plan.need(k.conv_scan, delta_scan_kernel(m), up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS));
-      plan.need(k.norm_history, "delta_norm_history", up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
-    } else {
-      AttentionWeights& m = *l.attn;
-      normed_group({&m.q_proj, &m.k_proj, &m.v_proj});
-      projection(m.o_proj);
-      const std::string vectors = vector_suffix(m.q_norm);
-      plan.need(k.attn_prep, "attn_qk_norm_rope_append_" + cache + vectors, up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS));
-      // One SIMD-group per query head of a kv head, as many as the kernels take.
-      const ThreadgroupNeed decode = up_to(kSimd * std::min<uint32_t>(rep, MQ_ATTN_DECODE_MAX_SIMDGROUPS));
-      plan.need(k.attn_decode_r1, "attn_decode_" + cache + "_r1" + vectors, decode);
-      plan.need(k.attn_decode_r4, "attn_decode_" + cache + "_r4" + vectors, decode);
-      plan.need(k_.attn_combine, "attn_decode_combine", up_to(MQ_ATTN_COMBINE_THREADS));
-      // Whole multiples of the query heads of a kv head where they fit.
-      const uint32_t prefill_sg = rep <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS
-                                      ? MQ_ATTN_PREFILL_MAX_SIMDGROUPS / rep * rep
-                                      : MQ_ATTN_PREFILL_MAX_SIMDGROUPS;
-      plan.need(k.attn_prefill, "attn_prefill_" + cache, up_to(kSimd * prefill_sg));
-    }
+}
+
+// One layer's kernels: its parts' projections (plan_part), then the kernels of each part's
+// own (norms, the fused MLP and MoE matvecs, the mixers).
+void Engine::plan_layer_kernels(KernelPlan& plan, LayerWeights& l) {
+  const uint32_t cores = device_->gpu_cores();
+  const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
+  const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";
+  LayerKernels& k = l.kernels;
+  MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
+  plan_part(plan, cores, mlp, kMlpTensors);
+  // gate and up with the post norm and the activation (one format)
+  plan_matvec(plan, cores, mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu", mlp.gate_proj,
+              uint64_t(mlp.gate_proj.out) + mlp.up_proj.out);
+  plan.need(k.input_norm, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
+  plan.need(k.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
+  plan.need(k.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
+  if (l.moe) {
+    MoeWeights& m = *l.moe;
+    plan_part(plan, cores, m, kMoeTensors);
+    // The fused decode/verify block: routing + gate/up + silu, down + the weighted sum.
+    plan.need(m.gate_proj.kernels.moe_qmv_route_silu, "moe_qmv_route_silu" + quant_suffix(m.gate_proj),
+              exactly(MQ_QMV_THREADS));
+    plan.need(m.down_proj.kernels.moe_qmv_combine, "moe_qmv_combine" + quant_suffix(m.down_proj),
+              exactly(MQ_QMV_THREADS));
+    plan.need(k_.moe_route, "moe_route", exactly(MQ_MOE_ROUTE_THREADS));
+    plan.need(k_.moe_group, "moe_group", up_to(MQ_MOE_GROUP_THREADS));
+    plan.need(k_.moe_gather_rows, "moe_gather_rows", up_to(kMoeRowThreads));
+    plan.need(k_.moe_combine, "moe_combine", up_to(kMoeRowThreads));
+  }
+  if (l.delta) {
+    DeltaNetWeights& m = *l.delta;
+    plan_part(plan, cores, m, kDeltaNetTensors);
+    plan_matvec(plan, cores, m.out_proj.kernels.qmv_head_norm, "qmv_head_norm", m.out_proj, m.out_proj.out);
+    plan.need(k.conv_scan, delta_scan_kernel(m), up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS));
+    plan.need(k.norm_history, "delta_norm_history", up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
+  } else {
+    AttentionWeights& m = *l.attn;
+    plan_part(plan, cores, m, kAttentionTensors);
+    const std::string vectors = vector_suffix(m.q_norm);
+    plan.need(k.attn_prep, "attn_qk_norm_rope_append_" + cache + vectors, up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS));
+    // One SIMD-group per query head of a kv head, as many as the kernels take.
+    const ThreadgroupNeed decode = up_to(kSimd * std::min<uint32_t>(rep, MQ_ATTN_DECODE_MAX_SIMDGROUPS));
+    plan.need(k.attn_decode_r1, "attn_decode_" + cache + "_r1" + vectors, decode);
+    plan.need(k.attn_decode_r4, "attn_decode_" + cache + "_r4" + vectors, decode);
+    plan.need(k_.attn_combine, "attn_decode_combine", up_to(MQ_ATTN_COMBINE_THREADS));
+    // Whole multiples of the query heads of a kv head where they fit.
+    const uint32_t prefill_sg = rep <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS
+                                    ? MQ_ATTN_PREFILL_MAX_SIMDGROUPS / rep * rep
+                                    : MQ_ATTN_PREFILL_MAX_SIMDGROUPS;
+    plan.need(k.attn_prefill, "attn_prefill_" + cache, up_to(kSimd * prefill_sg));
   }
 }
 

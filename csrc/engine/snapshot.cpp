@@ -8,27 +8,29 @@
 
 namespace mq::engine {
 
-std::vector<Engine::StateRegion> Engine::state_regions(int position) const {
+std::vector<Engine::StateRegion> Engine::state_regions(int slot, int position) const {
   const size_t kv_dim = size_t(model_.dims.kv_heads) * MQ_ATTN_HEAD_DIM, p = size_t(position);
   const size_t ctx = size_t(options_.max_context);
   std::vector<const LayerWeights*> layers;
   for (const LayerWeights& l : layers_) layers.push_back(&l);
   if (mtp_) layers.push_back(&mtp_->layer);  // its K/V rows too: a resumed sequence drafts as a fed one does
   std::vector<StateRegion> regions;
-  auto base = [this](const SlotBuffer& b) { return size_t(slot_) * b.slot_bytes; };  // the selected slot's part
+  auto base = [slot](const SlotBuffer& b) { return size_t(slot) * b.slot_bytes; };  // the slot's part
   for (const LayerWeights* layer : layers) {
     const LayerWeights& l = *layer;
     if (!l.full_attention) {
-      for (const SlotBuffer* b : {&l.state, &l.hist}) regions.push_back({b->buffer, base(*b), b->slot_bytes});
+      for (const SlotBuffer* b : {&l.state, &l.hist}) regions.push_back({.buffer = b->buffer, .offset = base(*b), .bytes = b->slot_bytes});
       continue;
     }
     for (const SlotBuffer* cache : {&l.k_cache, &l.v_cache}) {
       // Rows [0, p) of each plane (params/attention.h): q8 codes and their f16 scales, or f16.
       if (options_.kv_bits == 8) {
-        regions.push_back({cache->buffer, base(*cache), p * kv_dim});
-        regions.push_back({cache->buffer, base(*cache) + ctx * kv_dim, p * kv_dim / MQ_ATTN_Q8_BLOCK * 2});
+        regions.push_back({.buffer = cache->buffer, .offset = base(*cache), .bytes = p * kv_dim});
+        regions.push_back({.buffer = cache->buffer,
+                           .offset = base(*cache) + ctx * kv_dim,
+                           .bytes = p * kv_dim / MQ_ATTN_Q8_BLOCK * 2});
       } else {
-        regions.push_back({cache->buffer, base(*cache), p * kv_dim * 2});
+        regions.push_back({.buffer = cache->buffer, .offset = base(*cache), .bytes = p * kv_dim * 2});
       }
     }
   }
@@ -40,19 +42,20 @@ namespace {
 // dst = src, `bytes` (a multiple of 4) as 32-bit words, by `copy` (copy_u32).
 void encode_copy(Encoder& enc, const Pipeline& copy, const Arg& src, const Arg& dst, size_t bytes) {
   if (bytes == 0) return;
-  const CopyParams p{uint32_t(bytes / 4), 1, 0, 0, 0, 0};
+  const CopyParams p{
+      .cols = uint32_t(bytes / 4), .rows = 1, .src_offset = 0, .src_stride = 0, .dst_offset = 0, .dst_stride = 0};
   enc.dispatch_threads(copy, {src, dst, Arg::value(p)}, {p.cols, 1});
 }
 
 }  // namespace
 
-std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int position) {
+std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int slot, int position) {
   auto s = std::make_shared<Snapshot>();
   s->engine = this;
   s->position = position;
-  const auto* ids = host_ids();
+  const auto* ids = host_ids(slot);
   s->tokens.assign(ids, ids + position);
-  const auto regions = state_regions(position);
+  const auto regions = state_regions(slot, position);
   size_t total = 0;
   for (const StateRegion& r : regions) total += r.bytes;
   s->data = device_->new_buffer(std::max<size_t>(total, 4));
@@ -64,12 +67,13 @@ std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int position) {
   return s;
 }
 
-void Engine::restore(const Snapshot& s) {
+void Engine::restore(int slot, const Snapshot& s) {
+  Sequence& q = sequence(slot);
   if (s.engine != this) throw EngineError("[engine] a snapshot can only be restored by the engine that took it");
   decode_end();
   Encoder enc(*device_, kernels_, "restore");
   size_t at = 0;
-  for (const StateRegion& r : state_regions(s.position)) {
+  for (const StateRegion& r : state_regions(slot, s.position)) {
     encode_copy(enc, *k_.copy_u32, Arg(s.data, at), Arg(r.buffer, r.offset), r.bytes);
     at += r.bytes;
   }
@@ -77,11 +81,11 @@ void Engine::restore(const Snapshot& s) {
   try {
     wait(step);
   } catch (const gpu::GpuError& e) {
-    throw step_failed("restore", {slot_}, e);
+    throw step_failed("restore", {slot}, e);
   }
-  std::memcpy(host_ids(), s.tokens.data(), s.tokens.size() * 4);
-  seq_->position = s.position;
-  seq_->mtp_row = -1;
+  std::memcpy(host_ids(slot), s.tokens.data(), s.tokens.size() * 4);
+  q.position = s.position;
+  q.mtp_row = -1;
 }
 
 }  // namespace mq::engine

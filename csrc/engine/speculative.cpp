@@ -11,8 +11,6 @@
 
 namespace mq::engine {
 
-uint32_t Engine::chosen() const { return host_ids()[seq_->position]; }
-
 void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings) {
   const uint32_t V = uint32_t(model_.dims.vocab);
   const StepSegment& last = segs.seg[segs.count - 1];
@@ -28,8 +26,18 @@ void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const s
     if (s.temperature <= 0.0f) continue;
     // Row r samples the token at position draft_pos + r with that position's Philox counter, as decode does.
     const uint32_t drafts = g.rows - 1, draft_pos = g.position + 1;
-    const SampleParams p{V,         V,         uint32_t(std::max(s.top_k, 0)), s.top_p, s.temperature, s.min_p,
-                         uint32_t(s.seed), uint32_t(s.seed >> 32), draft_pos, 0, drafts, draft_pos};
+    const SampleParams p{.n = V,
+                         .row_stride = V,
+                         .top_k = uint32_t(std::max(s.top_k, 0)),
+                         .top_p = s.top_p,
+                         .temperature = s.temperature,
+                         .min_p = s.min_p,
+                         .seed_lo = uint32_t(s.seed),
+                         .seed_hi = uint32_t(s.seed >> 32),
+                         .counter = draft_pos,
+                         .out_pos = 0,
+                         .drafts = drafts,
+                         .draft_pos = draft_pos};
     enc.dispatch(*k_.sample,
                  {Arg(ws_->logits, size_t(g.first_row) * V * 4), Arg(ws_->verify_chosen, size_t(g.first_row) * 4),
                   Arg::value(p), slot_ids(g)},
@@ -38,7 +46,7 @@ void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const s
   }
   for (uint32_t i = 0; i < segs.count; ++i) {
     const StepSegment& g = segs.seg[i];
-    const SpecAcceptParams ap{g.rows - 1, g.position + 1};
+    const SpecAcceptParams ap{.drafts = g.rows - 1, .draft_pos = g.position + 1};
     enc.dispatch(*k_.spec_accept,
                  {slot_ids(g), Arg(ws_->verify_chosen, size_t(g.first_row) * 4), Arg(ws_->accepted, size_t(i) * 4),
                   Arg::value(ap)},
@@ -50,7 +58,9 @@ void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const s
   for (uint32_t i = 0; i < segs.count; ++i) {
     const StepSegment& g = segs.seg[i];
     if (g.rows == 1) continue;
-    const DeltaRestoreParams rp{uint32_t(state_words(d)), uint32_t(state_words(d)), g.rows - 1};
+    const DeltaRestoreParams rp{.state_floats = uint32_t(state_words(d)),
+                                .state_snap_stride = uint32_t(state_words(d)),
+                                .planes = g.rows - 1};
     for (const LayerWeights& l : layers_) {
       if (!l.delta) continue;
       enc.dispatch_threads(*k_.delta_restore,
@@ -76,73 +86,58 @@ void Engine::count_verified(uint32_t drafted, uint32_t accepted) {
   }
 }
 
-void Engine::encode_mtp_drafts(Encoder& enc, uint32_t k) {
-  const uint32_t H = uint32_t(model_.dims.hidden), p = uint32_t(seq_->position);
-  matvec_ = true;  // one row at a time: stream the head's weights and the lm_head once
-  // Draft i (at ids[p + i]) is the argmax of the head's logits for the pair one position before it.
-  encode_mtp_logits(enc, uint32_t(seq_->mtp_row), uint32_t(seq_->mtp_row) + 1);
-  encode_argmax(enc, ws_->logits, 1, ids(), p + 1);
-  for (uint32_t i = 2; i <= k; ++i) {
-    // The pair (the head's last output, draft i - 1) at position p + i - 2; one row, into mtp_hidden row 0.
-    const uint32_t from = i == 2 ? uint32_t(seq_->mtp_row) : 0;
-    encode_mtp(enc, 1, int(p + i - 2), Arg(ws_->mtp_hidden, size_t(from) * H * 4), H, 0);
-    encode_argmax(enc, ws_->logits, 1, ids(), p + i);
-  }
-}
-
-std::vector<uint32_t> Engine::verify(const std::vector<uint32_t>& drafts, const Sampling& sampling) {
+std::vector<uint32_t> Engine::verify(int slot, const std::vector<uint32_t>& drafts, const Sampling& sampling) {
   const uint32_t vocab = uint32_t(model_.dims.vocab);
   for (uint32_t t : drafts)
     if (t >= vocab) throw EngineError("[engine] draft id " + std::to_string(t) + " is outside the vocabulary");
-  return run_verify(uint32_t(drafts.size()), sampling, &drafts);
+  return run_verify(slot, uint32_t(drafts.size()), sampling, &drafts);
 }
 
-std::vector<uint32_t> Engine::verify_mtp(uint32_t drafts, const Sampling& sampling) {
+std::vector<uint32_t> Engine::verify_mtp(int slot, uint32_t drafts, const Sampling& sampling) {
   if (!mtp_) throw EngineError("[engine] verify_mtp needs the MTP head (load it with the engine option mtp)");
-  return run_verify(drafts, sampling, nullptr);
+  return run_verify(slot, drafts, sampling, nullptr);
 }
 
-std::vector<uint32_t> Engine::run_verify(uint32_t k, const Sampling& sampling,
+std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& sampling,
                                          const std::vector<uint32_t>* host_drafts) {
+  Sequence& q = sequence(slot);
   if (k > uint32_t(options_.max_draft))
     throw EngineError("[engine] " + std::to_string(k) + " drafts exceed max_draft " +
                       std::to_string(options_.max_draft) + " (set at load)");
   if (sampling.penalised()) throw EngineError("[engine] a verify step takes no penalties: decode instead");
   if (sampling.logprobs >= 0) throw EngineError("[engine] a verify step reports no logprobs: decode instead");
   decode_end();
-  check_room(size_t(k) + 2);  // the rows fed, and the token chosen after the last
+  check_room(size_t(k) + 2, q);  // the rows fed, and the token chosen after the last
   Encoder enc(*device_, kernels_, "verify step");
   if (host_drafts) {
-    std::memcpy(host_ids() + seq_->position + 1, host_drafts->data(), size_t(k) * 4);
-  } else if (seq_->mtp_row < 0) {
+    std::memcpy(host_ids(slot) + q.position + 1, host_drafts->data(), size_t(k) * 4);
+  } else if (q.mtp_row < 0) {
     k = 0;  // no head state to draft from (after a plain decode step or a restore): a one-row step
   } else if (k > 0) {
-    encode_mtp_drafts(enc, k);
+    encode_mtp_drafts(enc, slot, k);
   }
-  snap_rows_ = k;
-  const StepSegments segs = one_segment(k + 1, seq_->position);
-  encode_rows(enc, segs, 0, false);
-  snap_rows_ = 0;
-  encode_verification(enc, segs, {sampling});
+  ForwardPass pass = ForwardPass::one_slot(slot, q.position, k + 1, true);
+  pass.snapshot_rows = k;
+  encode_forward(enc, pass);
+  encode_verification(enc, pass.segs, {sampling});
   if (mtp_) {
     // The head over the verified rows (pairs with the drafts and the next token; rows past the
     // accepted ones are rewritten by the next step), for the next step's drafts.
-    const Arg hidden = options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
-    encode_mtp(enc, k + 1, seq_->position, hidden, uint32_t(model_.dims.hidden), k + 1);
+    encode_mtp(enc, slot, k + 1, q.position, mtp_trunk_hidden(), uint32_t(model_.dims.hidden), k + 1);
   }
   Submitted step = commit(enc);
   try {
     wait(step);
   } catch (const gpu::GpuError& e) {
-    throw step_failed("verify step", {slot_}, e);
+    throw step_failed("verify step", {slot}, e);
   }
 
-  const auto* ids = host_ids();
+  const auto* ids = host_ids(slot);
   const uint32_t a = *static_cast<const uint32_t*>(ws_->accepted->contents());
-  std::vector<uint32_t> out(ids + seq_->position + 1, ids + seq_->position + 2 + a);  // accepted drafts, then the next token
-  seq_->position += int(a) + 1;
-  seq_->mtp_row = mtp_ ? int(a) : -1;
-  seq_->logprob_position = -1;
+  std::vector<uint32_t> out(ids + q.position + 1, ids + q.position + 2 + a);  // accepted drafts, then the next token
+  q.position += int(a) + 1;
+  q.mtp_row = mtp_ ? int(a) : -1;
+  q.logprob_position = -1;
   counters_.verify_steps += 1;
   count_verified(k, a);
   return out;

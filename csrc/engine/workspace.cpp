@@ -5,89 +5,8 @@
 #include <cstring>
 
 namespace mq::engine {
-namespace {
-
-const std::string kModel = "language_model.model.";
-
-uint64_t vector_bytes(const DeviceTensor& t) { return t.desc->nbytes; }
-
-MlpWeights load_mlp(const Weights& w, const std::string& prefix) {
-  return {w.linear(prefix + "gate_proj"), w.linear(prefix + "up_proj"), w.linear(prefix + "down_proj")};
-}
-
-uint64_t mlp_bytes(const MlpWeights& m) { return m.gate_proj.nbytes() + m.up_proj.nbytes() + m.down_proj.nbytes(); }
-
-}  // namespace
 
 uint32_t mlp_intermediate(const ModelDims& d) { return uint32_t(d.experts > 0 ? d.shared_intermediate : d.intermediate); }
-
-LayerWeights load_layer(const Weights& w, const ModelDims& dims, const std::string& p, bool full_attention) {
-  LayerWeights l;
-  l.full_attention = full_attention;
-  l.input_norm = w.tensor(p + "input_layernorm.weight");
-  l.post_norm = w.tensor(p + "post_attention_layernorm.weight");
-  if (dims.experts > 0) {
-    l.moe = MoeWeights{w.linear(p + "mlp.gate"),
-                       w.linear(p + "mlp.switch_mlp.gate_proj"),
-                       w.linear(p + "mlp.switch_mlp.up_proj"),
-                       w.linear(p + "mlp.switch_mlp.down_proj"),
-                       load_mlp(w, p + "mlp.shared_expert."),
-                       w.linear(p + "mlp.shared_expert_gate")};
-  } else {
-    l.mlp = load_mlp(w, p + "mlp.");
-  }
-  if (l.full_attention) {
-    const std::string a = p + "self_attn.";
-    l.attn = AttentionWeights{w.linear(a + "q_proj"), w.linear(a + "k_proj"),        w.linear(a + "v_proj"),
-                              w.linear(a + "o_proj"), w.tensor(a + "q_norm.weight"), w.tensor(a + "k_norm.weight")};
-  } else {
-    const std::string d = p + "linear_attn.";
-    l.delta = DeltaNetWeights{w.linear(d + "in_proj_qkv"), w.linear(d + "in_proj_z"),
-                              w.linear(d + "in_proj_b"),   w.linear(d + "in_proj_a"),
-                              w.linear(d + "out_proj"),    w.tensor(d + "conv1d.weight"),
-                              w.tensor(d + "dt_bias"),     w.tensor(d + "A_log"),
-                              w.tensor(d + "norm.weight")};
-  }
-  return l;
-}
-
-std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims) {
-  std::vector<LayerWeights> layers;
-  for (int i = 0; i < dims.layers; ++i)
-    layers.push_back(load_layer(w, dims, kModel + "layers." + std::to_string(i) + ".", dims.full_attention[size_t(i)]));
-  return layers;
-}
-
-uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& layers,
-                             const ModelDims& dims) {
-  uint64_t total = vector_bytes(w.tensor(kModel + "norm.weight"));
-  const std::string head = dims.tied ? kModel + "embed_tokens" : "language_model.lm_head";
-  total += w.linear(head).nbytes();
-  // The embedding gather reads one table row.
-  total += w.linear(kModel + "embed_tokens").nbytes() / uint64_t(dims.vocab);
-  for (const auto& l : layers) {
-    total += vector_bytes(l.input_norm) + vector_bytes(l.post_norm);
-    if (l.moe) {
-      // The router, the shared expert and its gate, and the experts_per_token chosen experts.
-      const MoeWeights& m = *l.moe;
-      total += m.gate.nbytes() + m.shared_expert_gate.nbytes() + mlp_bytes(m.shared_expert);
-      total += uint64_t(dims.experts_per_token) *
-               (m.gate_proj.expert_nbytes() + m.up_proj.expert_nbytes() + m.down_proj.expert_nbytes());
-    } else {
-      total += mlp_bytes(*l.mlp);
-    }
-    if (l.attn) {
-      total += l.attn->q_proj.nbytes() + l.attn->k_proj.nbytes() + l.attn->v_proj.nbytes() + l.attn->o_proj.nbytes();
-      total += vector_bytes(l.attn->q_norm) + vector_bytes(l.attn->k_norm);
-    } else {
-      const DeltaNetWeights& d = *l.delta;
-      total += d.in_proj_qkv.nbytes() + d.in_proj_z.nbytes() + d.in_proj_b.nbytes() + d.in_proj_a.nbytes() +
-               d.out_proj.nbytes();
-      total += vector_bytes(d.conv1d) + vector_bytes(d.dt_bias) + vector_bytes(d.a_log) + vector_bytes(d.norm);
-    }
-  }
-  return total;
-}
 
 namespace {
 
@@ -181,9 +100,10 @@ SlotStrides slot_strides(const ModelDims& d, const EngineOptions& o) {
     return uint32_t(value);
   };
   auto words = [](size_t n) { return slot_part_bytes(bytes_of_words(n)) / 4; };
-  return {fits("DeltaNet state", words(state_words(d))), fits("conv history", words(history_words(d))),
-          fits("state snapshot", o.max_draft > 0 ? words(size_t(o.max_draft) * state_words(d)) : 0),
-          fits("KV cache", kv_cache_slot_bytes(d, o))};
+  return {.state_words = fits("DeltaNet state", words(state_words(d))),
+          .history_words = fits("conv history", words(history_words(d))),
+          .snapshot_words = fits("state snapshot", o.max_draft > 0 ? words(size_t(o.max_draft) * state_words(d)) : 0),
+          .cache_bytes = fits("KV cache", kv_cache_slot_bytes(d, o))};
 }
 
 size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
@@ -193,7 +113,7 @@ size_t kv_cache_bytes(const ModelDims& d, const EngineOptions& o) {
 
 SlotBuffer new_slot_buffer(gpu::Device& device, size_t bytes, int slots) {
   const size_t part = slot_part_bytes(bytes);
-  return {device.new_buffer(part * size_t(slots)), part};
+  return {.buffer = device.new_buffer(part * size_t(slots)), .slot_bytes = part};
 }
 
 uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {

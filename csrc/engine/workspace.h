@@ -177,11 +177,4 @@ uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
 // Intermediate size of the buffers gate/up/act: the dense MLP's, or the shared expert's.
 uint32_t mlp_intermediate(const ModelDims& dims);
 
-// One decoder layer's weights under `prefix` (e.g. "language_model.model.layers.3."), caches unset.
-LayerWeights load_layer(const Weights& weights, const ModelDims& dims, const std::string& prefix, bool full_attention);
-std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
-// Bytes of weights one decode step streams (every projection once, the lm_head, norms).
-uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers,
-                             const ModelDims& dims);
-
 }  // namespace mq::engine

@@ -111,23 +111,20 @@ class Scheduler:
         shared step for every request past its prompt. Returns the requests that produced
         chunks or finished."""
         touched: list[Sequence] = []
-        try:
-            while self.waiting and self._free:
-                seq = self.waiting.popleft()
-                with self._failing([seq], touched):
-                    self._admit(seq)
-            feeding = next((s for s in self.running if not s.prefilled), None)
-            if feeding is not None:
-                with self._failing([feeding], touched):
-                    if self._feed(feeding):
-                        touched.append(feeding)
-            decoding = [s for s in self.running if s.prefilled and not s.finished]
-            if decoding:
-                with self._failing(decoding, touched):
-                    self._decode(decoding)
-                touched += [s for s in decoding if s not in touched]
-        finally:
-            self._engine.select(0)  # Model.stream and friends work on slot 0
+        while self.waiting and self._free:
+            seq = self.waiting.popleft()
+            with self._failing([seq], touched):
+                self._admit(seq)
+        feeding = next((s for s in self.running if not s.prefilled), None)
+        if feeding is not None:
+            with self._failing([feeding], touched):
+                if self._feed(feeding):
+                    touched.append(feeding)
+        decoding = [s for s in self.running if s.prefilled and not s.finished]
+        if decoding:
+            with self._failing(decoding, touched):
+                self._decode(decoding)
+            touched += [s for s in decoding if s not in touched]
         return touched
 
     def run(self) -> None:
@@ -154,15 +151,13 @@ class Scheduler:
         ids = seq.request.ids
 
         def reusable(slot: int) -> int:
-            self._engine.select(slot)
-            cached = self._engine.tokens()
+            cached = self._engine.tokens(slot)
             return len(cached) if len(cached) < len(ids) and ids[: len(cached)] == cached else 0
 
         seq.slot = max(self._free, key=reusable)
         self._free.remove(seq.slot)
         self.running.append(seq)
-        self._engine.select(seq.slot)
-        seq.fed, seq.snapshot_at = self._runner.resume(ids, seq.request.boundaries)
+        seq.fed, seq.snapshot_at = self._runner.resume(ids, seq.request.boundaries, seq.slot)
         seq.output.stats.prompt_tokens_reused = seq.fed
         room = self._runner.max_context - len(ids)
         seq.left = min(seq.request.max_tokens, room)
@@ -175,11 +170,10 @@ class Scheduler:
         ids, stats = seq.request.ids, seq.output.stats
         end = min(len(ids), seq.fed + self.prefill_rows)
         start = time.perf_counter()
-        self._engine.select(seq.slot)
         taken = []
         at = [p for p in seq.snapshot_at if seq.fed < p <= end]
-        self._engine.prefill(ids[seq.fed:end], logits="none", snapshot_at=at, snapshots=taken,
-                             **seq.request.sampling)
+        self._engine.prefill(seq.slot, ids[seq.fed:end], _core.Sampling(**seq.request.sampling), logits="none",
+                             snapshot_at=at, snapshots=taken)
         for snapshot in taken:
             self._runner.prefix_cache.add(snapshot)
         stats.prompt_seconds += time.perf_counter() - start
@@ -187,14 +181,14 @@ class Scheduler:
         if end < len(ids):
             return False
         seq.started = time.perf_counter()
-        self._emit(seq, [self._engine.chosen()])
+        self._emit(seq, [self._engine.chosen(seq.slot)])
         return True
 
     def _decode(self, seqs: list[Sequence]) -> None:
         """One shared step for ``seqs`` (each past its prompt), drafts where they pay."""
         drafts = self._drafts(seqs)
         # A drafting request has neither penalties nor logprobs (Model.request turns its drafter off).
-        entries = [(s.slot, drafts[id(s)], s.request.sampling) for s in seqs]
+        entries = [(s.slot, drafts[id(s)], _core.Sampling(**s.request.sampling)) for s in seqs]
         results = self._engine.step(entries)
         for seq, tokens in zip(seqs, results):
             k = len(drafts[id(seq)])
@@ -231,8 +225,7 @@ class Scheduler:
         """Hands generated tokens to the request's output; finishes it at a stop or its budget."""
         logprobs = None
         if seq.request.sampling["logprobs"] >= 0:  # then one token (no drafts), its logprobs in its slot
-            self._engine.select(seq.slot)
-            logprobs = self._engine.last_logprobs()
+            logprobs = self._engine.last_logprobs(seq.slot)
         for token in tokens:
             seq.history.append(token)
             seq.left -= 1

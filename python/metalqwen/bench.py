@@ -152,10 +152,10 @@ def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab:
     _metalqwen_decode(model, prompt_ids(vocab, 8), 4)  # warm-up: pipelines and first-touch pages
     for n in p.prefill_tokens:
         phase(f"metalqwen: prefill {n} tokens")
-        engine.reset()
+        engine.reset(0)
         start = time.perf_counter()
-        engine.prefill(prompt_ids(vocab, n))
-        engine.decode_begin(1)
+        engine.prefill(0, prompt_ids(vocab, n))
+        engine.decode_begin(0, 1)
         engine.decode_next()  # the first token, chosen by the prefill's last chunk
         engine.decode_end()
         seconds = time.perf_counter() - start
@@ -179,19 +179,21 @@ def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab:
 def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
     """Seconds to decode ``tokens`` tokens after ``prompt`` (fed first, not timed), eos or not:
     plainly, or by the model's speculative mode (greedy)."""
+    from . import _core
+
     engine = model.runner.engine
-    engine.reset()
-    engine.prefill(prompt)
+    engine.reset(0)
+    engine.prefill(0, prompt)
     if model.speculative != "off":
         drafter = spec.MtpHead() if model.speculative == "mtp" else spec.PromptLookup()
-        steps = spec.generate(engine, engine.chosen(), tokens + 1, {}, drafter, spec.DepthPolicy(model.draft_depth),
-                              history=list(prompt))
+        steps = spec.generate(engine, 0, engine.chosen(0), tokens + 1, _core.Sampling(), drafter,
+                              spec.DepthPolicy(model.draft_depth), history=list(prompt))
         next(steps)  # the prefill's choice: not a decode step
         start = time.perf_counter()
         for _ in steps:
             pass
         return time.perf_counter() - start
-    engine.decode_begin(tokens + 1)
+    engine.decode_begin(0, tokens + 1)
     engine.decode_next()  # the prefill's choice: not a decode step
     start = time.perf_counter()
     while engine.decode_next() is not None:
@@ -206,9 +208,9 @@ def _metalqwen_concurrency(model, p: Plan, vocab: int) -> list[dict]:
     decode steps are the run's command buffers less its prompts' chunks."""
     model.eos_token_ids = []  # a fixed number of tokens, eos or not, as in the other decode runs
     engine = model.runner.engine
-    engine.reset()
+    engine.reset(0)
     before = model.counters()
-    engine.prefill(concurrency_prompts(vocab, p, 1)[0])
+    engine.prefill(0, concurrency_prompts(vocab, p, 1)[0])
     prompt_steps = model.counters()["steps"] - before["steps"]
     model.generate_batch([prompt_ids(vocab, 8, seed) for seed in range(p.concurrency[-1])], 2)  # warm-up: every slot
     levels = []

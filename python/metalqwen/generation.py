@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence, Union
 
-from . import speculative as spec
+from . import _core, speculative as spec
 from .prefix_cache import PrefixCache
 from .progress import PrefillProgress
 from .tokenizer import StopMatcher, Tokenizer
@@ -185,32 +185,32 @@ class Runner:
         """The engine's counters (see ``Model.counters``)."""
         return dict(self._engine.counters())
 
-    def resume(self, ids: list[int], boundaries: Sequence[int] = ()) -> tuple[int, list[int]]:
-        """Sets the selected slot at the longest start of ``ids`` it can resume from: its live
+    def resume(self, ids: list[int], boundaries: Sequence[int] = (), slot: int = 0) -> tuple[int, list[int]]:
+        """Sets ``slot`` at the longest start of ``ids`` it can resume from: its live
         state, the prefix cache's longest match, else nothing. Returns (tokens reused, the
         positions where feeding the rest should snapshot for the prefix cache)."""
-        cached = self._engine.tokens()
+        cached = self._engine.tokens(slot)
         reuse = len(cached) if 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
         snapshot_at = []
         if self.prefix_cache is not None:
             saved = self.prefix_cache.longest(ids)
             if saved is not None and saved.position > reuse:
-                self._engine.restore(saved)
+                self._engine.restore(slot, saved)
                 reuse = saved.position
             snapshot_at = sorted({int(b) for b in boundaries if reuse < b < len(ids)} | {len(ids)})
         if reuse == 0:
-            self._engine.reset()
+            self._engine.reset(slot)
         return reuse, snapshot_at
 
     def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = ()) -> int:
-        """Prefills what the cache lacks of ``ids`` (progress on stderr past a second, when
+        """Prefills on slot 0 what the cache lacks of ``ids`` (progress on stderr past a second, when
         shown), resuming as ``resume`` does and saving snapshots; returns how many tokens were reused."""
         reuse, snapshot_at = self.resume(ids, boundaries)
         bar = PrefillProgress() if self.progress else None
         taken = []
         try:
-            self._engine.prefill(ids[reuse:], logits="none", progress=bar, snapshot_at=snapshot_at, snapshots=taken,
-                                 **sampling)
+            self._engine.prefill(0, ids[reuse:], _core.Sampling(**sampling), logits="none", progress=bar,
+                                 snapshot_at=snapshot_at, snapshots=taken)
         finally:
             if bar:
                 bar.close()
@@ -219,7 +219,8 @@ class Runner:
         return reuse
 
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
-        self._engine.decode_begin(budget, **sampling)
+        """Slot 0's next tokens, one decode step each (pipelined on the GPU)."""
+        self._engine.decode_begin(0, budget, _core.Sampling(**sampling))
         try:
             while (token := self._engine.decode_next()) is not None:
                 yield token
@@ -229,5 +230,5 @@ class Runner:
     def speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter: spec.Drafter,
                            draft_depth: int) -> Iterator[int]:
         verify = {k: sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
-        return spec.generate(self._engine, self._engine.chosen(), budget, verify, drafter,
+        return spec.generate(self._engine, 0, self._engine.chosen(0), budget, _core.Sampling(**verify), drafter,
                              spec.DepthPolicy(draft_depth), history=list(ids))

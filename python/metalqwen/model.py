@@ -75,7 +75,7 @@ class Model:
 
     def reset(self) -> None:
         """Forgets the cached conversation."""
-        self._engine.reset()
+        self._engine.reset(0)
 
     @property
     def mtp_bytes(self) -> int:
@@ -95,14 +95,14 @@ class Model:
             raise ValueError(f"mtp_logits needs at least 2 token ids, got {len(ids)}")
         if len(ids) > self.max_context:
             raise ContextFullError(f"{len(ids)} token ids exceed max_context {self.max_context}")
-        return self._engine.mtp_logits(ids)
+        return self._engine.mtp_logits(0, ids)
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits (float32 [len(token_ids), vocab]) at every position, from a fresh state."""
         ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
         self._check_fits(ids)
-        self._engine.reset()
-        return self._engine.prefill(ids, logits="all")
+        self._engine.reset(0)
+        return self._engine.prefill(0, ids, logits="all")
 
     def prompt_ids(self, prompt: Prompt, chat: bool = False, enable_thinking: bool | None = None) -> list[int]:
         """Token ids of a prompt: a list of ids is used as is; text is encoded (with the chat template if chat,
@@ -236,7 +236,7 @@ class Model:
                   else self.runner.speculative_tokens(ids, budget, sampling, request.drafter, self.draft_depth))
         try:
             for token in tokens:
-                chunk = out.add(token, self._engine.last_logprobs())
+                chunk = out.add(token, self._engine.last_logprobs(0))
                 if chunk is not None:
                     yield chunk
                 if out.done:
@@ -246,7 +246,7 @@ class Model:
             self.last_finish_reason = out.finish_reason
             # An interrupt that lands while decode_next runs loses the token it returned, but
             # that token was fed: take it from the cache so last_tokens matches the cache.
-            fed = self._engine.tokens()[len(ids):]
+            fed = self._engine.tokens(0)[len(ids):]
             if len(fed) > len(out.tokens):
                 self.last_tokens = out.tokens = fed
                 stats.generated_tokens = len(fed)

@@ -166,9 +166,10 @@ class DepthPolicy:
         return new if old is None else self.timing_decay * old + (1.0 - self.timing_decay) * new
 
 
-def generate(engine, first: int, budget: int, sampling: dict, drafter: Drafter, policy: DepthPolicy,
+def generate(engine, slot: int, first: int, budget: int, sampling, drafter: Drafter, policy: DepthPolicy,
              history: list[int]) -> Iterator[int]:
-    """Yields up to ``budget`` tokens: ``first`` (the token prefill chose), then those of
+    """Yields up to ``budget`` tokens of the engine's ``slot`` (``sampling``: a ``_core.Sampling``):
+    ``first`` (the token prefill chose), then those of
     verify steps and, while the policy pauses or the drafter has nothing, of plain decoding.
     ``history`` (prompt + tokens so far) grows as tokens are yielded. The engine calls are
     timed for the policy (the caller's time between tokens is not counted)."""
@@ -186,7 +187,7 @@ def generate(engine, first: int, budget: int, sampling: dict, drafter: Drafter, 
             # so the next step drafts at this depth.
             before = engine.counters()["drafted"]
             start = time.perf_counter()
-            tokens = engine.verify_mtp(k, **sampling)
+            tokens = engine.verify_mtp(slot, k, sampling)
             made = engine.counters()["drafted"] - before
             if made:
                 policy.observe_verify(made, time.perf_counter() - start)
@@ -196,7 +197,7 @@ def generate(engine, first: int, budget: int, sampling: dict, drafter: Drafter, 
         elif not drafts:
             # Plain decoding, pipelined; its first token is the one already yielded.
             n = min(policy.plain_tokens(), left)
-            engine.decode_begin(n + 1, **sampling)
+            engine.decode_begin(slot, n + 1, sampling)
             try:
                 engine.decode_next()
                 for _ in range(n):
@@ -211,7 +212,7 @@ def generate(engine, first: int, budget: int, sampling: dict, drafter: Drafter, 
             continue
         else:
             start = time.perf_counter()
-            tokens = engine.verify(drafts, **sampling)
+            tokens = engine.verify(slot, drafts, sampling)
             policy.observe_verify(len(drafts), time.perf_counter() - start)
             policy.update(len(drafts), len(tokens) - 1)
         for token in tokens:

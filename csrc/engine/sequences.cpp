@@ -1,0 +1,194 @@
+// A sequence slot's life: its position and token ids, prefill in chunks and pipelined decode
+// steps (each step's forward pass is forward.cpp's; verify steps: speculative.cpp; several
+// slots in one step: batch.cpp; snapshots: snapshot.cpp).
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "mtp.h"
+#include "workspace.h"
+
+namespace mq::engine {
+
+Arg Engine::ids(int slot) const { return ws_->ids.part(slot); }
+uint32_t* Engine::host_ids(int slot) const { return static_cast<uint32_t*>(ws_->ids.host(slot)); }
+
+void Engine::reset(int slot) {
+  Sequence& q = sequence(slot);
+  decode_end();
+  ws_->clear_state(slot);
+  q = Sequence{};
+}
+
+std::vector<uint32_t> Engine::tokens(int slot) const {
+  const Sequence& q = sequence(slot);
+  const auto* ids = host_ids(slot);
+  return std::vector<uint32_t>(ids, ids + q.position);
+}
+
+uint32_t Engine::chosen(int slot) const { return host_ids(slot)[sequence(slot).position]; }
+
+std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling,
+                                   bool all_logits, bool last_logits, const PrefillProgress& progress,
+                                   const std::vector<int>& snapshot_at,
+                                   std::vector<std::shared_ptr<Snapshot>>* snapshots) {
+  Sequence& q = sequence(slot);
+  decode_end();
+  if (tokens.empty()) throw EngineError("[engine] prefill needs at least one token");
+  check_sampling(sampling);
+  // One slot past the last token receives the chosen next token.
+  check_room(tokens.size() + 1, q);
+  const uint32_t vocab = uint32_t(model_.dims.vocab);
+  for (uint32_t t : tokens)
+    if (t >= vocab) throw EngineError("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
+  std::memcpy(host_ids(slot) + q.position, tokens.data(), tokens.size() * 4);
+
+  const int end = q.position + int(tokens.size());
+  q.generated_from = end;
+  q.logprob_position = sampling.logprobs >= 0 ? end : -1;  // the choice's entry (ring slot end)
+  for (size_t i = 0; i < snapshot_at.size(); ++i)
+    if (snapshot_at[i] <= q.position || snapshot_at[i] > end || (i > 0 && snapshot_at[i] <= snapshot_at[i - 1]))
+      throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(q.position) + ", " +
+                        std::to_string(end) + "]");
+  auto next_snapshot = snapshot_at.begin();
+
+  std::vector<float> logits;
+  if (all_logits) logits.reserve(tokens.size() * vocab);
+  // Chunks committed and not yet waited for, oldest first: they queue behind each other on the
+  // GPU, the host keeps at most two in flight, and only logits force a wait.
+  std::deque<Submitted> in_flight;
+  const size_t snapshots_before = snapshots ? snapshots->size() : 0;
+  auto settle = [&](size_t keep) {  // waits until at most `keep` chunks are in flight
+    try {
+      for (; in_flight.size() > keep; in_flight.pop_front()) wait(in_flight.front());
+    } catch (const gpu::GpuError& e) {
+      // The state holds part of a chunk: the slot starts over, and this call's snapshots go.
+      for (Submitted& step : in_flight) drain(step);
+      if (snapshots) snapshots->resize(snapshots_before);
+      throw step_failed("prefill chunk", {slot}, e);
+    }
+  };
+  for (size_t done = 0; done < tokens.size();) {
+    // A chunk ends at the next snapshot position, so the state there can be copied.
+    size_t limit = tokens.size() - done;
+    if (next_snapshot != snapshot_at.end()) limit = std::min<size_t>(limit, *next_snapshot - q.position);
+    const uint32_t rows = uint32_t(std::min<size_t>(ws_->max_rows, limit));
+    const bool last = done + rows == tokens.size();
+    ForwardPass pass = ForwardPass::one_slot(slot, q.position, rows, false);
+    pass.logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
+    pass.split_layers = true;
+    Encoder enc(*device_, kernels_, "prefill chunk");
+    encode_forward(enc, pass);
+    if (last) encode_choice(enc, slot, rows - 1 - pass.logit_row0, sampling, uint32_t(q.position) + rows);
+    if (mtp_) {
+      encode_mtp_prefill_chunk(enc, slot, rows);
+      q.mtp_row = int(rows) - 1;  // after the last chunk: the pair of the last prompt token and the chosen one
+    }
+    if (next_snapshot != snapshot_at.end() && *next_snapshot == q.position + int(rows)) {
+      if (snapshots) snapshots->push_back(encode_snapshot(enc, slot, *next_snapshot));
+      ++next_snapshot;
+    }
+    in_flight.push_back(commit(enc));
+    q.position += int(rows);  // counted now; a failed wait below resets the slot
+    done += rows;
+    settle(1);
+    if (progress) {
+      try {
+        progress(done, tokens.size());
+      } catch (...) {
+        settle(0);  // the submitted chunks finish: the state holds exactly position() tokens
+        throw;
+      }
+    }
+    if (all_logits || (last && last_logits)) {
+      settle(0);
+      const float* l = static_cast<const float*>(ws_->logits->contents());
+      logits.insert(logits.end(), l, l + size_t(rows - pass.logit_row0) * vocab);
+    }
+  }
+  settle(0);
+  return logits;
+}
+
+void Engine::decode_begin(int slot, int max_tokens, const Sampling& sampling) {
+  Sequence& q = sequence(slot);
+  decode_end();
+  q.mtp_row = -1;  // decode steps do not run the MTP head
+  check_sampling(sampling);
+  q.logprob_position = -1;
+  decoding_.emplace();
+  decoding_->slot = slot;
+  decoding_->sampling = sampling;
+  decoding_->max_tokens = max_tokens;
+}
+
+void Engine::commit_decode_step() {
+  Decoding& d = *decoding_;
+  Sequence& q = sequences_[size_t(d.slot)];
+  check_room(2, q);
+  Encoder enc(*device_, kernels_, "decode step");
+  encode_forward(enc, ForwardPass::one_slot(d.slot, q.position, 1, true));
+  encode_choice(enc, d.slot, 0, d.sampling, uint32_t(q.position) + 1);
+  d.in_flight.emplace_back(commit(enc), q.position + 1);
+  q.position += 1;
+  d.committed += 1;
+  counters_.tokens_decoded += 1;
+  counters_.max_steps_in_flight = std::max<uint64_t>(counters_.max_steps_in_flight, d.in_flight.size());
+}
+
+std::optional<uint32_t> Engine::decode_next() {
+  if (!decoding_) throw EngineError("[engine] decode_next without decode_begin");
+  Decoding& d = *decoding_;
+  if (d.returned >= d.max_tokens) return std::nullopt;
+  Sequence& q = sequences_[size_t(d.slot)];
+  const auto* ids = host_ids(d.slot);
+  const int steps = d.max_tokens - 1;  // the last token is returned, never fed
+  if (d.committed < steps) commit_decode_step();
+  int returned_position;
+  if (d.returned == 0) {  // the token prefill (or the last decode) chose
+    returned_position = q.position - d.committed;
+  } else {
+    auto [step, position] = std::move(d.in_flight.front());
+    d.in_flight.pop_front();
+    try {
+      wait(step);
+    } catch (const gpu::GpuError& e) {
+      throw step_failed("decode step", {d.slot}, e);
+    }
+    returned_position = position;
+  }
+  d.returned += 1;
+  q.logprob_position = d.sampling.logprobs >= 0 ? returned_position : -1;
+  return ids[returned_position];
+}
+
+std::optional<TokenLogprobs> Engine::last_logprobs(int slot) const {
+  const Sequence& q = sequence(slot);
+  if (q.logprob_position < 0) return std::nullopt;
+  // The step that wrote this ring slot was waited for; the ones in flight write other slots.
+  const auto* entry = static_cast<const uint32_t*>(ws_->logprobs.host(slot)) +
+                      size_t(q.logprob_position % MQ_LOGPROB_SLOTS) * MQ_LOGPROB_ENTRY_WORDS;
+  auto as_float = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  TokenLogprobs out;
+  out.logprob = as_float(entry[1]);
+  for (uint32_t r = 0; r < entry[3]; ++r)
+    out.top.emplace_back(entry[4 + r], as_float(entry[4 + MQ_LOGPROB_MAX_TOP + r]));
+  return out;
+}
+
+void Engine::decode_end() {
+  if (!decoding_) return;
+  try {
+    for (auto& in_flight = decoding_->in_flight; !in_flight.empty(); in_flight.pop_front())
+      wait(in_flight.front().first);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed("decode step", {decoding_->slot}, e);
+  }
+  decoding_.reset();
+}
+
+}  // namespace mq::engine
