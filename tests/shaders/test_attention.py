@@ -20,7 +20,7 @@ import math
 import numpy as np
 import pytest
 
-from .. import reference as ref
+from ..support import reference as ref
 from .attention_reference import (
     COMBINE_THREADS, DECODE_THREADS, HD, PREFILL_MAX_SIMDGROUPS, PREP_SIMDGROUPS, Q8_BLOCK, Q8_POISON, ROT,
     TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, decode_params, dequant_q8, f16_cache_bytes,

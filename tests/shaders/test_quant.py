@@ -15,8 +15,8 @@ matvec on a slice of its rows, dispatched at a buffer offset. Tolerances: `tol_f
 import numpy as np
 import pytest
 
-from .. import reference as ref
-from ..conftest import require
+from ..support import reference as ref
+from ..support.require import require
 from .quant_reference import (
     EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_MAX_ROWS, QMV_R,
     QMV_SIMDGROUPS, QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params, format_weights, matmul_params,

@@ -19,7 +19,7 @@ import pytest
 
 from metalqwen import _core, gpu
 
-SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "forward.metal"
+SEED = Path(__file__).resolve().parents[2].parent / "shared" / "seed" / "forward.metal"
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 MARK = "// <- rejected here"
 
@@ -46,7 +46,7 @@ def marked_line(source: str) -> int:
 
 
 def checkout_files() -> dict[str, str]:
-    shaders = Path(__file__).resolve().parents[1] / "shaders"
+    shaders = Path(__file__).resolve().parents[2] / "shaders"
     return {str(p.relative_to(shaders)): p.read_text() for p in sorted(shaders.rglob("*")) if p.suffix in (".metal", ".h")}
 
 

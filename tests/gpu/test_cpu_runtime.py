@@ -591,7 +591,7 @@ def test_seed_library_compiles_unchanged(cpu):
     import re
     from pathlib import Path
 
-    seed = Path(__file__).resolve().parents[2] / "shared" / "seed" / "forward.metal"
+    seed = Path(__file__).resolve().parents[3] / "shared" / "seed" / "forward.metal"
     lib = cpu.compile(seed.read_text(), "forward.metal")
     names = re.findall(r"^\s*(?:\[\[kernel\]\]|kernel)\s+void\s+(\w+)", seed.read_text(), re.M)
     assert names

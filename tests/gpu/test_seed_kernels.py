@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import reference as ref
+from ..support import reference as ref
 
-SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "forward.metal"
+SEED = Path(__file__).resolve().parents[2].parent / "shared" / "seed" / "forward.metal"
 
 GROUP = 64  # the seed's GROUP_SIZE
 BITS = 4  # the seed's quantized kernels are affine 4-bit
