@@ -132,7 +132,7 @@ PREP_CASES = [
     ("q8", 8, 2, 7, 5, 1e6),  # 0.8B
     ("f16", 8, 2, 33, 31, 1e6),
     ("q8", 2, 1, 3, 100000, 1e7),  # large positions: float32 angles would be off by ~1e-2 rad
-    ("f16", 2, 1, 2, 100000, 1e6),
+    pytest.param("f16", 2, 1, 2, 100000, 1e6, marks=pytest.mark.slow),
     # rows * (nq + 2 nkv) not a multiple of the SIMD-groups per threadgroup: the last group is partial
     ("q8", 3, 1, 3, 9, 1e6),
     ("f16", 5, 1, 1, 2, 1e7),
@@ -405,6 +405,7 @@ def test_decode_with_fewer_threads_than_heads(dev, lib, kind, nq, nkv, ctx, rows
     check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, heads=heads, combine_threads=combine)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["q8", "f16"])
 def test_decode_large_positions(dev, lib, kind):
     """RoPE of the step's q and k at position ~1e5 (float32 angles would be off by ~1e-2 rad)."""
