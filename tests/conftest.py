@@ -19,6 +19,16 @@ def _device_kinds():
     return kinds or ["cpu"]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under --dist loadgroup (the README's test command) a file's tests run on one worker, so its
+    module fixtures and build directories are made once; a file marked `spread` (long tests that
+    share nothing but session fixtures) lets xdist hand each test to whichever worker is free."""
+    for item in items:
+        if item.get_closest_marker("spread") is None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session", params=_device_kinds())
 def device(request):
     from metalqwen import gpu

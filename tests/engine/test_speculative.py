@@ -20,6 +20,10 @@ from metalqwen import speculative as spec
 
 from ..support.model_checks import prompt
 
+# Long tests that share only the session fixtures and a module checkpoint quick to make again: xdist
+# may give each to a free worker.
+pytestmark = pytest.mark.spread
+
 TOKENS = 64
 CONTEXT = 320
 
