@@ -381,7 +381,7 @@ def numpy_model(ck) -> SimpleNamespace:
     ``layer(prefix, kind, x)`` one decoder layer over the residual rows x [T, H] at positions
     0..T-1, ``hidden(ids, pre_norm=False)`` the trunk's last state (after the final norm, or
     before it) and ``logits(h)`` the lm_head's scores."""
-    import reference as ref
+    from . import reference as ref
 
     c = ck.config
 
