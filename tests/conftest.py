@@ -6,15 +6,11 @@ open: asking for a device the machine lacks is an error, not a skip.
 """
 
 import os
-import sys
 
 import pytest
 
-# The tests share numpy helpers (reference.py) beside this file; make them
-# importable whatever import mode pytest runs in.
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+from .support import model_fixtures as mf
+from .support.require import require
 
 
 def _device_kinds():
@@ -23,23 +19,21 @@ def _device_kinds():
     return kinds or ["cpu"]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under --dist loadgroup (the README's test command) a file's tests run on one worker, so its
+    module fixtures and build directories are made once; a file marked `spread` (long tests that
+    share nothing but session fixtures) lets xdist hand each test to whichever worker is free."""
+    for item in items:
+        if item.get_closest_marker("spread") is None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session", params=_device_kinds())
 def device(request):
     from metalqwen import gpu
 
     yield gpu.Device(request.param)
-
-
-def require(module: str):
-    """Imports a reference package (mlx, mlx-lm, transformers): CI must have it, elsewhere skip."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail(f"{module} is missing: the test extras install it (pip install '.[test]')")
-        pytest.skip(f"needs {module} (pip install '.[test]')")
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +44,6 @@ def ckpt_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def converted(ckpt_root):
     """converted(name) -> (hf_path, mlx_path) of a model_fixtures.VARIANTS entry, built once per session."""
-    import model_fixtures as mf
-
     require("mlx_lm")
     return lambda name: mf.checkpoint(name, ckpt_root)
 

@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from .. import reference as ref
+from ..support import reference as ref
 from .params import header_constants
 
 

@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 
-from .. import reference as ref
+from ..support import reference as ref
 from .params import header_constants
 
 VARIANTS = [(bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in (32, 64, 128)]

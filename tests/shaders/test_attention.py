@@ -20,7 +20,7 @@ import math
 import numpy as np
 import pytest
 
-from .. import reference as ref
+from ..support import reference as ref
 from .attention_reference import (
     COMBINE_THREADS, DECODE_THREADS, HD, PREFILL_MAX_SIMDGROUPS, PREP_SIMDGROUPS, Q8_BLOCK, Q8_POISON, ROT,
     TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, decode_params, dequant_q8, f16_cache_bytes,
@@ -132,7 +132,7 @@ PREP_CASES = [
     ("q8", 8, 2, 7, 5, 1e6),  # 0.8B
     ("f16", 8, 2, 33, 31, 1e6),
     ("q8", 2, 1, 3, 100000, 1e7),  # large positions: float32 angles would be off by ~1e-2 rad
-    ("f16", 2, 1, 2, 100000, 1e6),
+    pytest.param("f16", 2, 1, 2, 100000, 1e6, marks=pytest.mark.slow),
     # rows * (nq + 2 nkv) not a multiple of the SIMD-groups per threadgroup: the last group is partial
     ("q8", 3, 1, 3, 9, 1e6),
     ("f16", 5, 1, 1, 2, 1e7),
@@ -405,6 +405,7 @@ def test_decode_with_fewer_threads_than_heads(dev, lib, kind, nq, nkv, ctx, rows
     check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, heads=heads, combine_threads=combine)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["q8", "f16"])
 def test_decode_large_positions(dev, lib, kind):
     """RoPE of the step's q and k at position ~1e5 (float32 angles would be off by ~1e-2 rad)."""

@@ -30,7 +30,7 @@ Tolerances (relative to the largest reference value unless stated):
 import numpy as np
 import pytest
 
-from .. import reference as ref
+from ..support import reference as ref
 from .deltanet_reference import (
     D, HEAD_PARTIALS, NORM_PARAMS, NORM_SIMDGROUPS, RESTORE_PARAMS, SCAN_PARAMS, SCAN_ROWS, SCAN_SIMDGROUPS,
     SCAN_THREADS, channels, conv_inputs, conv_ref, gate_inputs, gated_norm_ref, gates_ref, head_partials_ref, pack,

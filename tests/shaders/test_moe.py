@@ -11,8 +11,8 @@ projections use quant.metal's tolerance (tol_f32_dot).
 import numpy as np
 import pytest
 
-from .. import reference as ref
-from ..conftest import require
+from ..support import reference as ref
+from ..support.require import require
 from .params import header_constants
 from .quant_reference import (FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_ROWS_PER_TG, QMV_THREADS,
                               activations, cdiv, format_weights, matmul_ref, seeded, tol_f32_dot)

@@ -11,7 +11,7 @@ fused [gate | up] projection layout, intermediate 17408 (27B).
 import numpy as np
 import pytest
 
-from .. import reference as ref
+from ..support import reference as ref
 from .attention_reference import seeded
 
 BF16 = np.uint16  # bf16 tensors travel as their bit patterns

@@ -13,8 +13,8 @@ fold changes no bit.
 import numpy as np
 import pytest
 
-from .. import reference as ref
-from ..conftest import require
+from ..support import reference as ref
+from ..support.require import require
 from .deltanet_reference import D, HEAD_PARTIALS, channels, head_partials_ref
 from .quant_reference import (
     FORMATS, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)

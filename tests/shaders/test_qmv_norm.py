@@ -13,8 +13,8 @@ per SIMD-group R (2, 4, 8) runs, and one-row and verify-row kernels of any R agr
 import numpy as np
 import pytest
 
-from .. import reference as ref
-from ..conftest import require
+from ..support import reference as ref
+from ..support.require import require
 from .params import header_constants
 from .quant_reference import (
     FORMATS, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)

@@ -15,8 +15,8 @@ matvec on a slice of its rows, dispatched at a buffer offset. Tolerances: `tol_f
 import numpy as np
 import pytest
 
-from .. import reference as ref
-from ..conftest import require
+from ..support import reference as ref
+from ..support.require import require
 from .quant_reference import (
     EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_MAX_ROWS, QMV_R,
     QMV_SIMDGROUPS, QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params, format_weights, matmul_params,
@@ -153,7 +153,7 @@ BIG = [
     pytest.param(17408, 5120, 400, 200, id="down_17408x5120"),
     pytest.param(5120, 10240, 520, 260, id="qkv_5120x10240"),
     pytest.param(6144, 5120, 460, 230, id="o_out_6144x5120"),
-    pytest.param(5120, 248320, 16384, 300, id="head_5120x248320_slice"),
+    pytest.param(5120, 248320, 16384, 300, id="head_5120x248320_slice", marks=pytest.mark.slow),
 ]
 
 
@@ -348,7 +348,7 @@ def test_qmm_strided_and_one_block(dev, lib, fmt):
         check_matmul(got, wt, x, f"qmm strided {rows}x{out_dim}x{in_dim}")
 
 
-@pytest.mark.parametrize("in_dim,out_dim", [(5120, 72), (17408, 40)])
+@pytest.mark.parametrize("in_dim,out_dim", [(5120, 72), pytest.param(17408, 40, marks=pytest.mark.slow)])
 def test_qmm_27b(dev, lib, in_dim, out_dim):
     """Prefill at the 27B widths (hidden 5120, intermediate 17408): 33 rows (a partial row
     tile), a slice of the outputs."""
@@ -405,6 +405,7 @@ def test_embed_bad_id_gives_nan_row(dev, lib):
     assert np.isnan(got[1:3]).all()
 
 
+@pytest.mark.slow
 def test_embed_27b(dev, lib):
     """27B hidden 5120 from a table slice; ids near the slice's end."""
     bits, group, vocab, dim = 4, 64, 1024, 5120

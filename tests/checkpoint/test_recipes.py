@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 import metalqwen
-import model_fixtures as mf
-from test_model import assert_logits_close, logit_tolerance, prompt
+
+from ..support import model_fixtures as mf
+from ..support.model_checks import assert_logits_close, logit_tolerance, prompt
 
 
 @pytest.mark.parametrize("name", ["recipe_2_6", "recipe_3_4", "recipe_4_6"])

@@ -384,7 +384,7 @@ kernel void scan_twice(device float* out [[buffer(0)]], uint tid [[thread_index_
 def test_tg_exclusive_scan_back_to_back_is_race_free(checked):
     """tg_exclusive_scan (sampling.metal) reuses its scratch: its leading barrier keeps the next
     call's writes from overtaking this call's reads in other SIMD-groups."""
-    from tests.shaders.conftest import checkout_shader_files
+    from ..shaders.conftest import checkout_shader_files
 
     files = {path: text for path, text in checkout_shader_files().items()
              if path.endswith(".h") or path == "sampling.metal"}

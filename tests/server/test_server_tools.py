@@ -11,10 +11,11 @@ import time
 import pytest
 
 import metalqwen
-from conftest import require
 from metalqwen.model import Chunk, GenerationStats
 from metalqwen.server import create_app
-from server_fixtures import LiveServer
+
+from ..support.require import require
+from ..support.server_fixtures import LiveServer
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}

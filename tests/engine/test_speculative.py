@@ -1,4 +1,4 @@
-"""Speculative decoding on the CPU runtime: verify steps give exactly plain decoding's tokens
+"""Speculative decoding on each test device: verify steps give exactly plain decoding's tokens
 (greedy) and its distribution (sampling), whoever drafts.
 
 Random tiny models accept almost no real drafts, so the drafters here are test hooks: an
@@ -18,7 +18,12 @@ import pytest
 import metalqwen
 from metalqwen import speculative as spec
 from metalqwen._core import Sampling
-from test_model import prompt
+
+from ..support.model_checks import prompt
+
+# Long tests that share only the session fixtures and a module checkpoint quick to make again: xdist
+# may give each to a free worker.
+pytestmark = pytest.mark.spread
 
 TOKENS = 64
 CONTEXT = 320
@@ -44,11 +49,11 @@ class Oracle:
 _models: dict = {}
 
 
-def load(converted, name: str, kv_bits: int) -> metalqwen.Model:
-    key = (name, kv_bits)
+def load(converted, device, name: str, kv_bits: int) -> metalqwen.Model:
+    key = (device.kind, name, kv_bits)
     if key not in _models:
         # The prefix cache spares the tests' repeated prompts a second prefill.
-        _models[key] = metalqwen.load(converted(name)[1], device="cpu", max_context=CONTEXT, kv_bits=kv_bits,
+        _models[key] = metalqwen.load(converted(name)[1], device=device, max_context=CONTEXT, kv_bits=kv_bits,
                                       progress=False, speculative="lookup", draft_depth=4,
                                       prefix_cache_bytes=1 << 26)
     return _models[key]
@@ -66,8 +71,8 @@ def quoting_prompt(m: metalqwen.Model) -> list[int]:
 
 
 @pytest.mark.parametrize("kv_bits", [8, 16])
-def test_greedy_speculation_gives_plain_greedy_tokens(converted, kv_bits):
-    m = load(converted, "base", kv_bits)
+def test_greedy_speculation_gives_plain_greedy_tokens(converted, device, kv_bits):
+    m = load(converted, device, "base", kv_bits)
     ids = prompt(m.config.vocab_size, 110, seed=kv_bits)
     plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
     assert len(plain.tokens) == TOKENS and plain.stats.verify_steps == 0
@@ -87,8 +92,8 @@ def test_greedy_speculation_gives_plain_greedy_tokens(converted, kv_bits):
 
 
 @pytest.mark.parametrize("kv_bits", [8, 16])
-def test_prompt_lookup_accepts_quoted_spans_and_keeps_the_tokens(converted, kv_bits):
-    m = load(converted, "repetitive", kv_bits)
+def test_prompt_lookup_accepts_quoted_spans_and_keeps_the_tokens(converted, device, kv_bits):
+    m = load(converted, device, "repetitive", kv_bits)
     ids = quoting_prompt(m)
     plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
     looked = m.generate(ids, max_tokens=TOKENS, speculative="lookup")
@@ -98,23 +103,23 @@ def test_prompt_lookup_accepts_quoted_spans_and_keeps_the_tokens(converted, kv_b
     assert s.engine["verify_steps"] >= s.verify_steps > 0
 
 
-def test_moe_verify_rows_give_plain_greedy_tokens(converted):
-    m = load(converted, "moe", 16)
+def test_moe_verify_rows_give_plain_greedy_tokens(converted, device):
+    m = load(converted, device, "moe", 16)
     ids = prompt(m.config.vocab_size, 30, seed=3)
     plain = m.generate(ids, max_tokens=32, speculative="off")
     oracle = m.generate(ids, max_tokens=32, speculative=Oracle(plain.tokens, len(ids), wrong_at="cycle"))
     assert oracle.tokens == plain.tokens and oracle.stats.accepted > 0
 
 
-def test_speculation_stops_at_max_tokens_and_at_the_context_end(converted):
-    m = load(converted, "repetitive", 8)
+def test_speculation_stops_at_max_tokens_and_at_the_context_end(converted, device):
+    m = load(converted, device, "repetitive", 8)
     ids = quoting_prompt(m)
     plain = m.generate(ids, max_tokens=7, speculative="off").tokens
     for n in (1, 2, 7):  # a verify step never returns more than the budget left
         got = m.generate(ids, max_tokens=n, speculative=Oracle(plain, len(ids)))
         assert got.tokens == plain[:n]
     # Up to the last position of the context: drafts are trimmed to the room left.
-    short = metalqwen.load(converted("repetitive")[1], device="cpu", max_context=len(ids) + 10, kv_bits=8,
+    short = metalqwen.load(converted("repetitive")[1], device=device, max_context=len(ids) + 10, kv_bits=8,
                            progress=False, speculative="lookup", draft_depth=4)
     plain = short.generate(ids, max_tokens=64, speculative="off")
     assert len(plain.tokens) == 10 and plain.stats.context_full
@@ -122,11 +127,11 @@ def test_speculation_stops_at_max_tokens_and_at_the_context_end(converted):
     assert looked.tokens == plain.tokens and looked.stats.context_full and looked.stats.accepted > 0
 
 
-def test_sampled_speculation_has_the_plain_distribution(converted):
+def test_sampled_speculation_has_the_plain_distribution(converted, device):
     """The first sampled token (verified against a draft) and the one after an accepted
     draft follow plain sampling's distribution: chi-square against the model's own
     probabilities (temperature 1, top-k 4) over 200 seeds."""
-    m = load(converted, "base", 16)
+    m = load(converted, device, "base", 16)
     engine, vocab = m._engine, m.config.vocab_size
     ids = prompt(vocab, 12, seed=5)
     engine.reset(0)
@@ -166,32 +171,32 @@ def test_sampled_speculation_has_the_plain_distribution(converted):
     assert engine.verify(0, [draft], Sampling(temperature=1.0, top_k=4, seed=11)) == once  # a seed reproduces
 
 
-def test_sampled_generation_is_reproducible_for_a_seed(converted):
-    m = load(converted, "repetitive", 8)
+def test_sampled_generation_is_reproducible_for_a_seed(converted, device):
+    m = load(converted, device, "repetitive", 8)
     ids = quoting_prompt(m)
     a = m.generate(ids, max_tokens=24, temperature=0.7, top_k=20, seed=42, speculative="lookup")
     b = m.generate(ids, max_tokens=24, temperature=0.7, top_k=20, seed=42, speculative="lookup")
     assert a.tokens == b.tokens and a.stats.verify_steps > 0
 
 
-def test_penalties_decode_plainly(converted):
-    m = load(converted, "repetitive", 8)
+def test_penalties_decode_plainly(converted, device):
+    m = load(converted, device, "repetitive", 8)
     ids = quoting_prompt(m)
     got = m.generate(ids, max_tokens=8, repetition_penalty=1.2, speculative="lookup")
     assert got.stats.verify_steps == 0
     assert got.tokens == m.generate(ids, max_tokens=8, repetition_penalty=1.2, speculative="off").tokens
 
 
-def test_arguments_are_checked(converted):
+def test_arguments_are_checked(converted, device):
     path = converted("base")[1]
     with pytest.raises(ValueError, match="speculative must be"):
-        metalqwen.load(path, device="cpu", speculative="medusa")
+        metalqwen.load(path, device=device, speculative="medusa")
     with pytest.raises(ValueError, match="draft_depth must be an integer in 1..7"):
-        metalqwen.load(path, device="cpu", speculative="lookup", draft_depth=8)
-    plain = metalqwen.load(path, device="cpu", max_context=64, progress=False)
+        metalqwen.load(path, device=device, speculative="lookup", draft_depth=8)
+    plain = metalqwen.load(path, device=device, max_context=64, progress=False)
     with pytest.raises(ValueError, match="reserved at load"):
         plain.stream([1, 2, 3], speculative="lookup")
-    m = load(converted, "base", 8)
+    m = load(converted, device, "base", 8)
     with pytest.raises(TypeError, match="draft\\(history, k\\)"):
         m.stream([1, 2, 3], speculative=42)
     with pytest.raises(ValueError, match="speculative must be"):
@@ -264,8 +269,8 @@ class _NeverRight:
         return [(history[-1] + 1 + i) % self.vocab for i in range(k)]
 
 
-def test_a_drafter_that_is_never_right_costs_a_few_steps_and_changes_nothing(converted):
-    m = load(converted, "base", 8)
+def test_a_drafter_that_is_never_right_costs_a_few_steps_and_changes_nothing(converted, device):
+    m = load(converted, device, "base", 8)
     ids = prompt(m.config.vocab_size, 40, seed=5)
     plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
     out = m.generate(ids, max_tokens=TOKENS, speculative=_NeverRight(m.config.vocab_size))
@@ -299,7 +304,7 @@ def _mtp_predicts_the_trunk(weights: dict) -> None:
 
 @pytest.fixture(scope="module")
 def mtp_folder(tmp_path_factory):
-    import model_fixtures as mf
+    from ..support import model_fixtures as mf
     from metalqwen.convert import convert
 
     root = tmp_path_factory.mktemp("mtp-spec")
@@ -308,14 +313,14 @@ def mtp_folder(tmp_path_factory):
     return convert(hf, root / "mlx", bits=8, group_size=64)
 
 
-def test_an_mtp_head_that_is_never_right_pauses_and_changes_nothing(tmp_path):
-    import model_fixtures as mf
+def test_an_mtp_head_that_is_never_right_pauses_and_changes_nothing(tmp_path, device):
+    from ..support import model_fixtures as mf
     from metalqwen.convert import convert
 
     # A random head on a random trunk: its drafts are (almost) never the trunk's tokens.
     folder = convert(mf.write_hf_checkpoint(tmp_path / "hf", seed=12, tied=False, mtp=True), tmp_path / "mlx",
                      bits=8, group_size=64)
-    m = metalqwen.load(folder, device="cpu", max_context=CONTEXT, progress=False, speculative="mtp")
+    m = metalqwen.load(folder, device=device, max_context=CONTEXT, progress=False, speculative="mtp")
     ids = prompt(m.config.vocab_size, 40, seed=9)
     plain = m.generate(ids, max_tokens=TOKENS, speculative="off")
     out = m.generate(ids, max_tokens=TOKENS, speculative="mtp")
@@ -327,8 +332,8 @@ def test_an_mtp_head_that_is_never_right_pauses_and_changes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("kv_bits", [8, 16])
-def test_mtp_drafts_are_accepted_and_keep_the_tokens(mtp_folder, kv_bits):
-    m = metalqwen.load(mtp_folder, device="cpu", max_context=CONTEXT, kv_bits=kv_bits, progress=False,
+def test_mtp_drafts_are_accepted_and_keep_the_tokens(mtp_folder, device, kv_bits):
+    m = metalqwen.load(mtp_folder, device=device, max_context=CONTEXT, kv_bits=kv_bits, progress=False,
                        speculative="auto")
     assert m.speculative == "mtp" and m.draft_depth == spec.DEFAULT_MTP_DEPTH
     ids = prompt(m.config.vocab_size, 110, seed=7)
@@ -344,34 +349,34 @@ def test_mtp_drafts_are_accepted_and_keep_the_tokens(mtp_folder, kv_bits):
     assert a.tokens == b.tokens and a.stats.accepted > 0
 
 
-def test_mtp_mode_needs_a_head(converted):
+def test_mtp_mode_needs_a_head(converted, device):
     path = converted("base")[1]
     with pytest.raises(metalqwen.CheckpointError, match="speculative='mtp'"):
-        metalqwen.load(path, device="cpu", speculative="mtp")
-    assert metalqwen.load(path, device="cpu", max_context=64, speculative="auto").speculative == "lookup"
+        metalqwen.load(path, device=device, speculative="mtp")
+    assert metalqwen.load(path, device=device, max_context=64, speculative="auto").speculative == "lookup"
     with pytest.raises(ValueError, match="needs the MTP head"):
-        load(converted, "base", 8).stream([1, 2, 3], speculative="mtp")
+        load(converted, device, "base", 8).stream([1, 2, 3], speculative="mtp")
 
 
-def test_cli_generate_reports_the_acceptance(mtp_folder):
-    from test_cli import _run
+def test_cli_generate_reports_the_acceptance(mtp_folder, device):
+    from ..support.cli import run as _run
 
-    r = _run("generate", "-m", mtp_folder, "--device", "cpu", "--raw", "-p", "Hello there", "--max-tokens", "12",
+    r = _run("generate", "-m", mtp_folder, "--device", device.kind, "--raw", "-p", "Hello there", "--max-tokens", "12",
              "--max-context", "64", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert "speculative (mtp): " in r.stderr and "tokens per step, acceptance" in r.stderr, r.stderr
-    off = _run("generate", "-m", mtp_folder, "--device", "cpu", "--raw", "-p", "Hello there", "--max-tokens", "12",
+    off = _run("generate", "-m", mtp_folder, "--device", device.kind, "--raw", "-p", "Hello there", "--max-tokens", "12",
                "--max-context", "64", "--speculative", "off", "--temperature", "0")
     assert off.returncode == 0 and off.stdout == r.stdout and "speculative" not in off.stderr
 
 
-def test_bench_reports_tokens_per_verify_step_and_acceptance(mtp_folder, tmp_path):
+def test_bench_reports_tokens_per_verify_step_and_acceptance(mtp_folder, device, tmp_path):
     import json
 
-    from test_cli import _run
+    from ..support.cli import run as _run
 
     out = tmp_path / "bench.json"
-    r = _run("bench", "-m", mtp_folder, "--device", "cpu", "--quick", "--speculative", "mtp", "--json", str(out))
+    r = _run("bench", "-m", mtp_folder, "--device", device.kind, "--quick", "--speculative", "mtp", "--json", str(out))
     assert r.returncode == 0, r.stderr
     s = json.loads(out.read_text())["metalqwen"]["speculative"]
     assert s["verify_steps"] > 0 and s["tokens_per_verify_step"] > 1.5 and s["acceptance"] > 0.5, s
@@ -379,7 +384,7 @@ def test_bench_reports_tokens_per_verify_step_and_acceptance(mtp_folder, tmp_pat
     assert "tokens_per_verify_step" in r.stdout
 
 
-def test_mtp_and_lookup_drafts_together_keep_the_tokens(mtp_folder):
+def test_mtp_and_lookup_drafts_together_keep_the_tokens(mtp_folder, device):
     """The head drafts, and prompt lookup takes over on a quoted span: both kinds of step
     run, and the tokens are plain decoding's."""
 
@@ -391,7 +396,7 @@ def test_mtp_and_lookup_drafts_together_keep_the_tokens(mtp_folder):
             self.lookups += bool(drafts)
             return drafts
 
-    m = metalqwen.load(mtp_folder, device="cpu", max_context=CONTEXT, kv_bits=8, progress=False,
+    m = metalqwen.load(mtp_folder, device=device, max_context=CONTEXT, kv_bits=8, progress=False,
                        speculative="mtp")
     chain = m.generate([5], max_tokens=40, speculative="off").tokens
     ids = chain + prompt(m.config.vocab_size, 30, seed=2) + chain[:3]

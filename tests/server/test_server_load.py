@@ -15,7 +15,8 @@ import pytest
 
 import metalqwen
 from metalqwen.server import create_app
-from server_fixtures import LiveServer, free_port
+
+from ..support.server_fixtures import LiveServer, free_port
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ import httpx
 import pytest
 
 import metalqwen
-from conftest import require
 from metalqwen.server import create_app
-from server_fixtures import LiveServer
+
+from ..support.require import require
+from ..support.server_fixtures import LiveServer
 
 
 def _chromium():

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import metalqwen
-import model_fixtures as mf
 from metalqwen.checkpoint import load_checkpoint, read_safetensors_header, tensor_view
 from metalqwen.convert import add_mtp, convert
 from metalqwen.demo_checkpoint import bf16_bits, bf16_to_f32, quantize_affine, write_safetensors
-from test_model import assert_logits_close, logit_tolerance, prompt
+
+from ..support import model_fixtures as mf
+from ..support.model_checks import assert_logits_close, logit_tolerance, prompt
 
 # Prompt length and prefill chunk: the first chunk's 16 rows take the head through the GEMM and
 # prefill-attention path, the last 3 (the last id has no next) through the matvec / flash-decode one.

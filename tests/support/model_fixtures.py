@@ -259,7 +259,7 @@ VARIANTS = {
     "affine_bits": Variant(tied=False, predicate=_affine_bits_predicate),
     # mlx-lm's mixed_3_6 recipe: 3-bit, with v_proj/down_proj of some layers and lm_head at 6 bits.
     "recipe_3_6": Variant(tied=False, predicate="mixed_3_6"),
-    # the other recipes of mlx_lm.convert --quant-predicate (tests/test_recipes.py).
+    # the other recipes of mlx_lm.convert --quant-predicate (tests/checkpoint/test_recipes.py).
     "recipe_2_6": Variant(tied=False, predicate="mixed_2_6"),
     "recipe_3_4": Variant(tied=False, predicate="mixed_3_4"),
     "recipe_4_6": Variant(tied=False, predicate="mixed_4_6"),
@@ -381,7 +381,7 @@ def numpy_model(ck) -> SimpleNamespace:
     ``layer(prefix, kind, x)`` one decoder layer over the residual rows x [T, H] at positions
     0..T-1, ``hidden(ids, pre_norm=False)`` the trunk's last state (after the final norm, or
     before it) and ``logits(h)`` the lm_head's scores."""
-    import reference as ref
+    from . import reference as ref
 
     c = ck.config
 

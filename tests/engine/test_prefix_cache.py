@@ -10,6 +10,9 @@ import pytest
 import metalqwen
 from metalqwen.prefix_cache import PrefixCache
 
+# Long tests sharing only session fixtures: xdist may give each to a free worker.
+pytestmark = pytest.mark.spread
+
 
 def _ids(n: int, seed: int, vocab: int = 1000) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]

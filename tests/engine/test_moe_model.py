@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 import metalqwen
-import model_fixtures as mf
 from metalqwen import CheckpointError
-from test_model import (assert_logits_close, decode_step_structure, logit_tolerance, model,  # noqa: F401 (model: a fixture)
-                        prompt, verify_step_structure)
+
+from ..support import model_fixtures as mf
+from ..support.model_checks import assert_logits_close, logit_tolerance, prompt
+from .test_model import decode_step_structure, verify_step_structure
 
 MOE = ["moe", "moe_top3_b8"]
 # The expert tests run prefill in chunks of 16 (grouped GEMM with several experts per chunk).

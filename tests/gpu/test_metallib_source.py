@@ -11,7 +11,7 @@ import pytest
 
 from metalqwen import _core, gpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def metallib_source(tmp_path) -> str:

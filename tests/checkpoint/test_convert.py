@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 import metalqwen
-import model_fixtures as mf
-from conftest import require
 from metalqwen.checkpoint import read_safetensors_header, tensor_view
 from metalqwen.convert import add_mtp, convert
 from metalqwen.demo_checkpoint import bf16_bits, bf16_to_f32, dequantize_affine
+
+from ..support import model_fixtures as mf
+from ..support.require import require
 
 
 def _arrays(folder) -> dict[str, tuple[str, np.ndarray]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import reference as ref
+from ..support import reference as ref
 
 # The seed library (another engine's forward.metal) is not part of this repository:
 # METALQWEN_SEED_METAL names it where a machine has it (docs/testing.md, "The seed kernel library").

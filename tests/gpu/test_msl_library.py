@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from metalqwen import gpu
-from reference import bf16_bits, bf16_to_f32, round_bf16
+
+from ..support.reference import bf16_bits, bf16_to_f32, round_bf16
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 SENTINEL = 0xDEADBEEF  # fills integer outputs: no test expects this value

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import metalqwen
-from conftest import require
 from metalqwen.server import create_app
-from server_fixtures import LiveServer, free_port
+
+from ..support.require import require
+from ..support.server_fixtures import LiveServer, free_port
 
 
 @pytest.fixture(scope="module")

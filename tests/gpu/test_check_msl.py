@@ -48,7 +48,7 @@ def marked_line(source: str) -> int:
 
 
 def checkout_files() -> dict[str, str]:
-    shaders = Path(__file__).resolve().parents[1] / "shaders"
+    shaders = Path(__file__).resolve().parents[2] / "shaders"
     return {str(p.relative_to(shaders)): p.read_text() for p in sorted(shaders.rglob("*")) if p.suffix in (".metal", ".h")}
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [ROOT / "tests" / "native" / "fiber_test.cpp", ROOT / "csrc" / "gpu" / "cpu" / "fiber.cpp"]
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [ROOT / "tests" / "gpu" / "native" / "fiber_test.cpp", ROOT / "csrc" / "gpu" / "cpu" / "fiber.cpp"]
 
 
 def _build_and_run(tmp_path, compiler, *runner, extra=()):

@@ -16,8 +16,6 @@ import warnings
 import numpy as np
 import pytest
 
-import model_fixtures as mf
-from conftest import require
 from metalqwen.checkpoint import CheckpointError, load_checkpoint, read_safetensors_header
 from metalqwen.config import FP_MODES, ConfigError, ModelConfig, check_supported
 from metalqwen.demo_checkpoint import (
@@ -28,6 +26,9 @@ from metalqwen.demo_checkpoint import (
     write_demo_checkpoint,
 )
 from metalqwen.tokenizer import StopMatcher, StreamDecoder, Tokenizer, TokenizerError, find_stop
+
+from ..support import model_fixtures as mf
+from ..support.require import require
 
 # ---------------------------------------------------------------------------- fixtures
 
@@ -739,7 +740,7 @@ def test_unknown_extra_tensors_warn_once_and_are_not_used(damaged):
     assert len(record) == 1
     assert ck.unknown == ["language_model.model.extra_norm.weight"]
     assert ck.ignored == ["vision_tower.blocks.0.weight"]
-    assert not ck.mtp  # an MTP head is validated (tests/test_mtp.py)
+    assert not ck.mtp  # an MTP head is validated (tests/engine/test_mtp.py)
     d = ck.describe()
     assert "language_model.model.extra_norm.weight" not in d["globals"]
 

@@ -12,7 +12,8 @@ from metalqwen import gpu
 from metalqwen.batching import Scheduler
 from metalqwen.errors import GpuError
 from metalqwen.server import create_app
-from server_fixtures import LiveServer
+
+from ..support.server_fixtures import LiveServer
 
 # With prefill_chunk 8 the prompt is two chunks (8 + 2 rows): command buffers 1-2 of a fresh model.
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]

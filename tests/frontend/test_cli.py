@@ -14,24 +14,15 @@ import time
 import pytest
 
 import metalqwen
-from conftest import require
 from metalqwen import cli
-from model_fixtures import read_header
 
-_BENCHES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+from ..support.cli import default_sigint as _default_sigint
+from ..support.cli import run as _run
+from ..support.model_fixtures import read_header
+from ..support.require import require
+
+_BENCHES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
 TTFT_BENCH = os.path.join(_BENCHES, "server_ttft.py")
-
-
-def _default_sigint():
-    # A child started from a background job inherits SIGINT ignored; Python would then not
-    # install its handler and Ctrl-C could not be tested.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _run(*args, stdin=None, env=None, script=None):
-    command = [sys.executable, script] if script else [sys.executable, "-m", "metalqwen.cli"]
-    return subprocess.run([*command, *args], input=stdin, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})}, preexec_fn=_default_sigint)
 
 
 class _Session:

@@ -13,56 +13,14 @@ import numpy as np
 import pytest
 
 import metalqwen
-import model_fixtures as mf
+
+from ..support import model_fixtures as mf
+from ..support.model_checks import assert_logits_close, logit_tolerance, prompt
 
 RUNNABLE = ["base", "wide_untied_g32", "flat_b8"]
 # Weight formats (model_fixtures.VARIANTS): the KV cache does not depend on them, so one cache each.
 FORMATS = ["mixed", "affine_bits", "recipe_3_6", "fp_modes", "bf16", "f16", "f32"]
 CASES = [(name, kv_bits) for name in RUNNABLE for kv_bits in (16, 8)] + [(name, 16) for name in FORMATS]
-
-
-def logit_tolerance(config, kv_bits: int) -> float:
-    """Relative to the largest |logit| of the prompt. With the f16 cache only K/V rounding
-    to 11 bits (2^-11) and f32 summation order differ from the reference: 1e-3 (measured
-    ~1e-4). The q8 cache rounds each 32-element block to amax/127 steps, an error of up to
-    1/254 of the block's largest element, entering the residual stream once per attention
-    layer: 1.5 x (attention layers) / 254 (measured about 60 % of it)."""
-    if kv_bits == 16:
-        return 1e-3
-    return 1.5 * sum(t == "full_attention" for t in config.layer_types) / 254
-
-_models: dict = {}
-
-
-@pytest.fixture(scope="module")
-def model(device):
-    """model(path, kv_bits=16, prefill_chunk=64): loaded once per (device, checkpoint, options)."""
-
-    def get(path: str, kv_bits: int = 16, prefill_chunk: int = 64) -> metalqwen.Model:
-        key = (device.kind, path, kv_bits, prefill_chunk)
-        if key not in _models:
-            _models[key] = metalqwen.load(path, device=device, max_context=160, kv_bits=kv_bits,
-                                          prefill_chunk=prefill_chunk, progress=False)
-        return _models[key]
-
-    return get
-
-
-def prompt(vocab: int, n: int, seed: int = 0) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
-
-
-def assert_logits_close(got: np.ndarray, want: np.ndarray, tolerance: float) -> None:
-    assert got.shape == want.shape and np.isfinite(got).all()
-    scale = np.abs(want).max()
-    err = np.abs(got - want).max(axis=1) / scale
-    assert err.max() <= tolerance, f"logits differ by {err.max():.3g} (relative), tolerance {tolerance}"
-    # Argmax must agree wherever the reference's top-2 margin exceeds twice the row's
-    # error (there no rounding can flip it).
-    top2 = np.sort(want, axis=1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(got - want).max(axis=1)
-    assert clear.any()
-    assert (got.argmax(1) == want.argmax(1))[clear].all()
 
 
 @pytest.mark.parametrize("name,kv_bits", CASES)

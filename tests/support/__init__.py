@@ -1,0 +1,1 @@
+"""What the tests share: tiny checkpoints, numpy references, a live server, the CLI runner."""
