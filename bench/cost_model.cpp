@@ -19,7 +19,8 @@ template <class P>
 P params_of(const RecordedDispatch& d) {
   for (auto it = d.args.rbegin(); it != d.args.rend(); ++it)
     if (!it->bytes.empty()) {
-      if (it->bytes.size() != sizeof(P)) throw std::runtime_error("[bench] " + d.kernel + ": unexpected parameter size");
+      if (it->bytes.size() != sizeof(P))
+        throw std::runtime_error("[bench] " + d.kernel + ": unexpected parameter size");
       P p;
       std::memcpy(&p, it->bytes.data(), sizeof(P));
       return p;
@@ -104,7 +105,8 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
   }
   if (starts_with(k, "qmv_head_norm")) {  // before qmv_: DeltaNet's out_proj with the gated norm's factor
     const auto p = params_of<QmvHeadNormParams>(d);
-    const MatvecName name = matvec_name(k, starts_with(k, "qmv_head_norm_rows") ? "qmv_head_norm_rows" : "qmv_head_norm");
+    const MatvecName name = matvec_name(k,
+                                        starts_with(k, "qmv_head_norm_rows") ? "qmv_head_norm_rows" : "qmv_head_norm");
     const double w = double(p.out_dim) * p.in_dim * weight_bytes_per_element(name.format);
     const double partials = double(p.in_dim) / MQ_DELTA_HEAD_DIM * MQ_DELTA_HEAD_PARTIALS;
     // g and the heads' partial sums in, y out
@@ -172,7 +174,8 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
     const double bytes = segs.count * (2 * state + (p.ksize - 1) * C * F) +
                          rows * (C * F * (p.store_history ? 2 : 1) + 2 * p.n_v * F + 2 * p.n_v * D * F + partials * F) +
                          C * p.ksize * vector_bytes(k) + D * (p.norm_f32 ? 4 : 2);
-    return {std::to_string(p.n_v) + " heads", bytes, rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize + 6.0 * p.n_v * D)};
+    return {std::to_string(p.n_v) + " heads", bytes,
+            rows * (8.0 * p.n_v * D * D + C * 2.0 * p.ksize + 6.0 * p.n_v * D)};
   }
   if (starts_with(k, "delta_norm_history")) {
     const auto p = params_of<DeltaNormParams>(d);
@@ -193,8 +196,8 @@ DispatchCost dispatch_cost(const RecordedDispatch& d) {
   if (starts_with(k, "attn_decode_combine")) {
     const auto p = params_of<AttnDecodeParams>(d);
     const double HD = MQ_ATTN_HEAD_DIM, rows = step_rows(segments_of(d));
-    return {std::to_string(p.n_splits) + " splits",
-            rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F), rows * p.nq * p.n_splits * HD * 2.0};
+    return {std::to_string(p.n_splits) + " splits", rows * p.nq * (p.n_splits * (HD * F + 8) + HD * F * 2 + HD * F),
+            rows * p.nq * p.n_splits * HD * 2.0};
   }
   if (starts_with(k, "attn_decode")) {
     const auto p = params_of<AttnDecodeParams>(d);

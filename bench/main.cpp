@@ -46,7 +46,8 @@ int positive(const std::string& flag, const std::string& value) {
     n = std::stoi(value, &used);
   } catch (const std::exception&) {
   }
-  if (used != value.size() || n < 1) throw std::invalid_argument(flag + " needs a positive integer, got '" + value + "'");
+  if (used != value.size() || n < 1)
+    throw std::invalid_argument(flag + " needs a positive integer, got '" + value + "'");
   return n;
 }
 
@@ -202,8 +203,8 @@ ShapeResult run_shape(const std::shared_ptr<gpu::Device>& device, const BenchSha
     engine->decode_end();
     const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
     const engine::Counters& c = engine->counters();
-    r.step = StepResult{took.count() / o.tokens, step_bytes, c.weight_bytes_per_token, c.last_step_dispatches,
-                        c.last_step_barriers, c.last_step_host_encode_us};
+    r.step = StepResult{took.count() / o.tokens, step_bytes,           c.weight_bytes_per_token,
+                        c.last_step_dispatches,  c.last_step_barriers, c.last_step_host_encode_us};
   }
   return r;
 }

@@ -6,8 +6,7 @@
 namespace mq::bench {
 namespace {
 
-const char* kCpuNote =
-    "the CPU runtime is a test backend: these figures time it, they say nothing about an Apple GPU";
+const char* kCpuNote = "the CPU runtime is a test backend: these figures time it, they say nothing about an Apple GPU";
 
 std::string format(const char* pattern, double value) {
   char text[64];
@@ -45,8 +44,7 @@ void print_table(const Report& r, std::ostream& out) {
   out << "metalqwen_bench on " << r.device_name << " (" << r.device_kind << ")";
   if (r.peak_gbs > 0)
     out << ", peak " << format("%.0f", r.peak_gbs) << " GB/s" << (r.chip.chip.empty() ? "" : " (" + r.chip.chip + ")");
-  else
-    out << ", peak bandwidth unknown (no % of peak; pass --peak-gbs)";
+  else out << ", peak bandwidth unknown (no % of peak; pass --peak-gbs)";
   out << "\n";
   if (!r.chip.note.empty()) out << "note: " << r.chip.note << "\n";
   if (r.device_kind == "cpu") out << "NOTE: " << kCpuNote << "\n";
@@ -109,7 +107,8 @@ void print_json(const Report& r, std::ostream& out) {
       out << (j ? "," : "") << "\n      {\"kernel\": " << quoted(k.kernel) << ", \"sizes\": " << quoted(k.sizes)
           << ", \"per_step\": " << k.per_step << ", \"us_per_dispatch\": " << number(k.us_per_dispatch)
           << ", \"bytes\": " << number(k.bytes, modelled) << ", \"flops\": " << number(k.flops, modelled)
-          << ", \"gb_s\": " << number(bw, modelled) << ", \"peak_pct\": " << number(100 * bw / r.peak_gbs, modelled && peak)
+          << ", \"gb_s\": " << number(bw, modelled)
+          << ", \"peak_pct\": " << number(100 * bw / r.peak_gbs, modelled && peak)
           << ", \"gflop_s\": " << number(k.flops / k.us_per_dispatch / 1e3, modelled && k.us_per_dispatch > 0) << "}";
     }
     out << "],\n     \"decode_step\": ";

@@ -5,8 +5,8 @@ namespace {
 
 // Qwen3.5 constants shared by every size: head_dim 256 with a quarter rotary, linear heads of
 // 128, conv kernel 4, every fourth layer full attention, eps 1e-6, theta 1e7.
-engine::ModelDims qwen35(int hidden, int layers, int intermediate, int vocab, int heads, int kv_heads,
-                         int lin_k_heads, int lin_v_heads, bool tied) {
+engine::ModelDims qwen35(int hidden, int layers, int intermediate, int vocab, int heads, int kv_heads, int lin_k_heads,
+                         int lin_v_heads, bool tied) {
   engine::ModelDims d;
   d.hidden = hidden;
   d.layers = layers;

@@ -46,8 +46,10 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
     d.shared_intermediate = field<int>(dims, "shared_expert_intermediate_size");
     d.norm_top_k = field<bool>(dims, "norm_topk_prob");
   }
-  for (const auto& kind : field<std::vector<std::string>>(dims, "layer_types")) d.full_attention.push_back(kind == "full_attention");
-  if (int(d.full_attention.size()) != d.layers) throw std::runtime_error("[engine] layer_types does not match num_hidden_layers");
+  for (const auto& kind : field<std::vector<std::string>>(dims, "layer_types"))
+    d.full_attention.push_back(kind == "full_attention");
+  if (int(d.full_attention.size()) != d.layers)
+    throw std::runtime_error("[engine] layer_types does not match num_hidden_layers");
   for (const auto& [name, entry] : tensors) {
     auto e = entry.cast<py::tuple>();  // (file, offset, nbytes, dtype, shape, bits, group, mode[, add])
     TensorDesc t;
@@ -66,9 +68,9 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
 }
 
 // Sampling's fields, in declaration order: the keyword constructor takes these names, repr shows them.
-const char* const kSamplingFields[] = {"temperature",       "top_k",           "top_p",
-                                       "min_p",             "presence_penalty", "frequency_penalty",
-                                       "repetition_penalty", "seed",           "logprobs"};
+const char* const kSamplingFields[] = {
+    "temperature",        "top_k", "top_p",   "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed",  "logprobs"};
 
 py::array_t<float> logits_array(const std::vector<float>& out, size_t vocab) {
   py::array_t<float> a({out.size() / vocab, vocab});
@@ -147,8 +149,8 @@ void bind_engine(py::module_& m) {
              return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
-           py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(),
-           py::arg("mtp") = false, py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
+           py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(), py::arg("mtp") = false,
+           py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
            py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer)
       .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def_property_readonly("max_context", &Engine::max_context)
@@ -184,8 +186,7 @@ void bind_engine(py::module_& m) {
           py::arg("slot"), py::arg("tokens"), py::arg("sampling") = Sampling{}, py::arg("logits") = "none",
           py::arg("progress") = py::none(), py::arg("snapshot_at") = std::vector<int>{},
           py::arg("snapshots") = py::none())
-      .def("restore", &Engine::restore, py::arg("slot"), py::arg("snapshot"),
-           py::call_guard<py::gil_scoped_release>())
+      .def("restore", &Engine::restore, py::arg("slot"), py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin", &Engine::decode_begin, py::arg("slot"), py::arg("max_tokens"),
            py::arg("sampling") = Sampling{})
       .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())
@@ -208,7 +209,8 @@ void bind_engine(py::module_& m) {
           // entries: [(slot, drafts, Sampling)]
           [](Engine& e, const std::vector<std::tuple<int, std::vector<uint32_t>, Sampling>>& entries) {
             std::vector<Engine::SlotStep> steps;
-            for (const auto& [slot, drafts, sampling] : entries) steps.push_back({.slot = slot, .drafts = drafts, .sampling = sampling});
+            for (const auto& [slot, drafts, sampling] : entries)
+              steps.push_back({.slot = slot, .drafts = drafts, .sampling = sampling});
             py::gil_scoped_release release;
             return e.step(steps);
           },

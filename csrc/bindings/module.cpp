@@ -26,8 +26,7 @@ void bind_gpu(py::module_& m) {
   m.def("available_device_kinds", &available_device_kinds);
   m.def("metal_unavailable_reason", &metal_unavailable_reason);
   m.def("open_device", &open_device, py::arg("kind"));
-  m.def("open_cpu_device", &open_cpu_device, py::arg("schedule") = "",
-        py::arg("checks") = std::vector<std::string>{});
+  m.def("open_cpu_device", &open_cpu_device, py::arg("schedule") = "", py::arg("checks") = std::vector<std::string>{});
 
   py::class_<Buffer, std::shared_ptr<Buffer>>(m, "Buffer", py::buffer_protocol())
       .def_property_readonly("nbytes", &Buffer::size)
@@ -55,7 +54,9 @@ void bind_gpu(py::module_& m) {
       .def("set_threadgroup_memory", &CommandBuffer::set_threadgroup_memory)
       .def("dispatch_threadgroups",
            [](CommandBuffer& cb, std::tuple<uint32_t, uint32_t, uint32_t> groups,
-              std::tuple<uint32_t, uint32_t, uint32_t> threads) { cb.dispatch_threadgroups(size3(groups), size3(threads)); })
+              std::tuple<uint32_t, uint32_t, uint32_t> threads) {
+             cb.dispatch_threadgroups(size3(groups), size3(threads));
+           })
       .def("dispatch_threads",
            [](CommandBuffer& cb, std::tuple<uint32_t, uint32_t, uint32_t> grid,
               std::tuple<uint32_t, uint32_t, uint32_t> threads) { cb.dispatch_threads(size3(grid), size3(threads)); })
@@ -70,7 +71,8 @@ void bind_gpu(py::module_& m) {
       .def_property_readonly("max_buffer_length", &Device::max_buffer_length)
       .def_property_readonly("recommended_working_set", &Device::recommended_working_set)
       .def_property_readonly("gpu_cores", &Device::gpu_cores)
-      .def("new_buffer", [](Device& d, size_t nbytes) { return d.new_buffer(nbytes); }, py::arg("nbytes"))
+      .def(
+          "new_buffer", [](Device& d, size_t nbytes) { return d.new_buffer(nbytes); }, py::arg("nbytes"))
       .def_property_readonly("resident",
                              [](const Device& d) {
                                const mq::gpu::Residency r = d.resident();
@@ -80,20 +82,21 @@ void bind_gpu(py::module_& m) {
       .def("compile_notice", &Device::compile_notice, py::arg("source"), py::arg("name"))
       .def("new_command_buffer", &Device::new_command_buffer);
 
-  m.def("check_msl", &mq::cpu::check_msl, py::arg("source"), py::arg("name"),
-        py::call_guard<py::gil_scoped_release>());
+  m.def("check_msl", &mq::cpu::check_msl, py::arg("source"), py::arg("name"), py::call_guard<py::gil_scoped_release>());
 }
 
 void bind_shaders(py::module_& m) {
-  m.def("shader_library_source",
-        [](std::optional<std::map<std::string, std::string>> files, std::optional<std::set<std::string>> kernels) {
-          const auto& sources = files ? *files : mq::engine::embedded_shader_files();
-          return kernels ? mq::engine::assemble_kernel_library(sources, *kernels)
-                         : files ? mq::engine::assemble_shader_library(sources) : mq::engine::embedded_shader_library();
-        },
-        py::arg("files") = py::none(), py::arg("kernels") = py::none(),
-        "The shader library as one MSL text; `files` (path under shaders/ -> text) replaces the built-in copy, "
-        "`kernels` (host names) keeps only those kernels, as the engine compiles a model's.");
+  m.def(
+      "shader_library_source",
+      [](std::optional<std::map<std::string, std::string>> files, std::optional<std::set<std::string>> kernels) {
+        const auto& sources = files ? *files : mq::engine::embedded_shader_files();
+        return kernels ? mq::engine::assemble_kernel_library(sources, *kernels)
+               : files ? mq::engine::assemble_shader_library(sources)
+                       : mq::engine::embedded_shader_library();
+      },
+      py::arg("files") = py::none(), py::arg("kernels") = py::none(),
+      "The shader library as one MSL text; `files` (path under shaders/ -> text) replaces the built-in copy, "
+      "`kernels` (host names) keeps only those kernels, as the engine compiles a model's.");
   m.def("kernel_names", &mq::engine::kernel_names, "Every kernel host name of the shader library.");
   m.def("shader_library_key", &mq::engine::embedded_shader_key,
         "The embedded shader files' key, which a prebuilt Metal library must hold (tools/shader_key.cmake).");

@@ -44,8 +44,10 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
         throw EngineError("[engine] step: slot " + std::to_string(s.slot) + " is listed twice");
     check_slot_step(s, rows);
     const uint32_t n = 1 + uint32_t(s.drafts.size());
-    segs.seg[segs.count++] = {
-        .slot = uint32_t(s.slot), .first_row = rows, .rows = n, .position = uint32_t(sequences_[size_t(s.slot)].position)};
+    segs.seg[segs.count++] = {.slot = uint32_t(s.slot),
+                              .first_row = rows,
+                              .rows = n,
+                              .position = uint32_t(sequences_[size_t(s.slot)].position)};
     samplings.push_back(s.sampling);
     rows += n;
     speculative |= !s.drafts.empty();

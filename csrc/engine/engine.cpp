@@ -15,10 +15,10 @@ void check_dims(const ModelDims& d) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw EngineError("[engine] unsupported model: " + what);
   };
-  need(d.head_dim == MQ_ATTN_HEAD_DIM, "head_dim " + std::to_string(d.head_dim) + " (kernels need " +
-                                           std::to_string(MQ_ATTN_HEAD_DIM) + ")");
-  need(d.rotary_dim == MQ_ATTN_ROT_DIM, "rotary dims " + std::to_string(d.rotary_dim) + " (kernels need " +
-                                            std::to_string(MQ_ATTN_ROT_DIM) + ")");
+  need(d.head_dim == MQ_ATTN_HEAD_DIM,
+       "head_dim " + std::to_string(d.head_dim) + " (kernels need " + std::to_string(MQ_ATTN_HEAD_DIM) + ")");
+  need(d.rotary_dim == MQ_ATTN_ROT_DIM,
+       "rotary dims " + std::to_string(d.rotary_dim) + " (kernels need " + std::to_string(MQ_ATTN_ROT_DIM) + ")");
   need(d.lin_k_dim == MQ_DELTA_HEAD_DIM && d.lin_v_dim == MQ_DELTA_HEAD_DIM,
        "linear head dims " + std::to_string(d.lin_k_dim) + "/" + std::to_string(d.lin_v_dim) + " (kernels need " +
            std::to_string(MQ_DELTA_HEAD_DIM) + ")");
@@ -47,7 +47,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   check_dims(model_.dims);
   if (options_.kv_bits != 8 && options_.kv_bits != 16)
     throw EngineError("[engine] kv_bits must be 8 (q8 cache) or 16 (f16 cache), got " +
-                             std::to_string(options_.kv_bits));
+                      std::to_string(options_.kv_bits));
   if (options_.max_context < 1) throw EngineError("[engine] max_context must be positive");
   if (options_.prefill_chunk < 1) throw EngineError("[engine] prefill_chunk must be positive");
   if (options_.prefill_layers_per_buffer < 1) throw EngineError("[engine] prefill_layers_per_buffer must be positive");
@@ -143,8 +143,7 @@ void Engine::drain(Submitted& step) {
   }
 }
 
-gpu::GpuError Engine::step_failed(const std::string& kind, const std::vector<int>& slots,
-                                  const gpu::GpuError& cause) {
+gpu::GpuError Engine::step_failed(const std::string& kind, const std::vector<int>& slots, const gpu::GpuError& cause) {
   if (decoding_) {
     for (auto& step : decoding_->in_flight) drain(step.first);
     decoding_.reset();

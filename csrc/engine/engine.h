@@ -152,8 +152,8 @@ class Engine {
   // position() + tokens.size()], ascending, after which the state is saved into `snapshots` by
   // the chunk that ends there. A chunk the GPU fails resets the slot (see GPU failures) and takes
   // this call's snapshots back out.
-  std::vector<float> prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling,
-                             bool all_logits, bool last_logits, const PrefillProgress& progress = {},
+  std::vector<float> prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
+                             bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
                              std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr);
   // Puts a snapshot's state into `slot` (any slot: the parts are alike): position() and
@@ -304,8 +304,8 @@ class Engine {
   // pair (experts, shared expert) shares a format.
   void encode_moe_mlp_fused(Encoder& enc, const MoeWeights& moe, const Norm& post_norm, uint32_t rows);
   // y [rows][y_stride] = W x [rows][x_stride]: a matvec (weights streamed once) or a GEMM.
-  void encode_projection(Encoder& enc, bool matvec, const QuantLinear& l, const Arg& x, uint32_t x_stride,
-                         const Arg& y, uint32_t y_stride, uint32_t rows, bool overlap = false);
+  void encode_projection(Encoder& enc, bool matvec, const QuantLinear& l, const Arg& x, uint32_t x_stride, const Arg& y,
+                         uint32_t y_stride, uint32_t rows, bool overlap = false);
   // xn = rms(x) * w, after x += residual when asked (then the norm's kernel is rms_norm_residual's).
   void encode_norm(Encoder& enc, const Norm& norm, uint32_t rows, bool add_residual,
                    const std::shared_ptr<gpu::Buffer>& residual);

@@ -14,8 +14,8 @@ uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 // "layers 0-7 and after": the part of a prefill step a command buffer holds.
 std::string layer_range(size_t first, size_t end, size_t layers) {
-  const std::string range =
-      end - first > 1 ? "s " + std::to_string(first) + "-" + std::to_string(end - 1) : " " + std::to_string(first);
+  const std::string range = end - first > 1 ? "s " + std::to_string(first) + "-" + std::to_string(end - 1)
+                                            : " " + std::to_string(first);
   return "layer" + range + (end == layers ? " and after" : "");
 }
 
@@ -62,15 +62,11 @@ void Engine::encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t
 void Engine::encode_layer(Encoder& enc, const ForwardPass& pass, const LayerWeights& l, bool add_mix) {
   const LayerKernels& k = l.kernels;
   const Norm input_norm{l.input_norm, add_mix ? *k.input_norm_residual : *k.input_norm};
-  if (l.delta)
-    encode_deltanet(enc, pass, l, input_norm, add_mix);
-  else
-    encode_attention(enc, pass, l, input_norm, add_mix);
+  if (l.delta) encode_deltanet(enc, pass, l, input_norm, add_mix);
+  else encode_attention(enc, pass, l, input_norm, add_mix);
   const Norm post_norm{l.post_norm, *k.post_norm_residual};
-  if (l.moe)
-    encode_moe_mlp(enc, pass.matvec, *l.moe, post_norm, pass.rows);
-  else
-    encode_mlp(enc, pass.matvec, *l.mlp, pass.rows, uint32_t(model_.dims.intermediate), &post_norm);
+  if (l.moe) encode_moe_mlp(enc, pass.matvec, *l.moe, post_norm, pass.rows);
+  else encode_mlp(enc, pass.matvec, *l.mlp, pass.rows, uint32_t(model_.dims.intermediate), &post_norm);
 }
 
 // Gated DeltaNet: the four input projections, then conv + gates + scan + the gated norm but its
@@ -88,10 +84,10 @@ void Engine::encode_deltanet(Encoder& enc, const ForwardPass& pass, const LayerW
   const SlotStrides& strides = w.slot_strides;
   const uint32_t H = uint32_t(d.hidden), D = MQ_DELTA_HEAD_DIM, rows = pass.rows;
   const uint32_t nk = uint32_t(d.lin_k_heads), nv = uint32_t(d.lin_v_heads), C = 2 * nk * D + nv * D;
-  encode_normed_projections(enc, pass.matvec, input_norm, add_mix,
-                            {{&m.in_proj_qkv, w.qkv_raw, C}, {&m.in_proj_z, w.z, nv * D}, {&m.in_proj_b, w.b, nv},
-                             {&m.in_proj_a, w.a, nv}},
-                            rows);
+  encode_normed_projections(
+      enc, pass.matvec, input_norm, add_mix,
+      {{&m.in_proj_qkv, w.qkv_raw, C}, {&m.in_proj_z, w.z, nv * D}, {&m.in_proj_b, w.b, nv}, {&m.in_proj_a, w.a, nv}},
+      rows);
   const uint32_t slots = history_slots(d), ss_stride = nv * MQ_DELTA_HEAD_PARTIALS;
   const Arg state_snaps = pass.snapshot_rows ? Arg(l.state_snaps.buffer) : Arg(w.no_snapshots);
   const DeltaScanParams sp{.n_k = nk,
@@ -154,10 +150,8 @@ void Engine::encode_attention(Encoder& enc, const ForwardPass& pass, const Layer
   encode_normed_projections(enc, pass.matvec, input_norm, add_mix,
                             {{&m.q_proj, w.q, q_stride}, {&m.k_proj, w.k, kv_stride}, {&m.v_proj, w.v, kv_stride}},
                             pass.rows);
-  if (pass.matvec)
-    encode_attention_decode(enc, pass, l);
-  else
-    encode_attention_prefill(enc, pass, l);
+  if (pass.matvec) encode_attention_decode(enc, pass, l);
+  else encode_attention_prefill(enc, pass, l);
   encode_projection(enc, pass.matvec, m.o_proj, w.attn, nq * HD, w.mix, H, pass.rows);
 }
 
@@ -172,8 +166,8 @@ void Engine::encode_attention_decode(Encoder& enc, const ForwardPass& pass, cons
   const AttentionWeights& m = *l.attn;
   const StepSegments& segs = pass.segs;
   const uint32_t HD = MQ_ATTN_HEAD_DIM, nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads), rep = nq / nkv;
-  const bool one_row_each =
-      std::all_of(segs.seg, segs.seg + segs.count, [](const StepSegment& g) { return g.rows == 1; });
+  const bool one_row_each = std::all_of(segs.seg, segs.seg + segs.count,
+                                        [](const StepSegment& g) { return g.rows == 1; });
   const uint32_t per_group = one_row_each ? 1 : 4;
   const Pipeline& decode = one_row_each ? *l.kernels.attn_decode_r1 : *l.kernels.attn_decode_r4;
   // A SIMD-group per query head; a threadgroup serves `heads` of a kv head's rep.

@@ -24,8 +24,9 @@ void Kernels::create(gpu::Device& device, const std::map<std::string, Threadgrou
     if (progress) {
       const std::string notice = device.compile_notice(source, name_of_source);
       progress(0, needs.size(),
-               notice.empty() ? "" : notice + ": " + std::to_string(names.size()) + " kernels, " +
-                                         std::to_string(source.size() / 1024) + " KB of MSL");
+               notice.empty() ? ""
+                              : notice + ": " + std::to_string(names.size()) + " kernels, " +
+                                    std::to_string(source.size() / 1024) + " KB of MSL");
     }
     library_ = device.compile(source, name_of_source);
   }
@@ -58,7 +59,10 @@ const Pipeline& Kernels::get(const std::string& name) const {
 }
 
 Encoder::Encoder(gpu::Device& device, Kernels& kernels, std::string label)
-    : device_(device), kernels_(kernels), label_(std::move(label)), cb_(device.new_command_buffer()),
+    : device_(device),
+      kernels_(kernels),
+      label_(std::move(label)),
+      cb_(device.new_command_buffer()),
       started_(Clock::now()) {
   cb_->set_label(label_);
 }
@@ -99,20 +103,20 @@ void Encoder::after_dispatch(const Pipeline& kernel, std::initializer_list<Arg> 
   RecordedDispatch d{kernel.name, {}, grid, threads, grid_of_threads, overlap};
   for (const Arg& a : args) {
     const auto* bytes = static_cast<const uint8_t*>(a.bytes);
-    d.args.push_back({a.buffer, a.offset, bytes ? std::vector<uint8_t>(bytes, bytes + a.size) : std::vector<uint8_t>{}});
+    d.args.push_back({a.buffer, a.offset,
+                      bytes ? std::vector<uint8_t>(bytes, bytes + a.size) : std::vector<uint8_t>{}});
   }
   sink->push_back(std::move(d));
 }
 
-void Encoder::dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 groups,
-                       gpu::Size3 threads, bool overlap) {
+void Encoder::dispatch(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 groups, gpu::Size3 threads,
+                       bool overlap) {
   bind(kernel, args, overlap);
   cb_->dispatch_threadgroups(groups, threads);
   after_dispatch(kernel, args, groups, threads, false, overlap);
 }
 
-void Encoder::dispatch_threads(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
-                               bool overlap) {
+void Encoder::dispatch_threads(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, bool overlap) {
   bind(kernel, args, overlap);
   cb_->dispatch_threads(grid, {kernel.threads});
   after_dispatch(kernel, args, grid, {kernel.threads}, true, overlap);

@@ -56,8 +56,7 @@ class Kernels {
   // kernels with many registers). Throws gpu::GpuError naming every kernel whose limit is
   // below its minimum. `progress` hears of the compile first (its note says what it
   // compiles), then of each pipeline as it is built.
-  void create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs,
-              const Progress& progress = {});
+  void create(gpu::Device& device, const std::map<std::string, ThreadgroupNeed>& needs, const Progress& progress = {});
   // Throws gpu::GpuError for a kernel that create() was not given. The reference stays valid
   // for the life of these kernels: the engine resolves its pipelines once, at load.
   const Pipeline& get(const std::string& name) const;
@@ -133,8 +132,7 @@ class Encoder {
     dispatch(kernel, args, groups, {kernel.threads});
   }
   // A grid of threads (edge threadgroups partial) in threadgroups of the chosen size.
-  void dispatch_threads(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid,
-                        bool overlap = false);
+  void dispatch_threads(const Pipeline& kernel, std::initializer_list<Arg> args, gpu::Size3 grid, bool overlap = false);
   uint32_t dispatches() const { return dispatches_; }
   // Dependent dispatch boundaries: dispatches after the first one that were not overlapped.
   uint32_t barriers() const { return barriers_; }

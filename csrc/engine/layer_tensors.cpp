@@ -10,10 +10,8 @@ const std::string kModel = "language_model.model.";
 template <class W, size_t N>
 void load_part(W& part, const LayerTensor<W> (&table)[N], const Weights& w, const std::string& prefix) {
   for (const LayerTensor<W>& t : table) {
-    if (t.linear)
-      part.*t.linear = w.linear(prefix + t.name);
-    else
-      part.*t.vector = w.tensor(prefix + t.name);
+    if (t.linear) part.*t.linear = w.linear(prefix + t.name);
+    else part.*t.vector = w.tensor(prefix + t.name);
   }
 }
 
@@ -29,12 +27,10 @@ template <class W, size_t N>
 uint64_t decode_bytes(const W& part, const LayerTensor<W> (&table)[N], const ModelDims& dims) {
   uint64_t total = 0;
   for (const LayerTensor<W>& t : table) {
-    if (!t.linear)
-      total += (part.*t.vector).desc->nbytes;
+    if (!t.linear) total += (part.*t.vector).desc->nbytes;
     else if (t.role == TensorRole::experts)
       total += uint64_t(dims.experts_per_token) * (part.*t.linear).expert_nbytes();
-    else
-      total += (part.*t.linear).nbytes();
+    else total += (part.*t.linear).nbytes();
   }
   return total;
 }
@@ -51,10 +47,8 @@ LayerWeights load_layer(const Weights& w, const ModelDims& dims, const std::stri
   } else {
     l.mlp = load_part(kMlpTensors, w, p + "mlp.");
   }
-  if (full_attention)
-    l.attn = load_part(kAttentionTensors, w, p + "self_attn.");
-  else
-    l.delta = load_part(kDeltaNetTensors, w, p + "linear_attn.");
+  if (full_attention) l.attn = load_part(kAttentionTensors, w, p + "self_attn.");
+  else l.delta = load_part(kDeltaNetTensors, w, p + "linear_attn.");
   return l;
 }
 
@@ -73,10 +67,8 @@ uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& 
   total += w.linear(kModel + "embed_tokens").nbytes() / uint64_t(dims.vocab);
   for (const LayerWeights& l : layers) {
     total += decode_bytes(l, kLayerNorms, dims);
-    if (l.moe)
-      total += decode_bytes(*l.moe, kMoeTensors, dims) + decode_bytes(l.moe->shared_expert, kMlpTensors, dims);
-    else
-      total += decode_bytes(*l.mlp, kMlpTensors, dims);
+    if (l.moe) total += decode_bytes(*l.moe, kMoeTensors, dims) + decode_bytes(l.moe->shared_expert, kMlpTensors, dims);
+    else total += decode_bytes(*l.mlp, kMlpTensors, dims);
     total += l.attn ? decode_bytes(*l.attn, kAttentionTensors, dims) : decode_bytes(*l.delta, kDeltaNetTensors, dims);
   }
   return total;

@@ -23,16 +23,16 @@ template <class W>
 struct LayerTensor {
   const char* name;
   TensorRole role;
-  QuantLinear W::*linear = nullptr;
-  DeviceTensor W::*vector = nullptr;
+  QuantLinear W::* linear = nullptr;
+  DeviceTensor W::* vector = nullptr;
 };
 
 template <class W>
-constexpr LayerTensor<W> linear_tensor(const char* name, TensorRole role, QuantLinear W::*member) {
+constexpr LayerTensor<W> linear_tensor(const char* name, TensorRole role, QuantLinear W::* member) {
   return {.name = name, .role = role, .linear = member};
 }
 template <class W>
-constexpr LayerTensor<W> vector_tensor(const char* name, DeviceTensor W::*member) {
+constexpr LayerTensor<W> vector_tensor(const char* name, DeviceTensor W::* member) {
   return {.name = name, .role = TensorRole::vector, .vector = member};
 }
 
@@ -90,7 +90,6 @@ std::vector<QuantLinear*> projections(W& part, const LayerTensor<W> (&table)[N],
 LayerWeights load_layer(const Weights& weights, const ModelDims& dims, const std::string& prefix, bool full_attention);
 std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
 // Bytes of weights one decode step streams (every projection once, the lm_head, norms).
-uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers,
-                             const ModelDims& dims);
+uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers, const ModelDims& dims);
 
 }  // namespace mq::engine

@@ -33,8 +33,7 @@ int64_t largest_fitting_context(const ModelDesc& model, EngineOptions options, u
 
 MemoryNeeds estimate_memory(const ModelDesc& model, const EngineOptions& options) {
   MemoryNeeds needs;
-  for (const auto& entry : model.tensors)
-    needs.weights += placed_bytes(entry.second);
+  for (const auto& entry : model.tensors) needs.weights += placed_bytes(entry.second);
   uint64_t attention_layers = options.mtp ? 1 : 0;  // the MTP head's layer keeps its own cache
   for (bool full_attention : model.dims.full_attention) attention_layers += full_attention;
   needs.kv_cache = 2 * attention_layers * kv_cache_slot_bytes(model.dims, options) * uint64_t(options.max_sequences);
@@ -49,7 +48,8 @@ MemoryNeeds check_memory_fits(const gpu::Device& device, const ModelDesc& model,
   std::string message = "[engine] the model does not fit in GPU memory: it needs " + human(needs.total()) + " (" +
                         std::to_string(needs.total()) + " bytes: weights " + human(needs.weights) + " + KV cache " +
                         human(needs.kv_cache) + " at max_context " + std::to_string(options.max_context) +
-                        (options.max_sequences > 1 ? " for " + std::to_string(options.max_sequences) + " sequences" : "") +
+                        (options.max_sequences > 1 ? " for " + std::to_string(options.max_sequences) + " sequences"
+                                                   : "") +
                         " + workspace " + human(needs.workspace) + "), but " + device.name() + " may use " +
                         human(limit) + " (" + std::to_string(limit) + " bytes, its recommended working set). ";
   const int64_t context = largest_fitting_context(model, options, limit);
@@ -59,8 +59,9 @@ MemoryNeeds check_memory_fits(const gpu::Device& device, const ModelDesc& model,
     if (options.kv_bits != 8) message += " or use kv_bits=8 (the q8 KV cache, about half the size of f16)";
     message += ", or load a smaller model or one quantized to fewer bits.";
   } else {
-    message += "Even the weights and workspace do not fit at the smallest max_context: load a smaller model or one "
-               "quantized to fewer bits (a smaller prefill_chunk shrinks the workspace a little).";
+    message +=
+        "Even the weights and workspace do not fit at the smallest max_context: load a smaller model or one "
+        "quantized to fewer bits (a smaller prefill_chunk shrinks the workspace a little).";
   }
   throw gpu::GpuError(message);
 }

@@ -123,13 +123,8 @@ void Engine::encode_moe_mlp_fused(Encoder& enc, const MoeWeights& m, const Norm&
                 w.router_logits, w.xn, w.expert_act, w.route_ids, w.route_weights, Arg::value(rp)},
                {ceil_div(I, MQ_MOE_SILU_ROWS_PER_THREADGROUP), rows * K}, {MQ_QMV_THREADS});
   encode_projection(enc, true, m.shared_expert.down_proj, w.act, shared_I, w.mix, H, rows, true);
-  const MoeCombineQmvParams cp{.in_dim = I,
-                               .out_dim = H,
-                               .experts = E,
-                               .top_k = K,
-                               .act_stride = I,
-                               .gate_stride = 1,
-                               .y_stride = H};
+  const MoeCombineQmvParams cp{
+      .in_dim = I, .out_dim = H, .experts = E, .top_k = K, .act_stride = I, .gate_stride = 1, .y_stride = H};
   enc.dispatch(*down.kernels.moe_qmv_combine,
                {at(down.weight), scales_of(down), biases_of(down), w.route_ids, w.route_weights, w.expert_act,
                 w.shared_gate, w.mix, Arg::value(cp)},

@@ -52,7 +52,8 @@ struct EngineOptions {
   int max_draft = 0;        // drafts per speculative verify step (0: none; snapshot planes are sized for it)
   bool mtp = false;         // load the MTP head (mtp.* tensors) with its KV cache
   MtpHidden mtp_hidden = MtpHidden::post_norm;
-  int max_sequences = 1;    // sequence slots: each has its own KV cache, DeltaNet state and ids (each Engine call names its slot)
+  int max_sequences =
+      1;    // sequence slots: each has its own KV cache, DeltaNet state and ids (each Engine call names its slot)
   // Layers per command buffer of a prefill step (its last buffer also holds the output, the MTP
   // head and snapshot copies): macOS stops a buffer that holds the GPU too long.
   int prefill_layers_per_buffer = 8;

@@ -29,12 +29,10 @@ void Engine::load_mtp() {
   device_->make_resident({m.layer.k_cache.buffer, m.layer.v_cache.buffer});
 }
 
-Arg Engine::mtp_trunk_hidden() const {
-  return options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn);
-}
+Arg Engine::mtp_trunk_hidden() const { return options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn); }
 
-void Engine::encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, const Arg& hidden,
-                        uint32_t hidden_stride, uint32_t logit_row0) {
+void Engine::encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
+                        uint32_t logit_row0) {
   const MtpWeights& m = *mtp_;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(model_.dims.hidden);
@@ -49,8 +47,8 @@ void Engine::encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, con
   const RmsNormParams pe{.dim = H, .x_stride = H, .r_stride = H, .y_stride = 2 * H, .eps = eps};
   const RmsNormParams ph{.dim = H, .x_stride = hidden_stride, .r_stride = H, .y_stride = 2 * H, .eps = eps};
   enc.dispatch(*m.norm_embedding, {w.mix, at(m.pre_fc_norm_embedding), w.mtp_in, Arg::value(pe)}, {rows});
-  enc.dispatch(*m.norm_hidden, {hidden, at(m.pre_fc_norm_hidden), Arg(w.mtp_in, size_t(H) * 4), Arg::value(ph)},
-               {rows}, {m.norm_hidden->threads}, true);
+  enc.dispatch(*m.norm_hidden, {hidden, at(m.pre_fc_norm_hidden), Arg(w.mtp_in, size_t(H) * 4), Arg::value(ph)}, {rows},
+               {m.norm_hidden->threads}, true);
   // u = fc(mtp_in) is the MTP layer's residual stream x; then the layer as the trunk's.
   encode_projection(enc, pass.matvec, m.fc, w.mtp_in, 2 * H, w.x, H, rows);
   encode_layer(enc, pass, m.layer, false);
@@ -64,8 +62,7 @@ void Engine::encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, con
 // choice in the same command buffer, or read back by the CPU before this one runs).
 void Engine::encode_mtp_logits(Encoder& enc, bool matvec, uint32_t row0, uint32_t rows) {
   const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab);
-  encode_projection(enc, matvec, lm_head_, Arg(ws_->mtp_hidden, size_t(row0) * H * 4), H, ws_->logits, V,
-                    rows - row0);
+  encode_projection(enc, matvec, lm_head_, Arg(ws_->mtp_hidden, size_t(row0) * H * 4), H, ws_->logits, V, rows - row0);
 }
 
 // Prefill fills the MTP cache for the prompt: the chunk's rows [position, position + rows)

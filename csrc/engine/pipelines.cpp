@@ -149,9 +149,8 @@ void Engine::plan_layer_kernels(KernelPlan& plan, LayerWeights& l) {
     plan.need(k.attn_decode_r4, "attn_decode_" + cache + "_r4" + vectors, decode);
     plan.need(k_.attn_combine, "attn_decode_combine", up_to(MQ_ATTN_COMBINE_THREADS));
     // Whole multiples of the query heads of a kv head where they fit.
-    const uint32_t prefill_sg = rep <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS
-                                    ? MQ_ATTN_PREFILL_MAX_SIMDGROUPS / rep * rep
-                                    : MQ_ATTN_PREFILL_MAX_SIMDGROUPS;
+    const uint32_t prefill_sg = rep <= MQ_ATTN_PREFILL_MAX_SIMDGROUPS ? MQ_ATTN_PREFILL_MAX_SIMDGROUPS / rep * rep
+                                                                      : MQ_ATTN_PREFILL_MAX_SIMDGROUPS;
     plan.need(k.attn_prefill, "attn_prefill_" + cache, up_to(kSimd * prefill_sg));
   }
 }

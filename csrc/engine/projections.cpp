@@ -45,10 +45,8 @@ void Engine::encode_norm(Encoder& enc, const Norm& norm, uint32_t rows, bool add
                          const std::shared_ptr<gpu::Buffer>& residual) {
   const uint32_t H = uint32_t(model_.dims.hidden);
   const RmsNormParams p{.dim = H, .x_stride = H, .r_stride = H, .y_stride = H, .eps = model_.dims.eps};
-  if (add_residual)
-    enc.dispatch(norm.kernel, {ws_->x, residual, at(norm.weight), ws_->xn, Arg::value(p)}, {rows});
-  else
-    enc.dispatch(norm.kernel, {ws_->x, at(norm.weight), ws_->xn, Arg::value(p)}, {rows});
+  if (add_residual) enc.dispatch(norm.kernel, {ws_->x, residual, at(norm.weight), ws_->xn, Arg::value(p)}, {rows});
+  else enc.dispatch(norm.kernel, {ws_->x, at(norm.weight), ws_->xn, Arg::value(p)}, {rows});
 }
 
 // y_m = W_m (rms(x (+ mix)) * norm) for every member, x (+ mix) staying the residual stream
@@ -96,8 +94,8 @@ void Engine::encode_normed_projections(Encoder& enc, bool matvec, const Norm& no
       }
     }
     enc.dispatch(v.pipeline(rows),
-                 {wt[0], wt[1], wt[2], wt[3], sc[0], sc[1], sc[2], sc[3], bi[0], bi[1], bi[2], bi[3], w.x, w.mix,
-                  at(norm.weight), w.x_next, w.xn, y[0], y[1], y[2], y[3], Arg::value(p)},
+                 {wt[0], wt[1], wt[2], wt[3],           sc[0],    sc[1], sc[2], sc[3], bi[0], bi[1], bi[2],
+                  bi[3], w.x,   w.mix, at(norm.weight), w.x_next, w.xn,  y[0],  y[1],  y[2],  y[3],  Arg::value(p)},
                  {groups}, {MQ_QMV_THREADS}, overlap || begin != members.begin());
     begin = stop;
   }

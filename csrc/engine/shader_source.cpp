@@ -11,8 +11,8 @@ namespace mq::engine {
 namespace {
 
 // Appends `path` with its local includes inlined; `done` gives #pragma once semantics.
-void append_file(const std::map<std::string, std::string>& files, const std::string& path,
-                 std::set<std::string>& done, std::string& out) {
+void append_file(const std::map<std::string, std::string>& files, const std::string& path, std::set<std::string>& done,
+                 std::string& out) {
   auto it = files.find(path);
   if (it == files.end()) throw std::runtime_error("[shaders] missing shader file '" + path + "'");
   if (!done.insert(path).second) return;
@@ -44,8 +44,7 @@ const std::vector<KernelEntry>& kernel_table() {
     std::string family;
     auto instance = [&](const std::string& name, const std::string& func, const std::string& args) {
       const std::string f = func + "<" + args + ">";
-      t.push_back({name, family,
-                   "template [[host_name(\"" + name + "\")]] [[kernel]] decltype(" + f + ") " + f + ";"});
+      t.push_back({name, family, "template [[host_name(\"" + name + "\")]] [[kernel]] decltype(" + f + ") " + f + ";"});
     };
 #define MQ_TABLE_INSTANCE(name, func, ...) instance(name, #func, #__VA_ARGS__);
 #define MQ_TABLE_PLAIN(name) t.push_back({#name, family, ""});

@@ -19,7 +19,8 @@ std::vector<Engine::StateRegion> Engine::state_regions(int slot, int position) c
   for (const LayerWeights* layer : layers) {
     const LayerWeights& l = *layer;
     if (!l.full_attention) {
-      for (const SlotBuffer* b : {&l.state, &l.hist}) regions.push_back({.buffer = b->buffer, .offset = base(*b), .bytes = b->slot_bytes});
+      for (const SlotBuffer* b : {&l.state, &l.hist})
+        regions.push_back({.buffer = b->buffer, .offset = base(*b), .bytes = b->slot_bytes});
       continue;
     }
     for (const SlotBuffer* cache : {&l.k_cache, &l.v_cache}) {

@@ -58,9 +58,8 @@ void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const s
   for (uint32_t i = 0; i < segs.count; ++i) {
     const StepSegment& g = segs.seg[i];
     if (g.rows == 1) continue;
-    const DeltaRestoreParams rp{.state_floats = uint32_t(state_words(d)),
-                                .state_snap_stride = uint32_t(state_words(d)),
-                                .planes = g.rows - 1};
+    const DeltaRestoreParams rp{
+        .state_floats = uint32_t(state_words(d)), .state_snap_stride = uint32_t(state_words(d)), .planes = g.rows - 1};
     for (const LayerWeights& l : layers_) {
       if (!l.delta) continue;
       enc.dispatch_threads(*k_.delta_restore,

@@ -119,7 +119,8 @@ void Weights::place_file(gpu::Device& device, const std::string& path, std::vect
     auto buffer = device.wrap_host_memory(static_cast<char*>(file->data) + span.begin, span.end - span.begin, file,
                                           gpu::Access::read_only);
     buffers_.push_back(buffer);
-    for (const Entry* e : span.tensors) tensors_[e->first] = DeviceTensor{buffer, e->second.offset - span.begin, &e->second};
+    for (const Entry* e : span.tensors)
+      tensors_[e->first] = DeviceTensor{buffer, e->second.offset - span.begin, &e->second};
     span = Span{};
     sample_rss();
   };
@@ -191,7 +192,8 @@ void Weights::place_arenas(gpu::Device& device, const ShardFile& file, const std
     while (next < slots.size()) {
       const ArenaSlot& s = slots[next];
       const TensorDesc& u = s.entry->second;
-      if (widened_on_load(u) || s.arena != first.arena || u.offset != t.offset + bytes || s.offset != first.offset + bytes)
+      if (widened_on_load(u) || s.arena != first.arena || u.offset != t.offset + bytes ||
+          s.offset != first.offset + bytes)
         break;
       bytes += u.nbytes;
       next += 1;
@@ -213,15 +215,16 @@ void Weights::read_run(const ShardFile& file, uint64_t offset, uint64_t bytes, c
     const ssize_t got = pread(file.fd, dst + done, want, off_t(offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0)
-      throw std::runtime_error("[weights] cannot read " + file.path + " at byte " + std::to_string(offset + done) + ": " +
-                               (got < 0 ? std::strerror(errno) : "the file ended early"));
+      throw std::runtime_error("[weights] cannot read " + file.path + " at byte " + std::to_string(offset + done) +
+                               ": " + (got < 0 ? std::strerror(errno) : "the file ended early"));
     done += uint64_t(got);
     placed(uint64_t(got));
     sample_rss();
   }
 }
 
-void Weights::widen(const ShardFile& file, const Entry& entry, float* dst, const std::function<void(uint64_t)>& placed) {
+void Weights::widen(const ShardFile& file, const Entry& entry, float* dst,
+                    const std::function<void(uint64_t)>& placed) {
   const TensorDesc& t = entry.second;
   if (t.dtype != "F16" && t.dtype != "BF16" && t.dtype != "F32")
     throw std::runtime_error("[weights] tensor " + entry.first + ": cannot shift a " + t.dtype + " tensor at load");

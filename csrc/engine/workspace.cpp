@@ -6,12 +6,16 @@
 
 namespace mq::engine {
 
-uint32_t mlp_intermediate(const ModelDims& d) { return uint32_t(d.experts > 0 ? d.shared_intermediate : d.intermediate); }
+uint32_t mlp_intermediate(const ModelDims& d) {
+  return uint32_t(d.experts > 0 ? d.shared_intermediate : d.intermediate);
+}
 
 namespace {
 
 // A multiple of 8: prefill attention reads q in 8-row tiles.
-uint32_t rows_per_step(const EngineOptions& o) { return uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8); }
+uint32_t rows_per_step(const EngineOptions& o) {
+  return uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8);
+}
 // Flash-decode splits: at least kMinSplitLen positions each (up to that, one split and no
 // combine), about kSplitThreadgroupsPerCore threadgroups per GPU core over all splits, and at
 // most kMaxSplits (the combine reads nq * splits partials per row: it stays a small pass).
@@ -37,26 +41,47 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
   const size_t E = size_t(d.experts), P = R * size_t(d.experts_per_token), MI = size_t(d.moe_intermediate);
   const size_t partials = (V + kArgmaxChunk - 1) / kArgmaxChunk;
   return {
-      {&Workspace::x, R * H}, {&Workspace::x_next, R * H}, {&Workspace::xn, R * H}, {&Workspace::mix, R * H},
+      {&Workspace::x, R * H},
+      {&Workspace::x_next, R * H},
+      {&Workspace::xn, R * H},
+      {&Workspace::mix, R * H},
       {&Workspace::qkv_raw, R * C},
-      {&Workspace::z, R * nv * D}, {&Workspace::a, R * nv}, {&Workspace::b, R * nv},
-      {&Workspace::delta_out, R * nv * D}, {&Workspace::head_ss, R * nv * MQ_DELTA_HEAD_PARTIALS},
-      {&Workspace::q, R * nq * 2 * HD}, {&Workspace::k, R * nkv * HD}, {&Workspace::v, R * nkv * HD},
+      {&Workspace::z, R * nv * D},
+      {&Workspace::a, R * nv},
+      {&Workspace::b, R * nv},
+      {&Workspace::delta_out, R * nv * D},
+      {&Workspace::head_ss, R * nv * MQ_DELTA_HEAD_PARTIALS},
+      {&Workspace::q, R * nq * 2 * HD},
+      {&Workspace::k, R * nkv * HD},
+      {&Workspace::v, R * nkv * HD},
       {&Workspace::attn, R * nq * HD},
-      {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD}, {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
-      {&Workspace::gate, R * I}, {&Workspace::up, R * I}, {&Workspace::act, R * I},
-      {&Workspace::router_logits, R * E}, {&Workspace::shared_gate, R},
-      {&Workspace::route_ids, P}, {&Workspace::route_weights, P},
-      {&Workspace::expert_offsets, E + 1}, {&Workspace::expert_order, P}, {&Workspace::expert_slot, P},
+      {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD},
+      {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
+      {&Workspace::gate, R * I},
+      {&Workspace::up, R * I},
+      {&Workspace::act, R * I},
+      {&Workspace::router_logits, R * E},
+      {&Workspace::shared_gate, R},
+      {&Workspace::route_ids, P},
+      {&Workspace::route_weights, P},
+      {&Workspace::expert_offsets, E + 1},
+      {&Workspace::expert_order, P},
+      {&Workspace::expert_slot, P},
       {&Workspace::expert_x, P * H},
-      {&Workspace::expert_gate, P * MI}, {&Workspace::expert_up, P * MI}, {&Workspace::expert_act, P * MI},
+      {&Workspace::expert_gate, P * MI},
+      {&Workspace::expert_up, P * MI},
+      {&Workspace::expert_act, P * MI},
       {&Workspace::expert_out, P * H},
-      {&Workspace::logits, R * V}, {&Workspace::partials, R * partials * 2},
-      {&Workspace::penalty_counts, 2 * V}, {&Workspace::penalised, V},
-      {&Workspace::mtp_in, o.mtp ? R * 2 * H : 0}, {&Workspace::mtp_hidden, o.mtp ? R * H : 0},
+      {&Workspace::logits, R * V},
+      {&Workspace::partials, R * partials * 2},
+      {&Workspace::penalty_counts, 2 * V},
+      {&Workspace::penalised, V},
+      {&Workspace::mtp_in, o.mtp ? R * 2 * H : 0},
+      {&Workspace::mtp_hidden, o.mtp ? R * H : 0},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},
-      {&Workspace::verify_chosen, kMaxVerifyRows}, {&Workspace::accepted, MQ_MAX_SEGMENTS},
+      {&Workspace::verify_chosen, kMaxVerifyRows},
+      {&Workspace::accepted, MQ_MAX_SEGMENTS},
   };
 }
 

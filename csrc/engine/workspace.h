@@ -97,7 +97,8 @@ struct SlotStrides {
 struct Workspace {
   // Allocates the activations, and each layer's cache or recurrent state into `layers`; declares
   // them all resident (Device::make_resident).
-  Workspace(gpu::Device& device, const ModelDims& dims, const EngineOptions& options, std::vector<LayerWeights>& layers);
+  Workspace(gpu::Device& device, const ModelDims& dims, const EngineOptions& options,
+            std::vector<LayerWeights>& layers);
   // Zeroes `slot`'s DeltaNet states and conv history rings.
   void clear_state(int slot);
 
@@ -138,7 +139,8 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
   std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [kMaxVerifyRows]: a verify step's choice per row
-  std::shared_ptr<gpu::Buffer> accepted;       // uint [MQ_MAX_SEGMENTS]: drafts each segment of the last verify step accepted
+  std::shared_ptr<gpu::Buffer>
+      accepted;       // uint [MQ_MAX_SEGMENTS]: drafts each segment of the last verify step accepted
   std::vector<SlotBuffer> recurrent;  // every state/hist buffer, for clearing
   uint32_t argmax_chunk, argmax_partials;
 };

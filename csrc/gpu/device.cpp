@@ -33,7 +33,7 @@ std::shared_ptr<Device> try_open_metal(std::string& error) {
 }  // namespace
 
 std::vector<std::shared_ptr<Kernel>> Library::kernels(const std::vector<std::string>& names,
-                                                     const std::function<void(size_t done)>& built) {
+                                                      const std::function<void(size_t done)>& built) {
   std::vector<std::shared_ptr<Kernel>> result;
   for (const std::string& name : names) {
     result.push_back(kernel(name));

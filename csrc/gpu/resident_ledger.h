@@ -20,7 +20,8 @@ class ResidentLedger {
     for (const auto& buffer : buffers) {
       if (!buffer) continue;
       auto same = [&](const std::weak_ptr<Buffer>& known) { return known.lock() == buffer; };
-      if (std::none_of(buffers_.begin(), buffers_.end(), same) && std::find(added.begin(), added.end(), buffer) == added.end())
+      if (std::none_of(buffers_.begin(), buffers_.end(), same) &&
+          std::find(added.begin(), added.end(), buffer) == added.end())
         added.push_back(buffer);
     }
     buffers_.insert(buffers_.end(), added.begin(), added.end());

@@ -290,7 +290,7 @@ def tool_call_lark(tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]], *, 
     if max_calls is None:
         rules.append('calls: call ("\\n"? call)*')
     else:
-        rules.append('calls: call' + ' ("\\n"? call)?' * (max_calls - 1))
+        rules.append("calls: call" + ' ("\\n"? call)?' * (max_calls - 1))
     return "\n".join([_after_thinking(tokenizer, "calls") if thinking else "start: calls", *rules, _STRING_VALUE])
 
 

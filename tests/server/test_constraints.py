@@ -112,7 +112,7 @@ SCHEMAS = {
     "enums": {"type": "object",
               "properties": {"unit": {"enum": ["celsius", "fahrenheit"]},
                              "level": {"enum": [1, 2, 3, None]},
-                             "mode": {"type": "string", "enum": ["a\"b", "ü\\n", "日本"]}},
+                             "mode": {"type": "string", "enum": ['a"b', "ü\\n", "日本"]}},
               "required": ["unit", "level", "mode"], "additionalProperties": False},
     "array_bounds": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4},
     "array_of_objects": {"type": "array", "minItems": 1, "maxItems": 3,
@@ -205,7 +205,7 @@ def test_regex_and_lark(grammars, tok):
 def test_mask_is_exact(grammars, tok):
     # Every id, in several states: bit set <=> the grammar takes the token (ids past the tokenizer never).
     c = grammars.json_schema(SCHEMAS["nested"], NO_WS)
-    for prefix in ['', '{"user":{"id":1', '{"user":{"id":12,"tags":["ab"', '{"user":{"id":3,"tags":["x"]},"ok":true']:
+    for prefix in ["", '{"user":{"id":1', '{"user":{"id":12,"tags":["ab"', '{"user":{"id":3,"tags":["x"]},"ok":true']:
         ids = tok.encode(prefix)
         for t in ids:
             c.advance(t)

@@ -25,8 +25,8 @@ void expect(bool ok, const char* what) {
 }
 
 // Expects a GpuError whose message starts with `prefix` and contains every fragment.
-void expect_error(const std::function<void()>& body, std::initializer_list<const char*> fragments,
-                  const char* what, const char* prefix = "[metal] ") {
+void expect_error(const std::function<void()>& body, std::initializer_list<const char*> fragments, const char* what,
+                  const char* prefix = "[metal] ") {
   try {
     body();
   } catch (const GpuError& e) {
@@ -75,8 +75,8 @@ int main() {
                "empty grid");
   expect_error([&] { rules.check_dispatch("dispatch_threadgroups", {1, 1, 1}, {64, 32, 1}); },
                {"2048", "1024", "'rms_norm_f32'"}, "too many threads per group");
-  expect_error([&] { rules.check_dispatch("dispatch_threadgroups", {1, 1, 1}, {0, 1, 1}); },
-               {"empty dispatch"}, "zero threads per group");
+  expect_error([&] { rules.check_dispatch("dispatch_threadgroups", {1, 1, 1}, {0, 1, 1}); }, {"empty dispatch"},
+               "zero threads per group");
   expect_error([&] { rules.check_index("set_buffer", 31); }, {"index 31", "'rms_norm_f32'"}, "index 31");
   rules.check_index("set_buffer", 30);
   expect_error([&] { rules.check_buffer(0, 256, 256); }, {"offset 256"}, "offset at end");
@@ -91,8 +91,8 @@ int main() {
 
   rules.mark_committed();
   expect(rules.committed(), "committed");
-  expect_error([&] { rules.check_dispatch("dispatch_threads", {64, 1, 1}, {32, 1, 1}); },
-               {"already committed"}, "dispatch after commit");
+  expect_error([&] { rules.check_dispatch("dispatch_threads", {64, 1, 1}, {32, 1, 1}); }, {"already committed"},
+               "dispatch after commit");
   expect_error([&] { rules.check_bytes(0, pages, 4); }, {"already committed"}, "set_bytes after commit");
   expect_error([&] { rules.set_kernel("x", 1); }, {"already committed"}, "set_kernel after commit");
   expect_error([&] { rules.mark_committed(); }, {"commit", "already committed"}, "commit twice");
@@ -102,10 +102,10 @@ int main() {
   expect(default_device_kind(true, "") == "metal", "Apple silicon with Metal opens Metal");
   expect(default_device_kind(false, "") == "metal", "Intel Mac with a usable Metal GPU opens Metal");
   expect(default_device_kind(false, "[gpu] this build has no Metal backend") == "cpu", "Linux falls back to cpu");
-  const std::string no_device = "[metal] no Metal device: MTLCreateSystemDefaultDevice and MTLCopyAllDevices found none";
-  expect_error([&] { default_device_kind(true, no_device); },
-               {"Apple-silicon", "no Metal device", "Device(\"cpu\")"}, "Apple silicon never falls back silently",
-               "[gpu] ");
+  const std::string no_device =
+      "[metal] no Metal device: MTLCreateSystemDefaultDevice and MTLCopyAllDevices found none";
+  expect_error([&] { default_device_kind(true, no_device); }, {"Apple-silicon", "no Metal device", "Device(\"cpu\")"},
+               "Apple silicon never falls back silently", "[gpu] ");
 
   // What open_metal_device requires, each refusal a sentence naming what is missing.
   using namespace mq::gpu::metal;
@@ -115,8 +115,8 @@ int main() {
   expect_error([&] { check_gpu_family("AMD Radeon Pro 5500M", false); },
                {"family Apple7 (M1/A14) or newer; this is AMD Radeon Pro 5500M"}, "non-Apple7 GPU refused");
   check_simd_width("Apple M1", 32);
-  expect_error([&] { check_simd_width("Intel UHD Graphics 630", 16); }, {"32-wide", "Intel UHD Graphics 630", "16 wide"},
-               "SIMD width 16 refused");
+  expect_error([&] { check_simd_width("Intel UHD Graphics 630", 16); },
+               {"32-wide", "Intel UHD Graphics 630", "16 wide"}, "SIMD width 16 refused");
   expect_error([&] { check_simd_width("AMD Radeon Pro 5500M", 64); }, {"64 wide"}, "SIMD width 64 refused");
   expect(std::string(kProbeKernelSource).find(std::string("kernel void ") + kProbeKernelName) != std::string::npos,
          "the probe source defines the probe kernel");

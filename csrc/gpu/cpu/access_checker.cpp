@@ -134,8 +134,8 @@ GroupChecker::GroupChecker() : threadgroup_shadow_(mq_abi::kMaxThreadgroupMemory
 
 GroupChecker::~GroupChecker() = default;
 
-void GroupChecker::begin_group(const DispatchChecks& dispatch, mq_abi::Dim3 group_position,
-                               const unsigned char* arena, const std::vector<std::unique_ptr<FiberStack>>& stacks) {
+void GroupChecker::begin_group(const DispatchChecks& dispatch, mq_abi::Dim3 group_position, const unsigned char* arena,
+                               const std::vector<std::unique_ptr<FiberStack>>& stacks) {
   image_pages_.clear();  // libraries come and go between groups
   dispatch_ = &dispatch;
   group_position_ = group_position;
@@ -163,8 +163,8 @@ void GroupChecker::set_thread(uint32_t index) {
 }
 
 AccessRecord GroupChecker::record_of(const void* pc, uint8_t mask) const {
-  return {thread_identity(group_identity_, thread_), pc, barrier_epoch_,
-          simd_epochs_[thread_ / mq_abi::kSimdWidth], mask};
+  return {thread_identity(group_identity_, thread_), pc, barrier_epoch_, simd_epochs_[thread_ / mq_abi::kSimdWidth],
+          mask};
 }
 
 bool GroupChecker::access(const void* address, size_t size, mq_abi::AccessKind kind, const void* pc) {
@@ -286,15 +286,15 @@ GroupChecker::Conflict GroupChecker::shadow_update(WordShadow& word, const Acces
 
 bool GroupChecker::report_race(const Conflict& c, const AccessRecord& now, bool write, const std::string& where) {
   const std::string kind = !c.other_writes ? "write after read" : write ? "write after write" : "read after write";
-  message_ = "data race (" + kind + ") on " + where + ": " + access_name(write) + " at " + msl_line_of(now.pc) +
-             ", " + access_name(c.other_writes) + " by " + describe_thread(c.other->who) + " at " +
-             msl_line_of(c.other->pc) + "; " + why_unordered(*c.other, now);
+  message_ = "data race (" + kind + ") on " + where + ": " + access_name(write) + " at " + msl_line_of(now.pc) + ", " +
+             access_name(c.other_writes) + " by " + describe_thread(c.other->who) + " at " + msl_line_of(c.other->pc) +
+             "; " + why_unordered(*c.other, now);
   return false;
 }
 
 bool GroupChecker::out_of_bounds(const std::string& what, size_t size, bool write, const void* pc) {
-  message_ = "out-of-bounds " + std::string(access_name(write)) + " of " + std::to_string(size) + " bytes at " +
-             what + ", at " + msl_line_of(pc);
+  message_ = "out-of-bounds " + std::string(access_name(write)) + " of " + std::to_string(size) + " bytes at " + what +
+             ", at " + msl_line_of(pc);
   return false;
 }
 

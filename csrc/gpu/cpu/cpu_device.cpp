@@ -90,8 +90,11 @@ uint32_t pipeline_thread_cap() {
 class CpuKernel final : public Kernel {
  public:
   CpuKernel(std::shared_ptr<LoadedLibrary> library, const mq_abi::KernelInfo& info, uint32_t thread_cap)
-      : library_(std::move(library)), info_(info), name_(info.name),
-        max_threads_(std::min({info.max_total_threads_per_threadgroup, mq_abi::kMaxThreadsPerThreadgroup, thread_cap})) {}
+      : library_(std::move(library)),
+        info_(info),
+        name_(info.name),
+        max_threads_(std::min({info.max_total_threads_per_threadgroup, mq_abi::kMaxThreadsPerThreadgroup,
+                               thread_cap})) {}
   const std::string& name() const override { return name_; }
   uint32_t max_threads_per_threadgroup() const override { return max_threads_; }
   uint32_t thread_execution_width() const override { return mq_abi::kSimdWidth; }
@@ -111,7 +114,8 @@ class CpuLibrary final : public Library {
   std::shared_ptr<Kernel> kernel(const std::string& name) override {
     const auto& exports = library_->exports();
     for (uint32_t i = 0; i < exports.kernel_count; ++i)
-      if (name == exports.kernels[i].name) return std::make_shared<CpuKernel>(library_, exports.kernels[i], thread_cap_);
+      if (name == exports.kernels[i].name)
+        return std::make_shared<CpuKernel>(library_, exports.kernels[i], thread_cap_);
     throw GpuError("[cpu] library has no kernel function '" + name + "'");
   }
   std::vector<std::string> kernel_names() const override {
@@ -132,7 +136,9 @@ struct Binding {
   size_t offset = 0;
   std::shared_ptr<std::vector<unsigned char>> bytes;  // set_bytes copy
   bool bound() const { return buffer || bytes; }
-  void* address() const { return buffer ? static_cast<char*>(buffer->contents()) + offset : static_cast<void*>(bytes->data()); }
+  void* address() const {
+    return buffer ? static_cast<char*>(buffer->contents()) + offset : static_cast<void*>(bytes->data());
+  }
   size_t available() const { return buffer ? buffer->size() - offset : bytes->size(); }
 };
 
@@ -421,7 +427,8 @@ class CpuCommandBuffer final : public CommandBuffer {
       const std::string arg = "argument '" + std::string(param.name) + "' [[";
       if (param.kind == mq_abi::ParamKind::threadgroup_pointer) {
         if (!threadgroup_bytes_[param.index])
-          throw GpuError(who + arg + "threadgroup(" + std::to_string(param.index) + ")]] has no threadgroup memory set");
+          throw GpuError(who + arg + "threadgroup(" + std::to_string(param.index) +
+                         ")]] has no threadgroup memory set");
         d.threadgroup_arg_bytes[param.index] = threadgroup_bytes_[param.index];
         continue;
       }
@@ -478,8 +485,7 @@ class CpuDevice final : public Device {
     check_buffer_length("cpu", name(), size, max_buffer_length_);
     return std::make_shared<CpuBuffer>(size, checks_.bounds);
   }
-  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive,
-                                           Access) override {
+  std::shared_ptr<Buffer> wrap_host_memory(void* data, size_t size, std::shared_ptr<void> keep_alive, Access) override {
     check_buffer_length("cpu", name(), size, max_buffer_length_);
     return std::make_shared<CpuBuffer>(data, size, std::move(keep_alive));
   }

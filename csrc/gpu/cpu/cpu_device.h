@@ -11,4 +11,4 @@ namespace mq::gpu {
 // METALQWEN_CPU_SCHEDULE, else forward. `checks`: "races", "bounds" (the checking mode,
 // cpu/access_checker.h); none means METALQWEN_CPU_CHECKS.
 std::shared_ptr<Device> open_cpu_device(const std::string& schedule = "", const std::vector<std::string>& checks = {});
-}
+}  // namespace mq::gpu

@@ -36,9 +36,7 @@ struct Division {
 };
 
 uint64_t truncate_to(uint64_t v, int bits) { return bits == 64 ? v : v & ((uint64_t(1) << bits) - 1); }
-int64_t sign_extend(uint64_t v, int bits) {
-  return bits == 64 ? int64_t(v) : int64_t(v << (64 - bits)) >> (64 - bits);
-}
+int64_t sign_extend(uint64_t v, int bits) { return bits == 64 ? int64_t(v) : int64_t(v << (64 - bits)) >> (64 - bits); }
 
 // Decodes the instruction at rip: legacy prefixes, REX, opcode, ModRM, SIB, displacement.
 bool decode_division(const greg_t* gregs, Division& out) {

@@ -53,9 +53,8 @@ void Fiber::prepare(FiberStack& stack, Entry entry, void* arg) {
   auto p = reinterpret_cast<uintptr_t>(arg);
   auto e = reinterpret_cast<uintptr_t>(entry);
   makecontext(&context_->uc, reinterpret_cast<void (*)()>(+[](unsigned a0, unsigned a1, unsigned e0, unsigned e1) {
-                reinterpret_cast<Entry>((uintptr_t(e1) << 32) | e0)(
-                    reinterpret_cast<void*>((uintptr_t(a1) << 32) | a0));
-              }),
+    reinterpret_cast<Entry>((uintptr_t(e1) << 32) | e0)(reinterpret_cast<void*>((uintptr_t(a1) << 32) | a0));
+  }),
               4, unsigned(p), unsigned(uint64_t(p) >> 32), unsigned(e), unsigned(uint64_t(e) >> 32));
 }
 

@@ -79,11 +79,10 @@ void compile_object(const Toolchain& tools, const std::string& cpp_source, const
   const std::string tmp = base + ".tmp" + std::to_string(getpid()), tmp_so = tmp + ".so", tmp_o = tmp + ".o";
   const std::string compile = shell_quote(tools.cxx) + " " + compile_flags(tools, checked) + " -I" +
                               shell_quote(tools.include_dir + "/msl") + " " + shell_quote(src_path);
-  auto [status, diagnostics] =
-      checked ? run_command("cd " + shell_quote(tools.cache_dir) + " && " + compile + " -c -o " + shell_quote(tmp_o) +
-                            " && " + shell_quote(tools.cxx) + " -shared -o " + shell_quote(tmp_so) + " " +
-                            shell_quote(tmp_o))
-              : run_command(compile + " -o " + shell_quote(tmp_so));
+  auto [status, diagnostics] = checked ? run_command("cd " + shell_quote(tools.cache_dir) + " && " + compile +
+                                                     " -c -o " + shell_quote(tmp_o) + " && " + shell_quote(tools.cxx) +
+                                                     " -shared -o " + shell_quote(tmp_so) + " " + shell_quote(tmp_o))
+                                       : run_command(compile + " -o " + shell_quote(tmp_so));
   std::remove(tmp_o.c_str());
   if (status != 0) {
     std::remove(tmp_so.c_str());

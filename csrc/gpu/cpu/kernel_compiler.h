@@ -33,7 +33,6 @@ std::shared_ptr<LoadedLibrary> build_library(const std::string& msl_source, cons
 
 // What build_library would spend time on for this source, for a progress line: "" when
 // the object is cached, else a sentence naming the compiler and the cache folder.
-std::string library_build_notice(const std::string& msl_source, const std::string& source_name,
-                                 bool checked = false);
+std::string library_build_notice(const std::string& msl_source, const std::string& source_name, bool checked = false);
 
 }  // namespace mq::cpu

@@ -16,14 +16,15 @@ namespace {
 // Only Metal-relevant warnings are errors, so clang's noise (its own line markers, the
 // stub's literal suffixes) stays out of the diagnostics. Metal has no exceptions, no RTTI;
 // arm64 gives half and bfloat stand-ins clang accepts.
-#define MQ_CHECK_COMMON_FLAGS                                                                            \
-  "-fsyntax-only -target arm64-apple-macos14 -nostdinc -fno-exceptions -fno-rtti "          \
+#define MQ_CHECK_COMMON_FLAGS                                                                               \
+  "-fsyntax-only -target arm64-apple-macos14 -nostdinc -fno-exceptions -fno-rtti "                          \
   "-Werror=unknown-attributes -Wno-user-defined-literals -Wno-unknown-warning-option -Wno-gnu-line-marker " \
   "-fno-caret-diagnostics"
 
 // MSL 3.1 is C++14 with Metal's restrictions: address spaces as clang address spaces
 // (thread the default), C++17 refused.
-const char kCxx14Flags[] = "-x c++ -std=c++14 -nostdinc++ -pedantic-errors -Werror=missing-variable-declarations " MQ_CHECK_COMMON_FLAGS;
+const char kCxx14Flags[] =
+    "-x c++ -std=c++14 -nostdinc++ -pedantic-errors -Werror=missing-variable-declarations " MQ_CHECK_COMMON_FLAGS;
 
 // Apple's address-space rules are clang's OpenCL ones: C++ for OpenCL 2021 without
 // program-scope global variables refuses a program-scope, static member or static local
@@ -111,15 +112,16 @@ void run_xcrun_check(const std::string& source, const std::string& source_name, 
 // The C++14 pass, then the C++-for-OpenCL pass, over one prepared text; the first to fail
 // gives the diagnostics.
 void run_clang_checks(const std::string& source, const std::string& source_name, const Toolchain& tools) {
-  const std::string path = write_temporary(strict_check_source(preprocess_msl(source, source_name, tools)), ".cpp", tools);
+  const std::string path = write_temporary(strict_check_source(preprocess_msl(source, source_name, tools)), ".cpp",
+                                           tools);
   const std::string stubs = tools.include_dir + "/msl_strict";
-  auto [status, diagnostics] =
-      run_command(shell_quote(clang().command) + " " + kCxx14Flags + " -I" + shell_quote(stubs) + " " + shell_quote(path));
+  auto [status, diagnostics] = run_command(shell_quote(clang().command) + " " + kCxx14Flags + " -I" +
+                                           shell_quote(stubs) + " " + shell_quote(path));
   const char* pass = "C++14 pass";
   if (status == 0) {
-    std::tie(status, diagnostics) =
-        run_command(shell_quote(clang().command) + " " + kOpenclFlags + " -I" + shell_quote(tools.include_dir + "/msl_opencl") +
-                    " -I" + shell_quote(stubs) + " " + shell_quote(path));
+    std::tie(status, diagnostics) = run_command(shell_quote(clang().command) + " " + kOpenclFlags + " -I" +
+                                                shell_quote(tools.include_dir + "/msl_opencl") + " -I" +
+                                                shell_quote(stubs) + " " + shell_quote(path));
     pass = "C++ for OpenCL pass";
   }
   std::remove(path.c_str());
@@ -137,10 +139,8 @@ void run_clang_checks(const std::string& source, const std::string& source_name,
 }
 
 void run_check(const Tool& tool, const std::string& source, const std::string& source_name, const Toolchain& tools) {
-  if (&tool == &xcrun_metal())
-    run_xcrun_check(source, source_name, tools);
-  else
-    run_clang_checks(source, source_name, tools);
+  if (&tool == &xcrun_metal()) run_xcrun_check(source, source_name, tools);
+  else run_clang_checks(source, source_name, tools);
 }
 
 }  // namespace
@@ -157,10 +157,11 @@ void check_msl_for_compile(const std::string& source, const std::string& source_
   const bool required = (mode && std::string(mode) == "1") || (ci && std::string(ci) == "true");
   if (!checker() && !required) return;
   const Tool& tool = required_checker();
-  const std::string flags = &tool == &xcrun_metal() ? std::string(kXcrunFlags) : std::string(kCxx14Flags) + kOpenclFlags;
+  const std::string flags = &tool == &xcrun_metal() ? std::string(kXcrunFlags)
+                                                    : std::string(kCxx14Flags) + kOpenclFlags;
   // The include directory's name carries the stubs' content version.
-  const std::string passed =
-      tools.cache_dir + "/" + hex(fnv1a(tool.identity + flags + tools.include_dir, source_key)) + ".msl-ok";
+  const std::string passed = tools.cache_dir + "/" + hex(fnv1a(tool.identity + flags + tools.include_dir, source_key)) +
+                             ".msl-ok";
   if (file_exists(passed)) return;
   run_check(tool, source, source_name, tools);
   write_file_atomically(passed, "");

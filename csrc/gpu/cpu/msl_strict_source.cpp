@@ -13,22 +13,48 @@ namespace {
 // Attributes the MSL specification defines (functions, arguments, kernel builtins);
 // anything else in [[...]] stays for clang, which rejects it (-Werror=unknown-attributes).
 const std::set<std::string>& metal_attributes() {
-  static const std::set<std::string> names = {
-      "kernel", "vertex", "fragment", "visible", "stitchable", "host_name", "max_total_threads_per_threadgroup",
-      "buffer", "texture", "sampler", "threadgroup", "function_constant", "stage_in", "id", "user",
-      "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
-      "threads_per_threadgroup", "threadgroups_per_grid", "threads_per_grid", "dispatch_threads_per_threadgroup",
-      "thread_index_in_threadgroup", "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup",
-      "simdgroups_per_threadgroup", "dispatch_simdgroups_per_threadgroup", "threads_per_simdgroup",
-      "thread_execution_width", "thread_index_in_quadgroup", "quadgroup_index_in_threadgroup",
-      "quadgroups_per_threadgroup", "dispatch_quadgroups_per_threadgroup", "grid_origin", "grid_size"};
+  static const std::set<std::string> names = {"kernel",
+                                              "vertex",
+                                              "fragment",
+                                              "visible",
+                                              "stitchable",
+                                              "host_name",
+                                              "max_total_threads_per_threadgroup",
+                                              "buffer",
+                                              "texture",
+                                              "sampler",
+                                              "threadgroup",
+                                              "function_constant",
+                                              "stage_in",
+                                              "id",
+                                              "user",
+                                              "thread_position_in_grid",
+                                              "thread_position_in_threadgroup",
+                                              "threadgroup_position_in_grid",
+                                              "threads_per_threadgroup",
+                                              "threadgroups_per_grid",
+                                              "threads_per_grid",
+                                              "dispatch_threads_per_threadgroup",
+                                              "thread_index_in_threadgroup",
+                                              "thread_index_in_simdgroup",
+                                              "simdgroup_index_in_threadgroup",
+                                              "simdgroups_per_threadgroup",
+                                              "dispatch_simdgroups_per_threadgroup",
+                                              "threads_per_simdgroup",
+                                              "thread_execution_width",
+                                              "thread_index_in_quadgroup",
+                                              "quadgroup_index_in_threadgroup",
+                                              "quadgroups_per_threadgroup",
+                                              "dispatch_quadgroups_per_threadgroup",
+                                              "grid_origin",
+                                              "grid_size"};
   return names;
 }
 
 // Scalar types whose 2-, 3- and 4-vectors the stub declares (metal_stdlib in msl_strict/).
 const std::set<std::string>& vector_element_types() {
-  static const std::set<std::string> names = {"char", "uchar", "short", "ushort", "int",
-                                              "uint", "long", "ulong", "half", "float", "bfloat"};
+  static const std::set<std::string> names = {"char", "uchar", "short", "ushort", "int",   "uint",
+                                              "long", "ulong", "half",  "float",  "bfloat"};
   return names;
 }
 
@@ -138,8 +164,7 @@ void mark_kernel_return_types(const std::string& text, const std::string& m, con
     size_t end = std::string::npos;
     if (m.compare(begin, 8, "decltype") == 0 && begin + 8 <= k.params_open && skip_space(m, begin + 8) == k.params_open)
       end = k.params_close + 1;
-    else if (k.params_open > begin)
-      end = declarator_name_begin(m, k.params_open);
+    else if (k.params_open > begin) end = declarator_name_begin(m, k.params_open);
     while (end != std::string::npos && end > begin && std::isspace(static_cast<unsigned char>(m[end - 1]))) --end;
     if (end == std::string::npos || end <= begin) continue;
     std::string type = text.substr(begin, end - begin);
@@ -215,14 +240,13 @@ void mark_threadgroup_variables(const std::string& text, const std::string& m, c
     bool simple = false;
     const size_t end = threadgroup_variable_end(m, at, simple);
     if (end == std::string::npos) continue;
-    const bool in_kernel =
-        std::any_of(kernels.begin(), kernels.end(), [&](const KernelSpan& k) { return k.body_open < at && at < k.body_close; });
+    const bool in_kernel = std::any_of(kernels.begin(), kernels.end(),
+                                       [&](const KernelSpan& k) { return k.body_open < at && at < k.body_close; });
     if (!in_kernel)
-      edits.push_back({at, 0, "_Pragma(\"GCC error \\\"a threadgroup variable must be declared in a kernel function\\\"\") "});
-    else if (simple)
-      edits.push_back({at, end + 1 - at, threadgroup_reference(text, at, end)});
-    else
-      edits.push_back({at, 11, "mq_threadgroup_static"});  // clang checks the initializer or the list
+      edits.push_back({at, 0,
+                       "_Pragma(\"GCC error \\\"a threadgroup variable must be declared in a kernel function\\\"\") "});
+    else if (simple) edits.push_back({at, end + 1 - at, threadgroup_reference(text, at, end)});
+    else edits.push_back({at, 11, "mq_threadgroup_static"});  // clang checks the initializer or the list
   }
 }
 

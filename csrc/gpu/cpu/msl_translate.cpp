@@ -279,7 +279,8 @@ std::string rewrite_kernels(const std::string& text, const LineMap& lines, std::
       size_t open = m.rfind("[[", before - 2);
       std::string attr = trim(text.substr(open + 2, before - 2 - open - 2));
       size_t p0 = attr.find('('), p1 = attr.rfind(')');
-      std::string attr_name = trim(attr.substr(0, p0)), arg = p0 == std::string::npos ? "" : trim(attr.substr(p0 + 1, p1 - p0 - 1));
+      std::string attr_name = trim(attr.substr(0, p0)),
+                  arg = p0 == std::string::npos ? "" : trim(attr.substr(p0 + 1, p1 - p0 - 1));
       if (attr_name == "max_total_threads_per_threadgroup") {
         own_max_threads = "(" + arg + ")";
       } else if (attr_name == "host_name") {
@@ -388,8 +389,7 @@ std::string rewrite_threadgroup_arrays(const std::string& text, const LineMap& l
         depth += m[end] == '[' || m[end] == '(' ? 1 : m[end] == ']' || m[end] == ')' ? -1 : 0;
     }
     if (end == std::string::npos || end >= m.size() || m[end] != ';') {
-      if (end < m.size() && m[end] == ',')
-        refuse(lines.where(at), "declare one threadgroup variable per statement");
+      if (end < m.size() && m[end] == ',') refuse(lines.where(at), "declare one threadgroup variable per statement");
       continue;  // a pointer, reference or parameter: plain memory on the CPU
     }
     std::string decl = trim(text.substr(start, end - start));
@@ -404,8 +404,7 @@ std::string rewrite_threadgroup_arrays(const std::string& text, const LineMap& l
     // The key is the variable's name: a unique object per declaration that error reports can print.
     std::string replacement = "static const char " + key + "[] = \"" + name + "\"; using " + alias + " = " + type +
                               " " + dim_text + "; " + alias + "& " + name + " = *static_cast<" + alias +
-                              "*>(mq_tg_alloc(" + key +
-                              ", sizeof(" + alias + "), alignof(" + alias + ")));";
+                              "*>(mq_tg_alloc(" + key + ", sizeof(" + alias + "), alignof(" + alias + ")));";
     std::string original = text.substr(at, end + 1 - at);
     replacement += std::string(std::count(original.begin(), original.end(), '\n'), '\n');
     edits.push_back({at, end + 1 - at, replacement});
@@ -420,9 +419,12 @@ bool is_swizzle(const std::string& s) {
 
 int swizzle_index(char c) {
   switch (c) {
-    case 'x': case 'r': return 0;
-    case 'y': case 'g': return 1;
-    case 'z': case 'b': return 2;
+    case 'x':
+    case 'r': return 0;
+    case 'y':
+    case 'g': return 1;
+    case 'z':
+    case 'b': return 2;
     default: return 3;
   }
 }
@@ -482,8 +484,8 @@ std::string entry_points(const std::vector<KernelDecl>& kernels) {
   std::ostringstream o;
   o << "\n#line 1 \"<metalqwen kernel entry points>\"\n";
   for (const KernelDecl& k : kernels) {
-    o << "extern \"C\" MQ_UNCHECKED void mq_entry_" << k.name << "(const mq_abi::Launch* L, const mq_abi::ThreadIds* T) {\n  "
-      << k.call << "(";
+    o << "extern \"C\" MQ_UNCHECKED void mq_entry_" << k.name
+      << "(const mq_abi::Launch* L, const mq_abi::ThreadIds* T) {\n  " << k.call << "(";
     for (size_t i = 0; i < k.params.size(); ++i) o << (i ? ",\n    " : "") << k.params[i].call_arg;
     o << ");\n  (void)L; (void)T;\n}\n";
     size_t infos = 0;

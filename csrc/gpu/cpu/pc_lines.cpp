@@ -40,8 +40,8 @@ std::vector<std::string> msl_frames(const std::string& addr2line_output) {
 // "line" or, inside an inlined MSL helper, "line (inlined into kernel line)".
 std::string lookup(const std::string& library, uintptr_t offset) {
   for (const char* tool : {"addr2line", "llvm-addr2line"}) {
-    auto [status, output] =
-        run_command(std::string(tool) + " -i -e " + shell_quote(library) + " " + hex_offset(offset));
+    auto [status,
+          output] = run_command(std::string(tool) + " -i -e " + shell_quote(library) + " " + hex_offset(offset));
     if (status != 0) continue;
     const std::vector<std::string> frames = msl_frames(output);
     if (frames.empty()) return "";

@@ -135,7 +135,8 @@ void ThreadgroupRunner::check_lane_ops(uint32_t first, uint32_t end, uint32_t si
     return gpu::GpuError("[cpu] " + simdgroup_name(simdgroup) + ": " + ran->first_lane_op + ": lane " +
                          std::to_string(lane) +
                          " is inactive (exited or beyond the grid); SIMD-group matrix functions need all 32 lanes "
-                         "of the SIMD-group (" + describe(ran->first_lane_op_site) + ")");
+                         "of the SIMD-group (" +
+                         describe(ran->first_lane_op_site) + ")");
   };
   if (end - first < mq_abi::kSimdWidth) throw inactive(end - first);
   for (uint32_t i = first; i < end; ++i) {
@@ -292,8 +293,7 @@ void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position
   }
 
   const mq_abi::Dim3 groups = work.launch->threadgroups_per_grid;
-  const uint64_t group_index =
-      (uint64_t(group_position.z) * groups.y + group_position.y) * groups.x + group_position.x;
+  const uint64_t group_index = (uint64_t(group_position.z) * groups.y + group_position.y) * groups.x + group_position.x;
   ScheduleOrder order(*work.schedule, schedule_substream(work.schedule_stream, group_index));
   order_ = &order;
   for (;;) {

@@ -244,8 +244,8 @@ class MetalLibrary final : public Library {
                                      completionHandler:^(id<MTLComputePipelineState> pipeline, NSError* error) {
                                        std::lock_guard<std::mutex> done(pending->mutex);
                                        if (pipeline == nil && pending->error.empty()) {
-                                         pending->error = "[metal] cannot create the pipeline of kernel '" + kernel_name +
-                                                          "': " + describe(error);
+                                         pending->error = "[metal] cannot create the pipeline of kernel '" +
+                                                          kernel_name + "': " + describe(error);
                                        }
                                        pending->pipelines.emplace_back(kernel_name, pipeline);
                                        ++pending->finished;
@@ -286,7 +286,8 @@ class MetalLibrary final : public Library {
     NSString* function_name = to_ns(name);
     id<MTLFunction> function = function_name == nil ? nil : [library_ newFunctionWithName:function_name];
     if (function == nil) throw GpuError("[metal] library has no kernel function '" + name + "'");
-    if (function.functionType != MTLFunctionTypeKernel) throw GpuError("[metal] function '" + name + "' is not a kernel");
+    if (function.functionType != MTLFunctionTypeKernel)
+      throw GpuError("[metal] function '" + name + "' is not a kernel");
     return function;
   }
 
@@ -548,7 +549,8 @@ class MetalDevice final : public Device {
     in_pool([&] {
       NSString* file = to_ns(path);
       NSError* error = nil;
-      id<MTLLibrary> library = file == nil ? nil : [device_ newLibraryWithURL:[NSURL fileURLWithPath:file] error:&error];
+      id<MTLLibrary> library = file == nil ? nil
+                                           : [device_ newLibraryWithURL:[NSURL fileURLWithPath:file] error:&error];
       if (library == nil) throw GpuError("[metal] cannot load " + path + ": " + describe(error));
       result = std::make_shared<MetalLibrary>(device_, library);
     });

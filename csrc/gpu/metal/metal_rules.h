@@ -31,8 +31,9 @@ inline std::string default_device_kind(bool apple_silicon, const std::string& me
 // What open_metal_device requires; each failure is a sentence for the user.
 inline void check_macos_version(bool macos_14_or_newer) {
   if (!macos_14_or_newer) {
-    throw GpuError("[metal] metalqwen needs macOS 14 or newer: its shaders use bfloat, which needs "
-                   "Metal Shading Language 3.1; this Mac runs an older macOS");
+    throw GpuError(
+        "[metal] metalqwen needs macOS 14 or newer: its shaders use bfloat, which needs "
+        "Metal Shading Language 3.1; this Mac runs an older macOS");
   }
 }
 
@@ -61,15 +62,17 @@ kernel void metalqwen_probe(device bfloat* out [[buffer(0)]], uint i [[thread_po
 )";
 
 inline uint32_t probe_simd_width(Device& device) {
-  return device.compile(kProbeKernelSource, "metalqwen_probe.metal")->kernel(kProbeKernelName)->thread_execution_width();
+  return device.compile(kProbeKernelSource, "metalqwen_probe.metal")
+      ->kernel(kProbeKernelName)
+      ->thread_execution_width();
 }
 
 // newBufferWithBytesNoCopy: needs a page-aligned pointer and a length that ends on
 // a page boundary; rounding the length up could reach past the caller's mapping,
 // so only whole pages are wrapped.
 inline bool host_memory_wrappable(const void* data, size_t size, size_t page_size) {
-  return data != nullptr && size > 0 && page_size > 0 &&
-         reinterpret_cast<uintptr_t>(data) % page_size == 0 && size % page_size == 0;
+  return data != nullptr && size > 0 && page_size > 0 && reinterpret_cast<uintptr_t>(data) % page_size == 0 &&
+         size % page_size == 0;
 }
 
 // `#line 1 "name"` + newline: source line 1 is then reported as name:1.
@@ -108,8 +111,7 @@ inline std::string describe_failed_buffer(const std::string& label, const std::s
 // Every check throws GpuError("[metal] <op>: ...") naming the bound kernel.
 class EncoderRules {
  public:
-  explicit EncoderRules(size_t max_threadgroup_memory)
-      : max_threadgroup_memory_(max_threadgroup_memory) {}
+  explicit EncoderRules(size_t max_threadgroup_memory) : max_threadgroup_memory_(max_threadgroup_memory) {}
 
   void set_kernel(const std::string& name, uint32_t max_threads_per_threadgroup) {
     check_open("set_kernel");
@@ -137,8 +139,8 @@ class EncoderRules {
   void check_threadgroup_memory(uint32_t index, size_t size) const {
     check_index("set_threadgroup_memory", index);
     if (size % kThreadgroupMemoryAlign != 0) {
-      fail("set_threadgroup_memory", std::to_string(size) + " bytes at index " + std::to_string(index) +
-                                         " are not a multiple of 16");
+      fail("set_threadgroup_memory",
+           std::to_string(size) + " bytes at index " + std::to_string(index) + " are not a multiple of 16");
     }
     if (size > max_threadgroup_memory_) {
       fail("set_threadgroup_memory", std::to_string(size) + " bytes at index " + std::to_string(index) +
@@ -167,8 +169,8 @@ class EncoderRules {
   void check_index(const char* op, uint32_t index) const {
     check_open(op);
     if (index >= kArgumentTableSize) {
-      fail(op, "index " + std::to_string(index) + " is out of range (0.." +
-                   std::to_string(kArgumentTableSize - 1) + ")");
+      fail(op,
+           "index " + std::to_string(index) + " is out of range (0.." + std::to_string(kArgumentTableSize - 1) + ")");
     }
   }
 

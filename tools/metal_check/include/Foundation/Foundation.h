@@ -23,8 +23,12 @@ typedef bool BOOL;
 
 // C++ forms of Foundation's enum macros: NS_ENUM is a typed enum, NS_OPTIONS an
 // integer typedef plus constants, so options can be OR-ed as in the real SDK.
-#define NS_ENUM(_type, _name) enum _name : _type _name; enum _name : _type
-#define NS_OPTIONS(_type, _name) _type _name; enum : _type
+#define NS_ENUM(_type, _name) \
+  enum _name : _type _name;   \
+  enum _name : _type
+#define NS_OPTIONS(_type, _name) \
+  _type _name;                   \
+  enum : _type
 #define NS_RETURNS_RETAINED __attribute__((ns_returns_retained))
 #define API_AVAILABLE(...)
 #define API_DEPRECATED(...)
@@ -33,7 +37,7 @@ typedef bool BOOL;
 @end
 
 __attribute__((objc_root_class))
-@interface NSObject <NSObject>
+@interface NSObject<NSObject>
 + (instancetype)alloc;
 - (instancetype)init;
 @end
@@ -44,9 +48,7 @@ enum : NSStringEncoding {
 };
 
 @interface NSString : NSObject
-- (instancetype)initWithBytes:(const void*)bytes
-                       length:(NSUInteger)len
-                     encoding:(NSStringEncoding)encoding;
+- (instancetype)initWithBytes:(const void*)bytes length:(NSUInteger)len encoding:(NSStringEncoding)encoding;
 @property(readonly) const char* UTF8String;
 @end
 

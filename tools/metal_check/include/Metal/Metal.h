@@ -20,50 +20,50 @@ static inline MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUIntege
   return size;
 }
 
-typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
-    MTLResourceStorageModeShared = 0,
-    MTLResourceHazardTrackingModeUntracked = 1UL << 8,
+typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
+  MTLResourceStorageModeShared = 0,
+  MTLResourceHazardTrackingModeUntracked = 1UL << 8,
 };
 
-typedef NS_ENUM(NSUInteger, MTLDispatchType){
-    MTLDispatchTypeConcurrent = 1,
+typedef NS_ENUM(NSUInteger, MTLDispatchType) {
+  MTLDispatchTypeConcurrent = 1,
 };
 
-typedef NS_OPTIONS(NSUInteger, MTLBarrierScope){
-    MTLBarrierScopeBuffers = 1,
+typedef NS_OPTIONS(NSUInteger, MTLBarrierScope) {
+  MTLBarrierScopeBuffers = 1,
 };
 
-typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus){
-    MTLCommandBufferStatusError = 5,
+typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
+  MTLCommandBufferStatusError = 5,
 };
 
-typedef NS_OPTIONS(NSUInteger, MTLCommandBufferErrorOption){
-    MTLCommandBufferErrorOptionEncoderExecutionStatus = 1 << 0,
+typedef NS_OPTIONS(NSUInteger, MTLCommandBufferErrorOption) {
+  MTLCommandBufferErrorOptionEncoderExecutionStatus = 1 << 0,
 };
 
-typedef NS_ENUM(NSInteger, MTLCommandEncoderErrorState){
-    MTLCommandEncoderErrorStateFaulted = 4,
+typedef NS_ENUM(NSInteger, MTLCommandEncoderErrorState) {
+  MTLCommandEncoderErrorStateFaulted = 4,
 };
 
-typedef NS_ENUM(NSUInteger, MTLFunctionType){
-    MTLFunctionTypeKernel = 3,
+typedef NS_ENUM(NSUInteger, MTLFunctionType) {
+  MTLFunctionTypeKernel = 3,
 };
 
-typedef NS_ENUM(NSInteger, MTLGPUFamily){
-    MTLGPUFamilyApple7 = 1007,
+typedef NS_ENUM(NSInteger, MTLGPUFamily) {
+  MTLGPUFamilyApple7 = 1007,
 };
 
-typedef NS_ENUM(NSUInteger, MTLLanguageVersion){
-    MTLLanguageVersion3_1 = (3 << 16) + 1,
+typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
+  MTLLanguageVersion3_1 = (3 << 16) + 1,
 } API_AVAILABLE(macos(14.0));
 
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
-typedef NS_ENUM(NSInteger, MTLMathMode){
-    MTLMathModeSafe = 0,
+typedef NS_ENUM(NSInteger, MTLMathMode) {
+  MTLMathModeSafe = 0,
 } API_AVAILABLE(macos(15.0));
 
-typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
-    MTLMathFloatingPointFunctionsPrecise = 1,
+typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
+  MTLMathFloatingPointFunctionsPrecise = 1,
 } API_AVAILABLE(macos(15.0));
 #endif
 
@@ -177,16 +177,12 @@ API_AVAILABLE(macos(14.0))
 - (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily;
 - (id<MTLCommandQueue>)newCommandQueue;
 - (id<MTLBuffer>)newBufferWithLength:(NSUInteger)length options:(MTLResourceOptions)options;
-- (id<MTLBuffer>)newBufferWithBytes:(const void*)pointer
-                             length:(NSUInteger)length
-                            options:(MTLResourceOptions)options;
+- (id<MTLBuffer>)newBufferWithBytes:(const void*)pointer length:(NSUInteger)length options:(MTLResourceOptions)options;
 - (id<MTLBuffer>)newBufferWithBytesNoCopy:(void*)pointer
                                    length:(NSUInteger)length
                                   options:(MTLResourceOptions)options
                               deallocator:(void (^)(void* pointer, NSUInteger length))deallocator;
-- (id<MTLLibrary>)newLibraryWithSource:(NSString*)source
-                               options:(MTLCompileOptions*)options
-                                 error:(NSError**)error;
+- (id<MTLLibrary>)newLibraryWithSource:(NSString*)source options:(MTLCompileOptions*)options error:(NSError**)error;
 - (id<MTLLibrary>)newLibraryWithURL:(NSURL*)url error:(NSError**)error;
 - (id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                              error:(NSError**)error;
