@@ -14,6 +14,23 @@ void Engine::encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const
   enc.dispatch(*k_.argmax_final, {ws_->partials, out, Arg::value(p)}, {rows});
 }
 
+SampleParams Engine::sample_params(const Sampling& s, uint32_t counter, uint32_t out_pos, uint32_t drafts,
+                                   uint32_t draft_pos) const {
+  const uint32_t V = uint32_t(model_.dims.vocab);
+  return SampleParams{.n = V,
+                      .row_stride = V,
+                      .top_k = uint32_t(std::max(s.top_k, 0)),
+                      .top_p = s.top_p,
+                      .temperature = s.temperature,
+                      .min_p = s.min_p,
+                      .seed_lo = uint32_t(s.seed),
+                      .seed_hi = uint32_t(s.seed >> 32),
+                      .counter = counter,
+                      .out_pos = out_pos,
+                      .drafts = drafts,
+                      .draft_pos = draft_pos};
+}
+
 void Engine::encode_choice(Encoder& enc, int slot, uint32_t logit_row, const Sampling& s, uint32_t out_pos) {
   const uint32_t V = uint32_t(model_.dims.vocab);
   const Arg raw(ws_->logits, size_t(logit_row) * V * 4);
@@ -37,18 +54,7 @@ void Engine::encode_choice(Encoder& enc, int slot, uint32_t logit_row, const Sam
   if (s.temperature <= 0.0f) {
     encode_argmax(enc, logits, 1, ids(slot), out_pos);
   } else {
-    const SampleParams p{.n = V,
-                         .row_stride = V,
-                         .top_k = uint32_t(std::max(s.top_k, 0)),
-                         .top_p = s.top_p,
-                         .temperature = s.temperature,
-                         .min_p = s.min_p,
-                         .seed_lo = uint32_t(s.seed),
-                         .seed_hi = uint32_t(s.seed >> 32),
-                         .counter = out_pos,
-                         .out_pos = out_pos,
-                         .drafts = 0,
-                         .draft_pos = 0};
+    const SampleParams p = sample_params(s, out_pos, out_pos, 0, 0);
     enc.dispatch(*k_.sample, {logits, ids(slot), Arg::value(p), ids(slot)}, {1});
   }
   if (s.logprobs >= 0) {

@@ -325,6 +325,10 @@ class Engine {
   void encode_choice(Encoder& enc, int slot, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
   // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
   void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);
+  // The sampler's parameters for `s` over a vocab row: Philox `counter`, ids[out_pos] (decode), or
+  // `drafts` rows in draft mode whose first samples position draft_pos (verify).
+  SampleParams sample_params(const Sampling& s, uint32_t counter, uint32_t out_pos, uint32_t drafts,
+                             uint32_t draft_pos) const;
   // The choices of verify segments (each with its sampling): one token per row of logits into
   // ws_->verify_chosen, then spec_accept per segment (ws_->accepted[i]) and the DeltaNet
   // rollbacks (see verify; speculative.cpp).

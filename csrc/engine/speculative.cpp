@@ -26,18 +26,7 @@ void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const s
     if (s.temperature <= 0.0f) continue;
     // Row r samples the token at position draft_pos + r with that position's Philox counter, as decode does.
     const uint32_t drafts = g.rows - 1, draft_pos = g.position + 1;
-    const SampleParams p{.n = V,
-                         .row_stride = V,
-                         .top_k = uint32_t(std::max(s.top_k, 0)),
-                         .top_p = s.top_p,
-                         .temperature = s.temperature,
-                         .min_p = s.min_p,
-                         .seed_lo = uint32_t(s.seed),
-                         .seed_hi = uint32_t(s.seed >> 32),
-                         .counter = draft_pos,
-                         .out_pos = 0,
-                         .drafts = drafts,
-                         .draft_pos = draft_pos};
+    const SampleParams p = sample_params(s, draft_pos, 0, drafts, draft_pos);
     enc.dispatch(*k_.sample,
                  {Arg(ws_->logits, size_t(g.first_row) * V * 4), Arg(ws_->verify_chosen, size_t(g.first_row) * 4),
                   Arg::value(p), slot_ids(g)},
