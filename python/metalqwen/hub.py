@@ -28,8 +28,8 @@ def resolve(path: str | os.PathLike) -> tuple[str, str]:
 
 
 def _looks_like_repo_id(text: str) -> bool:
-    # "owner/name" (or a bare "name"): no leading ./ ~ or /, no more than one slash.
-    if text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
+    # "owner/name": exactly one slash, no leading . / or ~, characters the Hub allows.
+    if text.startswith((".", "/", "~")) or text.count("/") != 1:
         return False
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
@@ -37,7 +37,7 @@ def _looks_like_repo_id(text: str) -> bool:
         validate_repo_id(text)
     except HFValidationError:
         return False
-    return "/" in text
+    return True
 
 
 def _snapshot(repo_id: str) -> str:
@@ -57,8 +57,7 @@ def _snapshot(repo_id: str) -> str:
 
 def _cache_dir() -> str:
     from huggingface_hub import constants
-    return os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if "HF_HOME" in os.environ
-                                              else constants.HF_HUB_CACHE)
+    return constants.HF_HUB_CACHE  # HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub
 
 
 def _first_line(e: Exception) -> str:
