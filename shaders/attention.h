@@ -57,14 +57,23 @@ inline void head_load(thread float4* x, device const float* src, uint lane) {
   for (uint c = 0; c < NC; c++) x[c] = *(device const float4*)(src + 4 * lane + 128 * c);
 }
 
-// Per-head RMSNorm (weights w [HD], multiplied as stored) and RoPE at position pos on a
-// head in the lane layout. Prefill's prep and decode both call this, so a key appended by
-// either is the same f32 value. Pair i = 4 (lane % (ROT/8)) + component rotates by
-// pos * rope_turns[i] / 2^64 turns (integer phase: exact at any position); the signed top
-// word is the phase in [-1/2, 1/2) turn.
+// The rotary position component pair i takes (M-RoPE, params/attention.h): height when
+// i % 3 == 1 and i < ends.x, width when i % 3 == 2 and i < ends.y, else time.
+inline int mrope_component(int3 pos, uint i, uint2 ends) {
+  if (i % 3 == 1 && i < ends.x) return pos.y;
+  if (i % 3 == 2 && i < ends.y) return pos.z;
+  return pos.x;
+}
+
+// Per-head RMSNorm (weights w [HD], multiplied as stored) and RoPE at rotary position pos =
+// (time, height, width) on a head in the lane layout. Prefill's prep and decode both call
+// this, so a key appended by either is the same f32 value. Pair i = 4 (lane % (ROT/8)) +
+// component rotates by p * rope_turns[i] / 2^64 turns, p = mrope_component(pos, i, ends)
+// (integer phase: exact at any position; negative p wraps as the angle does); the signed top
+// word is the phase in [-1/2, 1/2) turn. Text rows have all three components equal.
 template <typename W>
-inline void head_norm_rope(thread float4* x, device const W* w, device const ulong* rope_turns, uint pos, float eps,
-                           uint lane) {
+inline void head_norm_rope(thread float4* x, device const W* w, device const ulong* rope_turns, int3 pos, uint2 ends,
+                           float eps, uint lane) {
   float ss = 0.0f;
   for (uint c = 0; c < NC; c++) ss += dot(x[c], x[c]);
   const float inv = rsqrt(simd_sum(ss) / (float)HD + eps);
@@ -78,7 +87,7 @@ inline void head_norm_rope(thread float4* x, device const W* w, device const ulo
     float4 cs;
     float4 sn;
     for (uint j = 0; j < 4; j++) {
-      const ulong phase = (ulong)pos * rope_turns[i0 + j];
+      const ulong phase = (ulong)(long)mrope_component(pos, i0 + j, ends) * rope_turns[i0 + j];
       const float angle = (float)as_type<int>((uint)(phase >> 32)) * TURN_RADIANS;
       cs[j] = precise::cos(angle);
       sn[j] = precise::sin(angle);
@@ -140,6 +149,7 @@ inline uint segment_splits(constant StepSegments& segs, constant AttnDecodeParam
 //   q_norm, k_norm: [HEAD_DIM] bf16 (or f32: _wf32), multiplied as stored
 //   rope_turns: [ROT_DIM / 2] uint64 phase steps (params/attention.h)
 //   kc, vc:     this layer's K and V caches (q8 or f16 layout), rows pos_base.. written
+//   rope_pos:   int [rows][3] rotary positions (time, height, width) when p.has_rope_pos
 // Grid: one SIMD-group per (row, slot), slot = q head | k head | v head, in the lane layout.
 template <bool Q8, typename W>
 [[kernel]] void attn_qk_norm_rope_append(device float* q [[buffer(0)]],
@@ -151,6 +161,7 @@ template <bool Q8, typename W>
                                          device char* kc [[buffer(6)]],
                                          device char* vc [[buffer(7)]],
                                          constant AttnPrepParams& p [[buffer(8)]],
+                                         device const int* rope_pos [[buffer(9)]],
                                          uint tg [[threadgroup_position_in_grid]],
                                          uint sg [[simdgroup_index_in_threadgroup]],
                                          uint n_sg [[simdgroups_per_threadgroup]],
@@ -176,7 +187,9 @@ template <bool Q8, typename W>
   device float* h = is_q ? q + (ulong)row * p.q_stride + slot * 2 * HD
                          : k + (ulong)row * p.k_stride + (slot - p.nq) * HD;
   head_load(x, h, lane);
-  head_norm_rope(x, is_q ? q_norm : k_norm, rope_turns, pos, p.eps, lane);
+  const int3 rp = p.has_rope_pos ? int3(rope_pos[3 * row], rope_pos[3 * row + 1], rope_pos[3 * row + 2])
+                                 : int3((int)pos + p.rope_delta);
+  head_norm_rope(x, is_q ? q_norm : k_norm, rope_turns, rp, uint2(p.mrope_h_end, p.mrope_w_end), p.eps, lane);
   for (uint c = 0; c < NC; c++) *(device float4*)(h + 4 * lane + 128 * c) = x[c];
   if (!is_q) kv_round_store<Q8>(x, kc, p.max_ctx, kv_dim, pos, slot - p.nq, true, lane);
 }
@@ -246,6 +259,7 @@ template <bool Q8, uint R, typename W>
   const uint first_row = segs.seg[segment].first_row;
   const uint pos_base = segs.seg[segment].position;
   const uint split_len = p.split_len[segment];
+  const int delta = p.rope_delta[segment];  // decode rows are text: all components cache index + delta
   kc += (ulong)segs.seg[segment].slot * p.cache_slot_bytes;
   vc += (ulong)segs.seg[segment].slot * p.cache_slot_bytes;
   q += (ulong)first_row * p.q_stride;  // rows below are the segment's
@@ -272,7 +286,7 @@ template <bool Q8, uint R, typename W>
     l[r] = 0.0f;
     if (r < nr) {  // uniform across the SIMD-group (head_norm_rope reduces over it)
       head_load(qv[r], q + (ulong)(r0 + r) * p.q_stride + head * 2 * HD, lane);
-      head_norm_rope(qv[r], q_norm, rope_turns, pos_base + r0 + r, p.eps, lane);
+      head_norm_rope(qv[r], q_norm, rope_turns, int3((int)(pos_base + r0 + r) + delta), uint2(0), p.eps, lane);
       for (uint c = 0; c < NC; c++) qv[r][c] *= SCORE_SCALE;
     }
   }
@@ -293,7 +307,7 @@ template <bool Q8, uint R, typename W>
         const uint j = t - pos_base;
         const bool store = appender && j >= r0;
         head_load(kk[i], k + (ulong)j * p.k_stride + kvh * HD, lane);
-        head_norm_rope(kk[i], k_norm, rope_turns, t, p.eps, lane);
+        head_norm_rope(kk[i], k_norm, rope_turns, int3((int)t + delta), uint2(0), p.eps, lane);
         kv_round_store<Q8>(kk[i], kc, p.max_ctx, kv_dim, t, kvh, store, lane);
         head_load(vv[i], v + (ulong)j * p.v_stride + kvh * HD, lane);
         kv_round_store<Q8>(vv[i], vc, p.max_ctx, kv_dim, t, kvh, store, lane);

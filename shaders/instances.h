@@ -77,6 +77,20 @@
   P(argmax_partial) P(argmax_final) P(sample_top_kp) P(penalty_count) P(penalty_apply) P(spec_accept) \
   P(token_logprobs) P(token_mask) P(logit_bias)
 
+// vision.metal: the vision tower. Linears per weight format F (weight type, bias type: f16
+// weights come with the f32 vectors they are widened to) and epilogue; the rest per vector type.
+#define MQ_VISION_LINEAR_KERNELS(K, F, W, B)                                                     \
+  K("vision_linear_" #F, vision_linear, W, B, 0, false)                                           \
+  K("vision_linear_gelu_tanh_" #F, vision_linear, W, B, 1, false)                                 \
+  K("vision_linear_gelu_erf_" #F, vision_linear, W, B, 2, false)                                  \
+  K("vision_linear_residual_" #F, vision_linear, W, B, 0, true)
+#define MQ_VISION_KERNELS(K, P)                                                                   \
+  MQ_VISION_LINEAR_KERNELS(K, bf16, bfloat, bfloat) MQ_VISION_LINEAR_KERNELS(K, f16, half, float) \
+  MQ_VISION_LINEAR_KERNELS(K, f32, float, float)                                                  \
+  K("vision_layer_norm", vision_layer_norm, bfloat) K("vision_layer_norm_wf32", vision_layer_norm, float) \
+  K("vision_pos_embed_bf16", vision_pos_embed, bfloat) K("vision_pos_embed_f16", vision_pos_embed, half)  \
+  K("vision_pos_embed_f32", vision_pos_embed, float) P(vision_rope) P(vision_attention)
+
 #ifdef __METAL_VERSION__
 // As MLX writes them: the instance's signature is the template's (decltype).
 #define MQ_INSTANTIATE(name, func, ...) \

@@ -15,3 +15,4 @@ using uint = uint32_t;
 #include "params/sampling.h"
 #include "params/copy.h"
 #include "params/moe.h"
+#include "params/vision.h"

@@ -6,11 +6,33 @@
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
 
 #include "engine/engine.h"
+#include "engine/layer_tensors.h"
+#include "tensor_descs.h"
 
 namespace py = pybind11;
 using namespace mq::engine;
+
+std::map<std::string, TensorDesc> to_tensor_descs(const py::dict& tensors) {
+  std::map<std::string, TensorDesc> out;
+  for (const auto& [name, entry] : tensors) {
+    auto e = entry.cast<py::tuple>();
+    TensorDesc t;
+    t.file = e[0].cast<std::string>();
+    t.offset = e[1].cast<uint64_t>();
+    t.nbytes = e[2].cast<uint64_t>();
+    t.dtype = e[3].cast<std::string>();
+    t.shape = e[4].cast<std::vector<int64_t>>();
+    t.bits = e[5].is_none() ? 0 : e[5].cast<int>();
+    t.group = e[6].is_none() ? 0 : e[6].cast<int>();
+    t.mode = e[7].is_none() ? "" : e[7].cast<std::string>();
+    if (e.size() > 8) t.add = e[8].cast<float>();
+    out[name.cast<std::string>()] = std::move(t);
+  }
+  return out;
+}
 
 namespace {
 
@@ -46,31 +68,23 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
     d.shared_intermediate = field<int>(dims, "shared_expert_intermediate_size");
     d.norm_top_k = field<bool>(dims, "norm_topk_prob");
   }
+  if (dims.contains("mrope_section")) {
+    const auto section = dims["mrope_section"].cast<std::vector<int>>();
+    if (section.size() != 3) throw std::runtime_error("[engine] mrope_section must have 3 entries");
+    for (int i = 0; i < 3; ++i) d.mrope_section[i] = section[size_t(i)];
+  }
   for (const auto& kind : field<std::vector<std::string>>(dims, "layer_types"))
     d.full_attention.push_back(kind == "full_attention");
   if (int(d.full_attention.size()) != d.layers)
     throw std::runtime_error("[engine] layer_types does not match num_hidden_layers");
-  for (const auto& [name, entry] : tensors) {
-    auto e = entry.cast<py::tuple>();  // (file, offset, nbytes, dtype, shape, bits, group, mode[, add])
-    TensorDesc t;
-    t.file = e[0].cast<std::string>();
-    t.offset = e[1].cast<uint64_t>();
-    t.nbytes = e[2].cast<uint64_t>();
-    t.dtype = e[3].cast<std::string>();
-    t.shape = e[4].cast<std::vector<int64_t>>();
-    t.bits = e[5].is_none() ? 0 : e[5].cast<int>();
-    t.group = e[6].is_none() ? 0 : e[6].cast<int>();
-    t.mode = e[7].is_none() ? "" : e[7].cast<std::string>();
-    if (e.size() > 8) t.add = e[8].cast<float>();
-    m.tensors[name.cast<std::string>()] = std::move(t);
-  }
+  m.tensors = to_tensor_descs(tensors);
   return m;
 }
 
 // Sampling's fields, in declaration order: the keyword constructor takes these names, repr shows them.
 const char* const kSamplingFields[] = {
-    "temperature",        "top_k", "top_p",   "min_p", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "seed",  "logprobs"};
+    "temperature",        "top_k", "top_p",    "min_p",      "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed",  "logprobs", "logit_bias", "token_mask"};
 
 py::array_t<float> logits_array(const std::vector<float>& out, size_t vocab) {
   py::array_t<float> a({out.size() / vocab, vocab});
@@ -78,12 +92,51 @@ py::array_t<float> logits_array(const std::vector<float>& out, size_t vocab) {
   return a;
 }
 
+// A step's entries: (slot, drafts, Sampling) or (slot, drafts, Sampling, MTP drafts).
+std::vector<Engine::SlotStep> slot_steps(const py::list& entries) {
+  std::vector<Engine::SlotStep> steps;
+  for (const py::handle& entry : entries) {
+    const auto t = entry.cast<py::tuple>();
+    if (t.size() != 3 && t.size() != 4)
+      throw py::value_error("a step entry is (slot, drafts, Sampling) or (slot, drafts, Sampling, mtp_drafts), got " +
+                            std::to_string(t.size()) + " fields");
+    steps.push_back({.slot = t[0].cast<int>(),
+                     .drafts = t[1].cast<std::vector<uint32_t>>(),
+                     .sampling = t[2].cast<Sampling>(),
+                     .mtp_drafts = t.size() == 4 ? t[3].cast<uint32_t>() : 0});
+  }
+  return steps;
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  // What an engine of these options would need (memory_budget.h), without loading it: each rank of
+  // a pipeline checks every rank's layer range against that rank's memory before any loads.
+  m.def(
+      "estimate_memory",
+      [](py::dict dims, py::dict tensors, int max_context, int kv_bits, int prefill_chunk, int max_sequences,
+         int first_layer, int end_layer) {
+        const EngineOptions options{.max_context = max_context,
+                                    .kv_bits = kv_bits,
+                                    .prefill_chunk = prefill_chunk,
+                                    .max_sequences = max_sequences,
+                                    .first_layer = first_layer,
+                                    .end_layer = end_layer};
+        const MemoryNeeds needs = estimate_memory(keep_layer_range(to_model_desc(dims, tensors), options), options);
+        py::dict out;
+        out["weights"] = needs.weights;
+        out["kv_cache"] = needs.kv_cache;
+        out["workspace"] = needs.workspace;
+        out["total"] = needs.total();
+        return out;
+      },
+      py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"), py::arg("prefill_chunk"),
+      py::arg("max_sequences") = 1, py::arg("first_layer") = 0, py::arg("end_layer") = -1);
   // Device memory holding a sequence state (see engine.h); Engine.restore puts it back.
   py::class_<Snapshot, std::shared_ptr<Snapshot>>(m, "Snapshot")
       .def_readonly("position", &Snapshot::position)
+      .def_readonly("rope_delta", &Snapshot::rope_delta)
       .def_readonly("tokens", &Snapshot::tokens)
       .def_property_readonly("nbytes", &Snapshot::nbytes);
   // How the next token is chosen (engine.h): one object for prefill, decode_begin, verify,
@@ -109,6 +162,8 @@ void bind_engine(py::module_& m) {
       .def_readwrite("repetition_penalty", &Sampling::repetition_penalty)
       .def_readwrite("seed", &Sampling::seed)
       .def_readwrite("logprobs", &Sampling::logprobs)
+      .def_readwrite("logit_bias", &Sampling::logit_bias)  // [(token id, bias)]
+      .def_readwrite("token_mask", &Sampling::token_mask)
       .def_property_readonly("penalised", &Sampling::penalised)
       .def("__repr__", [](const py::object& self) {
         std::string text = "Sampling(";
@@ -120,7 +175,8 @@ void bind_engine(py::module_& m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
-                       const std::string& mtp_hidden, int max_sequences, int prefill_layers_per_buffer) {
+                       const std::string& mtp_hidden, int max_sequences, int prefill_layers_per_buffer, int first_layer,
+                       int end_layer) {
              if (mtp_hidden != "post_norm" && mtp_hidden != "pre_norm")
                throw py::value_error("mtp_hidden must be 'post_norm' or 'pre_norm'");
              ModelDesc desc = to_model_desc(dims, tensors);
@@ -145,15 +201,19 @@ void bind_engine(py::module_& m) {
                  .mtp = mtp,
                  .mtp_hidden = mtp_hidden == "pre_norm" ? MtpHidden::pre_norm : MtpHidden::post_norm,
                  .max_sequences = max_sequences,
-                 .prefill_layers_per_buffer = prefill_layers_per_buffer};
+                 .prefill_layers_per_buffer = prefill_layers_per_buffer,
+                 .first_layer = first_layer,
+                 .end_layer = end_layer};
              return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
            py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(), py::arg("mtp") = false,
            py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
-           py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer)
+           py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer, py::arg("first_layer") = 0,
+           py::arg("end_layer") = -1)
       .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def_property_readonly("max_context", &Engine::max_context)
+      .def_property_readonly("max_rows", &Engine::max_rows)  // rows of one prefill chunk (prefill_chunk)
       .def("reset", &Engine::reset, py::arg("slot"))
       .def("position", &Engine::position, py::arg("slot"))
       .def("tokens", &Engine::tokens, py::arg("slot"))
@@ -161,7 +221,9 @@ void bind_engine(py::module_& m) {
       .def(
           "prefill",
           [](Engine& e, int slot, std::vector<uint32_t> tokens, const Sampling& sampling, const std::string& logits,
-             py::object progress, std::vector<int> snapshot_at, py::object snapshots) -> py::object {
+             py::object progress, std::vector<int> snapshot_at, py::object snapshots, py::object rope_positions,
+             int rope_delta,
+             std::vector<std::tuple<uint32_t, uint32_t, std::shared_ptr<mq::gpu::Buffer>>> features) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
             // Between chunks: a pending Ctrl-C raises KeyboardInterrupt here (the chunks
@@ -171,12 +233,22 @@ void bind_engine(py::module_& m) {
               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
               if (!progress.is_none()) progress(done, total);
             };
+            std::optional<PromptImages> images;
+            if (!rope_positions.is_none()) {
+              auto pos = rope_positions.cast<py::array_t<int32_t, py::array::c_style | py::array::forcecast>>();
+              images.emplace();
+              images->rope_positions.assign(pos.data(), pos.data() + pos.size());
+              images->rope_delta = rope_delta;
+              for (auto& [first, rows, buffer] : features) images->features.push_back({first, rows, buffer, 0});
+            } else if (!features.empty()) {
+              throw py::value_error("prefill: image features need rope_positions");
+            }
             std::vector<float> out;
             std::vector<std::shared_ptr<Snapshot>> taken;
             {
               py::gil_scoped_release release;
               out = e.prefill(slot, tokens, sampling, logits == "all", logits == "last", between_chunks, snapshot_at,
-                              &taken);
+                              &taken, images ? &*images : nullptr);
             }
             if (!snapshots.is_none())
               for (auto& s : taken) snapshots.attr("append")(s);
@@ -185,7 +257,11 @@ void bind_engine(py::module_& m) {
           },
           py::arg("slot"), py::arg("tokens"), py::arg("sampling") = Sampling{}, py::arg("logits") = "none",
           py::arg("progress") = py::none(), py::arg("snapshot_at") = std::vector<int>{},
-          py::arg("snapshots") = py::none())
+          py::arg("snapshots") = py::none(), py::arg("rope_positions") = py::none(), py::arg("rope_delta") = 0,
+          py::arg("features") = std::vector<std::tuple<uint32_t, uint32_t, std::shared_ptr<mq::gpu::Buffer>>>{},
+          "rope_positions: int32 [tokens][3] (time, height, width) of a prompt with images, rope_delta the rows "
+          "after it; features: (first prompt row, rows, Buffer of f32 [rows][hidden]) replacing those embeddings")
+      .def("rope_delta", &Engine::rope_delta, py::arg("slot"))
       .def("restore", &Engine::restore, py::arg("slot"), py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin", &Engine::decode_begin, py::arg("slot"), py::arg("max_tokens"),
            py::arg("sampling") = Sampling{})
@@ -206,16 +282,78 @@ void bind_engine(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def(
           "step",
-          // entries: [(slot, drafts, Sampling)]
-          [](Engine& e, const std::vector<std::tuple<int, std::vector<uint32_t>, Sampling>>& entries) {
-            std::vector<Engine::SlotStep> steps;
-            for (const auto& [slot, drafts, sampling] : entries)
-              steps.push_back({.slot = slot, .drafts = drafts, .sampling = sampling});
+          // entries: [(slot, drafts, Sampling[, mtp_drafts])]; before_choice(): called (GIL held) while the GPU runs
+          // the forward pass of a step with masked slots, to write their token_masks rows. prompt: a joining
+          // prompt's chunk (slot, token ids, Sampling, last, snapshot) whose rows join the step (Engine::PromptChunk;
+          // one more result entry after the slots'); snapshots: a list the chunk's snapshot is appended to.
+          [](Engine& e, const py::list& entries, py::object before_choice, py::object prompt, py::object snapshots) {
+            const std::vector<Engine::SlotStep> steps = slot_steps(entries);
+            Engine::BeforeChoice hook;
+            if (!before_choice.is_none())
+              hook = [&before_choice]() {
+                py::gil_scoped_acquire acquire;
+                before_choice();
+              };
+            std::optional<Engine::PromptChunk> chunk;
+            if (!prompt.is_none()) {
+              const auto t = prompt.cast<py::tuple>();
+              if (t.size() != 5)
+                throw py::value_error("a prompt chunk is (slot, token ids, Sampling, last, snapshot), got " +
+                                      std::to_string(t.size()) + " fields");
+              chunk = Engine::PromptChunk{.slot = t[0].cast<int>(),
+                                          .tokens = t[1].cast<std::vector<uint32_t>>(),
+                                          .sampling = t[2].cast<Sampling>(),
+                                          .last = t[3].cast<bool>(),
+                                          .snapshot = t[4].cast<bool>()};
+            }
+            std::vector<std::vector<uint32_t>> out;
+            std::vector<std::shared_ptr<Snapshot>> taken;
+            {
+              py::gil_scoped_release release;
+              out = e.step(steps, hook, chunk ? &*chunk : nullptr, &taken);
+            }
+            if (!snapshots.is_none())
+              for (auto& s : taken) snapshots.attr("append")(s);
+            return out;
+          },
+          py::arg("entries"), py::arg("before_choice") = py::none(), py::arg("prompt") = py::none(),
+          py::arg("snapshots") = py::none())
+      // step = step_commit + step_wait: entries as step's (no drafts or token masks while steps
+      // are in flight); step_wait returns the oldest committed step's tokens per entry.
+      .def(
+          "step_commit",
+          [](Engine& e, const py::list& entries) {
+            const std::vector<Engine::SlotStep> steps = slot_steps(entries);
             py::gil_scoped_release release;
-            return e.step(steps);
+            e.step_commit(steps);
           },
           py::arg("entries"))
+      .def("step_wait", &Engine::step_wait, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("steps_in_flight", &Engine::steps_in_flight)
+      // The grammar masks the choices of Sampling(token_mask=True) read: a writable uint32 view
+      // [max_sequences][mask_words] of the engine's shared buffer (row s: slot s).
+      .def("token_masks",
+           [](py::object self) {
+             const Engine& e = self.cast<const Engine&>();
+             const auto rows = size_t(e.max_sequences()), words = size_t(e.mask_words());
+             return py::array_t<uint32_t>({rows, words}, {words * 4, size_t(4)}, e.token_masks(), self);
+           })
+      // Pipeline parallelism: the layer range [first, end) and what it holds.
+      .def_property_readonly("layers", [](const Engine& e) { return std::make_pair(e.layers().first, e.layers().end); })
+      .def_property_readonly("embeds", &Engine::embeds)
+      .def_property_readonly("has_head", &Engine::has_head)
+      // The residual stream between steps: a writable float32 view [max_rows][hidden] of the buffer
+      // the next step reads (engines that do not embed) or the last one left (engines without the
+      // head). Take a fresh view around each step: the buffer behind it alternates.
+      .def("residual_rows",
+           [](py::object self) {
+             const Engine& e = self.cast<const Engine&>();
+             const auto rows = size_t(e.max_rows()), hidden = size_t(e.dims().hidden);
+             return py::array_t<float>({rows, hidden}, {hidden * 4, size_t(4)}, e.residual_rows(), self);
+           })
+      .def("set_chosen", &Engine::set_chosen, py::arg("slot"), py::arg("token"))
       .def_property_readonly("has_mtp", &Engine::has_mtp)
+      .def("mtp_ready", &Engine::mtp_ready, py::arg("slot"))
       .def(
           "mtp_logits",
           [](Engine& e, int slot, std::vector<uint32_t> ids) {
@@ -242,12 +380,14 @@ void bind_engine(py::module_& m) {
         d["cpu_waits"] = c.cpu_waits;
         d["tokens_decoded"] = c.tokens_decoded;
         d["max_steps_in_flight"] = c.max_steps_in_flight;
+        d["pipelined_steps"] = c.pipelined_steps;
         d["weight_bytes_per_token"] = c.weight_bytes_per_token;
         d["weight_bytes_copied"] = c.weight_bytes_copied;
         d["weight_buffers"] = c.weight_buffers;
         d["load_rss_before"] = c.load_rss_before;
         d["load_peak_rss"] = c.load_peak_rss;
         d["memory_estimate"] = c.memory_estimate;
+        d["weight_bytes"] = c.weight_bytes;
         d["library_kernels"] = c.library_kernels;
         d["library_source_bytes"] = c.library_source_bytes;
         d["verify_steps"] = c.verify_steps;

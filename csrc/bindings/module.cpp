@@ -107,8 +107,10 @@ void bind_shaders(py::module_& m) {
   m.attr("MAX_DRAFT") = MQ_QMV_MAX_ROWS - 1;       // drafts of one verify step: its rows less the chosen token
   m.attr("MAX_SEQUENCES") = MQ_MAX_SEGMENTS;       // sequence slots, each a segment of a shared step
   m.attr("MAX_TOP_LOGPROBS") = MQ_LOGPROB_MAX_TOP;  // top entries per token of the logprobs kernel
+  m.attr("MAX_LOGIT_BIAS") = MQ_LOGIT_BIAS_MAX;     // entries of a request's logit_bias table
   m.attr("MAX_EXPERTS") = MQ_MOE_MAX_EXPERTS;      // experts the MoE router kernel takes
   m.attr("MAX_EXPERTS_PER_TOKEN") = MQ_MOE_MAX_TOP_K;
+  m.attr("MAX_VISION_HEAD_DIM") = MQ_VISION_MAX_HEAD_DIM;  // the vision tower's attention kernel
 }
 
 // C++ errors become metalqwen.errors classes: GpuError, CompileError (with .diagnostics),
@@ -137,6 +139,7 @@ void translate_errors() {
 }  // namespace
 
 void bind_engine(py::module_& m);  // engine.cpp
+void bind_vision(py::module_& m);  // vision.cpp
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "metalqwen native core";
@@ -144,4 +147,5 @@ PYBIND11_MODULE(_core, m) {
   bind_gpu(m);
   bind_shaders(m);
   bind_engine(m);
+  bind_vision(m);
 }

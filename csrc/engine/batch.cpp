@@ -9,100 +9,244 @@
 
 namespace mq::engine {
 
+uint32_t Engine::step_drafts(const SlotStep& s) const {
+  return uint32_t(s.drafts.size()) + (sequence(s.slot, "step: ").mtp_carry ? s.mtp_drafts : 0);
+}
+
 void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
   const std::string where = "[engine] step: slot " + std::to_string(s.slot);
   const Sequence& q = sequence(s.slot, "step: ");
-  if (s.drafts.size() > size_t(options_.max_draft))
-    throw EngineError(where + ": " + std::to_string(s.drafts.size()) + " drafts exceed max_draft " +
+  const size_t asked = std::max<size_t>(s.drafts.size(), s.mtp_drafts);
+  if (asked > size_t(options_.max_draft))
+    throw EngineError(where + ": " + std::to_string(asked) + " drafts exceed max_draft " +
                       std::to_string(options_.max_draft) + " (set at load)");
-  if (!s.drafts.empty() && (s.sampling.penalised() || s.sampling.logprobs >= 0))
-    throw EngineError(where + ": drafts take no penalties or logprobs (step that slot without drafts)");
+  if (s.mtp_drafts > 0 && !mtp_)
+    throw EngineError(where + ": MTP drafts need the MTP head (load it with the engine option mtp)");
+  if (s.mtp_drafts > 0 && !s.drafts.empty())
+    throw EngineError(where + ": drafts from the host or from the MTP head, not both");
+  if (asked > 0 && (s.sampling.penalised() || s.sampling.logprobs >= 0 || s.sampling.constrained()))
+    throw EngineError(where + ": drafts take no penalties, logprobs, logit_bias or token mask (give it none)");
   for (uint32_t t : s.drafts)
     if (t >= uint32_t(model_.dims.vocab))
       throw EngineError(where + ": draft id " + std::to_string(t) + " is outside the vocabulary");
   if (q.position == 0) throw EngineError(where + " holds no sequence (prefill it first)");
-  check_room(s.drafts.size() + 2, q, "step: slot " + std::to_string(s.slot) + ": ");
-  if (rows_before + 1 + s.drafts.size() > kMaxVerifyRows)
+  const uint32_t drafts = step_drafts(s);
+  check_room(size_t(drafts) + 2, q, "step: slot " + std::to_string(s.slot) + ": ");
+  if (rows_before + 1 + drafts > kMaxVerifyRows)
     throw EngineError("[engine] step: more than " + std::to_string(kMaxVerifyRows) +
                       " rows in one step (slots plus their drafts)");
   check_sampling(s.sampling);
 }
 
-std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& steps) {
+void Engine::encode_masked_choices(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings,
+                                   const std::vector<uint32_t>& masked, const BeforeChoice& before_choice) {
+  // The forward pass runs while the host computes the masks (a grammar's next mask needs the
+  // token this step feeds, and nothing of the GPU's).
+  enc.split();
+  try {
+    if (before_choice) before_choice();
+  } catch (...) {
+    Submitted partial = commit(enc);
+    drain(partial);
+    for (uint32_t i = 0; i < segs.count; ++i) {  // their states hold this step's rows, their positions do not
+      ws_->clear_state(int(segs.seg[i].slot));
+      sequences_[segs.seg[i].slot] = Sequence{};
+    }
+    throw;
+  }
+  for (uint32_t i : masked)
+    encode_choice(enc, int(segs.seg[i].slot), segs.seg[i].first_row, samplings[i], segs.seg[i].position + 1);
+}
+
+std::vector<int> Engine::InFlight::slots() const {
+  std::vector<int> out;
+  for (uint32_t i = 0; i < segs.count; ++i) out.push_back(int(segs.seg[i].slot));
+  if (prompt_slot >= 0) out.push_back(prompt_slot);
+  return out;
+}
+
+std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice,
+                                                const PromptChunk* prompt,
+                                                std::vector<std::shared_ptr<Snapshot>>* snapshots) {
+  decode_end();  // the steps in flight first: the one waited for below is this one
+  commit_shared_step(steps, before_choice, prompt);
+  const InFlight f = wait_oldest();
+  std::vector<std::vector<uint32_t>> out = finish_shared_step(f);
+  if (prompt) {
+    const Sequence& q = sequences_[size_t(prompt->slot)];
+    out.push_back(prompt->last ? std::vector<uint32_t>{host_ids(prompt->slot)[q.position]} : std::vector<uint32_t>{});
+    if (f.snapshot && snapshots) snapshots->push_back(f.snapshot);
+  }
+  return out;
+}
+
+void Engine::step_commit(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice) {
+  commit_shared_step(steps, before_choice, nullptr);
+}
+
+void Engine::check_prompt_chunk(const PromptChunk& p, const std::vector<SlotStep>& steps) const {
+  const std::string where = "[engine] step: prompt chunk of slot " + std::to_string(p.slot);
+  const Sequence& q = sequence(p.slot, "step: prompt chunk: ");
+  for (const SlotStep& s : steps)
+    if (s.slot == p.slot) throw EngineError(where + ": the slot is also listed as a step entry");
+  if (p.tokens.empty() || p.tokens.size() > ws_->max_rows)
+    throw EngineError(where + ": " + std::to_string(p.tokens.size()) + " tokens (1.." + std::to_string(ws_->max_rows) +
+                      " per chunk, the engine's max_rows)");
+  for (uint32_t t : p.tokens)
+    if (t >= uint32_t(model_.dims.vocab))
+      throw EngineError(where + ": token id " + std::to_string(t) + " is outside the vocabulary");
+  check_room(p.tokens.size() + 1, q, "step: prompt chunk of slot " + std::to_string(p.slot) + ": ");
+  check_sampling(p.sampling);
+}
+
+void Engine::encode_prompt_chunk(Encoder& enc, const PromptChunk& p, InFlight& f) {
+  // As one chunk of prefill: the same pass, choice, MTP rows and snapshot, in the step's buffers.
+  Sequence& q = sequences_[size_t(p.slot)];
+  const uint32_t rows = uint32_t(p.tokens.size());
+  std::memcpy(host_ids(p.slot) + q.position, p.tokens.data(), rows * 4);
+  write_logit_bias(p.slot, p.sampling);
+  ForwardPass pass = ForwardPass::one_slot(p.slot, q.position, rows, false);
+  pass.logit_row0 = p.last ? rows - 1 : rows;  // the last row's logits, for the last chunk's choice
+  pass.split_layers = true;  // as prefill's: the last buffer holds the rest of the step (the slots' rows)
+  encode_prefill_rows(enc, pass, ForwardPass{}, p.last, p.sampling);
+  const int end = q.position + int(rows);
+  if (p.snapshot) f.snapshot = encode_snapshot(enc, p.slot, end);
+  f.prompt_slot = p.slot;
+  q.generated_from = end;
+  q.logprob_position = p.sampling.logprobs >= 0 ? end : -1;
+  q.position = end;  // counted now; a failed wait resets the slot
+}
+
+void Engine::commit_shared_step(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice,
+                                const PromptChunk* prompt) {
   if (steps.empty() || steps.size() > size_t(options_.max_sequences))
     throw EngineError("[engine] step takes 1.." + std::to_string(options_.max_sequences) + " slots, got " +
                       std::to_string(steps.size()));
-  decode_end();
+  check_whole("a shared step");
+  if (decoding_) decode_end();
+  if (!in_flight_.empty()) {
+    if (in_flight_.back().speculative)
+      throw EngineError(
+          "[engine] step_commit: a step with drafts is in flight (the GPU decides its slots' positions): "
+          "step_wait first");
+    for (const SlotStep& s : steps)
+      if (!s.drafts.empty() || s.mtp_drafts > 0 || s.sampling.token_mask)
+        throw EngineError("[engine] step_commit: slot " + std::to_string(s.slot) + ": " +
+                          std::to_string(in_flight_.size()) +
+                          " steps in flight: drafts and token masks wait for them (step_wait first, or step)");
+  }
+  if (prompt) check_prompt_chunk(*prompt, steps);
+  InFlight f{.kind = "shared step"};
   ForwardPass pass;
   StepSegments& segs = pass.segs;
   std::vector<Sampling> samplings;
   uint32_t rows = 0;
-  bool speculative = false;
+  bool run_head = false;  // an entry asked for MTP drafts: the head runs over the step's rows
   for (const SlotStep& s : steps) {
     for (uint32_t i = 0; i < segs.count; ++i)
       if (segs.seg[i].slot == uint32_t(s.slot))
         throw EngineError("[engine] step: slot " + std::to_string(s.slot) + " is listed twice");
     check_slot_step(s, rows);
-    const uint32_t n = 1 + uint32_t(s.drafts.size());
+    const uint32_t n = 1 + step_drafts(s);
+    run_head |= s.mtp_drafts > 0;
     segs.seg[segs.count++] = {.slot = uint32_t(s.slot),
                               .first_row = rows,
                               .rows = n,
                               .position = uint32_t(sequences_[size_t(s.slot)].position)};
     samplings.push_back(s.sampling);
+    f.logprobs.push_back(s.sampling.logprobs);
     rows += n;
-    speculative |= !s.drafts.empty();
+    f.speculative |= n > 1;
   }
   // Drafts go after each slot's chosen token (ids[position]); the verify rows read them there.
   for (const SlotStep& s : steps) {
     auto* ids = static_cast<uint32_t*>(ws_->ids.host(s.slot));
     std::memcpy(ids + sequences_[size_t(s.slot)].position + 1, s.drafts.data(), s.drafts.size() * 4);
+    write_logit_bias(s.slot, s.sampling);
   }
 
   Encoder enc(*device_, kernels_, "shared step");
+  if (prompt) encode_prompt_chunk(enc, *prompt, f);  // its rows first: the slots' pass reuses the workspace
+  for (uint32_t i = 0; i < segs.count; ++i)  // MTP drafts into ids after the chosen token, one slot at a time
+    if (steps[i].mtp_drafts > 0 && segs.seg[i].rows > 1)
+      encode_mtp_drafts(enc, steps[i].slot, int(segs.seg[i].position), segs.seg[i].rows - 1);
   pass.rows = rows;
   pass.matvec = true;
-  pass.snapshot_rows = speculative ? uint32_t(options_.max_draft) : 0;  // each segment keeps its first rows - 1
+  pass.snapshot_rows = f.speculative ? uint32_t(options_.max_draft) : 0;  // each segment keeps its first rows - 1
   encode_forward(enc, pass);
-  // Slots with penalties or logprobs choose as a decode step does (penalty counts are per
-  // step, so one at a time); the others as verify rows, all together.
+  // Slots with penalties, logprobs or logit_bias choose as a decode step does (penalty counts
+  // are per step, so one at a time); the others as verify rows, all together; masked slots last.
   StepSegments verified{};
   std::vector<Sampling> verified_samplings;
-  std::vector<uint32_t> verified_index(steps.size(), MQ_MAX_SEGMENTS);
+  f.verified_index.assign(steps.size(), MQ_MAX_SEGMENTS);
+  std::vector<uint32_t> masked;
   for (uint32_t i = 0; i < segs.count; ++i) {
     const Sampling& s = samplings[i];
-    if (s.penalised() || s.logprobs >= 0) {
+    if (s.token_mask) {
+      masked.push_back(i);
+    } else if (s.penalised() || s.logprobs >= 0 || s.constrained()) {
       encode_choice(enc, int(segs.seg[i].slot), segs.seg[i].first_row, s, segs.seg[i].position + 1);
     } else {
-      verified_index[i] = verified.count;
+      f.verified_index[i] = verified.count;
       verified.seg[verified.count++] = segs.seg[i];
       verified_samplings.push_back(s);
     }
   }
   if (verified.count) encode_verification(enc, verified, verified_samplings);
-  Submitted submitted = commit(enc);
-  try {
-    wait(submitted);
-  } catch (const gpu::GpuError& e) {
-    // Every slot of the step holds part of it: all of them start over.
-    std::vector<int> slots;
-    for (const SlotStep& s : steps) slots.push_back(s.slot);
-    throw step_failed("shared step", slots, e);
+  if (!masked.empty()) {
+    try {
+      encode_masked_choices(enc, segs, samplings, masked, before_choice);
+    } catch (...) {
+      if (f.prompt_slot >= 0) {  // its state holds the chunk's rows, its position too: it starts over
+        ws_->clear_state(f.prompt_slot);
+        sequences_[size_t(f.prompt_slot)] = Sequence{};
+      }
+      throw;
+    }
   }
+  if (run_head) {
+    // The head over every row (pairs with the drafts and the next tokens), then each slot's
+    // carry: the row of its last accepted draft (as verify_mtp's).
+    encode_mtp(enc, segs, rows, mtp_trunk_hidden(), uint32_t(model_.dims.hidden), rows);
+    for (uint32_t i = 0; i < segs.count; ++i) {
+      const StepSegment& g = segs.seg[i];
+      const Arg accepted(ws_->accepted, size_t(f.verified_index[i]) * 4);  // rows > 1: a verified segment
+      encode_mtp_carry(enc, int(g.slot), g.first_row, g.rows > 1 ? &accepted : nullptr, g.rows, i > 0);
+    }
+  }
+  f.segs = segs;
+  f.buffers = commit(enc);
+  counters_.pipelined_steps += !in_flight_.empty();
+  push_in_flight(std::move(f));
+  // Each slot fed its chosen token; accepted drafts are counted when the step is waited for.
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    Sequence& q = sequences_[segs.seg[i].slot];
+    q.position += 1;
+    q.mtp_carry = run_head;
+  }
+}
 
+std::vector<std::vector<uint32_t>> Engine::step_wait() {
+  if (in_flight_.empty() || decoding_)
+    throw EngineError("[engine] step_wait: no shared step in flight (step_commit first)");
+  return finish_shared_step(wait_oldest());
+}
+
+std::vector<std::vector<uint32_t>> Engine::finish_shared_step(const InFlight& f) {
+  // Only a speculative step reads ws_->accepted: nothing was committed behind it to overwrite it.
   const auto* accepted = static_cast<const uint32_t*>(ws_->accepted->contents());
   std::vector<std::vector<uint32_t>> out;
-  for (uint32_t i = 0; i < segs.count; ++i) {
-    const StepSegment& g = segs.seg[i];
+  for (uint32_t i = 0; i < f.segs.count; ++i) {
+    const StepSegment& g = f.segs.seg[i];
     Sequence& q = sequences_[g.slot];
-    const uint32_t a = verified_index[i] < MQ_MAX_SEGMENTS ? accepted[verified_index[i]] : 0;
+    const uint32_t a = f.speculative && f.verified_index[i] < MQ_MAX_SEGMENTS ? accepted[f.verified_index[i]] : 0;
     const auto* ids = static_cast<const uint32_t*>(ws_->ids.host(int(g.slot)));
     out.emplace_back(ids + g.position + 1, ids + g.position + 2 + a);  // accepted drafts, then the next token
-    q.position += int(a) + 1;
-    q.mtp_row = -1;  // mixed steps do not run the MTP head
-    q.logprob_position = samplings[i].logprobs >= 0 ? q.position : -1;
+    q.position += int(a);
+    q.logprob_position = f.logprobs[i] >= 0 ? int(g.position) + 1 : -1;
     count_verified(g.rows - 1, a);
   }
-  counters_.verify_steps += speculative;
+  counters_.verify_steps += f.speculative;
   return out;
 }
 

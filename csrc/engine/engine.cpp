@@ -2,6 +2,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -40,8 +41,9 @@ void check_dims(const ModelDims& d) {
 Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptions options,
                const LoadProgress& progress)
     : device_(std::move(device)),
-      model_(std::move(model)),
+      model_(keep_layer_range(std::move(model), options)),
       options_(options),
+      range_(layer_range(model_.dims, options)),
       memory_(check_memory_fits(*device_, model_, options_)),
       weights_(*device_, model_, progress.weights) {
   check_dims(model_.dims);
@@ -55,10 +57,12 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
     throw EngineError("[engine] max_draft must be in 0.." + std::to_string(kMaxVerifyRows - 1) +
                       " (a verify step holds at most " + std::to_string(kMaxVerifyRows) + " rows), got " +
                       std::to_string(options_.max_draft));
-  layers_ = load_layers(weights_, model_.dims);
-  embed_ = weights_.linear("language_model.model.embed_tokens");
-  lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");
-  final_norm_ = weights_.tensor("language_model.model.norm.weight");
+  layers_ = load_layers(weights_, model_.dims, range_);
+  if (embeds() || (has_head() && model_.dims.tied)) embed_ = weights_.linear("language_model.model.embed_tokens");
+  if (has_head()) {
+    lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");
+    final_norm_ = weights_.tensor("language_model.model.norm.weight");
+  }
   if (options_.mtp) load_mtp();
   if (options_.max_sequences < 1 || options_.max_sequences > MQ_MAX_SEGMENTS)
     throw EngineError("[engine] max_sequences must be in 1.." + std::to_string(MQ_MAX_SEGMENTS) +
@@ -66,7 +70,8 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
                       std::to_string(options_.max_sequences));
   sequences_.resize(size_t(options_.max_sequences));
   ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
-  counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims);
+  counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims, range_);
+  counters_.weight_bytes = memory_.weights;
   counters_.weight_bytes_copied = weights_.copied_bytes();
   counters_.weight_buffers = weights_.buffer_count();
   counters_.load_rss_before = weights_.rss_before();
@@ -82,6 +87,26 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
 }
 
 Engine::~Engine() = default;
+
+void Engine::set_chosen(int slot, uint32_t id) {
+  const Sequence& q = sequence(slot, "set_chosen: ");
+  if (id >= uint32_t(model_.dims.vocab))
+    throw EngineError("[engine] set_chosen: token id " + std::to_string(id) + " is outside the vocabulary");
+  if (q.position >= options_.max_context)
+    throw ContextFull("[engine] set_chosen: slot " + std::to_string(slot) + " is full");
+  host_ids(slot)[q.position] = id;
+}
+
+float* Engine::residual_rows() const { return static_cast<float*>(ws_->x->contents()); }
+
+uint32_t Engine::max_rows() const { return ws_->max_rows; }
+
+void Engine::check_whole(const std::string& what) const {
+  if (!range_.whole(model_.dims))
+    throw EngineError("[engine] " + what + " needs the whole model; this engine runs layers [" +
+                      std::to_string(range_.first) + ", " + std::to_string(range_.end) + ") of " +
+                      std::to_string(model_.dims.layers));
+}
 
 ForwardPass ForwardPass::one_slot(int slot, int position, uint32_t rows, bool matvec) {
   ForwardPass pass;
@@ -113,6 +138,20 @@ void Engine::check_sampling(const Sampling& s) const {
   if (s.logprobs < -1 || s.logprobs > MQ_LOGPROB_MAX_TOP)
     throw EngineError("[engine] logprobs must be -1 (off) or 0.." + std::to_string(MQ_LOGPROB_MAX_TOP) + ", got " +
                       std::to_string(s.logprobs));
+  if (s.logit_bias.size() > MQ_LOGIT_BIAS_MAX)
+    throw EngineError("[engine] logit_bias takes at most " + std::to_string(MQ_LOGIT_BIAS_MAX) + " tokens, got " +
+                      std::to_string(s.logit_bias.size()));
+  std::vector<uint32_t> ids;
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (id >= uint32_t(model_.dims.vocab))
+      throw EngineError("[engine] logit_bias token id " + std::to_string(id) + " is outside the vocabulary");
+    if (!std::isfinite(bias))
+      throw EngineError("[engine] logit_bias of token " + std::to_string(id) + " is not a finite number");
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (std::adjacent_find(ids.begin(), ids.end()) != ids.end())
+    throw EngineError("[engine] logit_bias names a token id twice");
 }
 
 Submitted Engine::commit(Encoder& enc) {
@@ -144,12 +183,17 @@ void Engine::drain(Submitted& step) {
 }
 
 gpu::GpuError Engine::step_failed(const std::string& kind, const std::vector<int>& slots, const gpu::GpuError& cause) {
-  if (decoding_) {
-    for (auto& step : decoding_->in_flight) drain(step.first);
-    decoding_.reset();
+  // The steps queued behind the failed one fail with it (or ran on a state it left half-written).
+  std::vector<int> reset = slots;
+  for (InFlight& step : in_flight_) {
+    drain(step.buffers);
+    for (int slot : step.slots())
+      if (std::find(reset.begin(), reset.end(), slot) == reset.end()) reset.push_back(slot);
   }
+  in_flight_.clear();
+  decoding_.reset();
   std::string names;
-  for (int slot : slots) {
+  for (int slot : reset) {
     ws_->clear_state(slot);
     sequences_[size_t(slot)] = Sequence{};
     names += (names.empty() ? "" : ", ") + std::to_string(slot);
@@ -157,7 +201,7 @@ gpu::GpuError Engine::step_failed(const std::string& kind, const std::vector<int
   // A step stopped between penalty_count and penalty_apply leaves counts that must be zero.
   std::memset(ws_->penalty_counts->contents(), 0, ws_->penalty_counts->size());
   counters_.failed_steps += 1;
-  return gpu::GpuError("[engine] " + kind + " failed on the GPU; slot" + (slots.size() > 1 ? "s " : " ") + names +
+  return gpu::GpuError("[engine] " + kind + " failed on the GPU; slot" + (reset.size() > 1 ? "s " : " ") + names +
                        " reset to an empty sequence: " + cause.what());
 }
 

@@ -33,7 +33,9 @@ struct Counters {
   double last_step_host_encode_us = 0;
   uint64_t cpu_waits = 0;        // host waits for a step (for each of its command buffers in turn)
   uint64_t tokens_decoded = 0;   // decode steps
-  uint64_t max_steps_in_flight = 0;  // decode steps committed and not yet waited for (2 = pipelined)
+  uint64_t max_steps_in_flight = 0;  // decode or shared steps committed and not yet waited for (2 = pipelined)
+  uint64_t pipelined_steps = 0;      // shared steps committed while another was in flight (Engine::step_commit)
+  uint64_t weight_bytes = 0;            // the tensors placed on the device (the layer range's: keep_layer_range)
   uint64_t weight_bytes_per_token = 0;  // weights a decode step streams
   uint64_t weight_bytes_copied = 0;     // at load, read into arenas where the file could not be wrapped
   uint64_t weight_buffers = 0;          // device buffers holding the weights: wrapped spans and arenas per shard
@@ -62,8 +64,18 @@ struct Sampling {
   uint64_t seed = 0;
   // Log-probabilities of each chosen token over the raw logits (Engine::last_logprobs):
   // -1 = off (no dispatch), 0 = the chosen token's only, N <= MQ_LOGPROB_MAX_TOP = and the top N.
+  // Under a token mask the raw row is the masked one (refused tokens -inf), as vLLM reports.
   int logprobs = -1;
+  // OpenAI's logit_bias: (token id, bias) pairs, ids distinct and < vocab, at most
+  // MQ_LOGIT_BIAS_MAX, added to the logits before the penalties (vLLM's order).
+  std::vector<std::pair<uint32_t, float>> logit_bias;
+  // The choice reads the slot's row of the token-mask buffer (Engine::token_masks), which the
+  // host writes before the choice is encoded: refused tokens are -inf before anything else.
+  // Prefill and step take it; decode steps (their masks depend on the token before) do not.
+  bool token_mask = false;
   bool penalised() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f; }
+  // Biased or masked: chosen by encode_choice, one row, never with drafts.
+  bool constrained() const { return token_mask || !logit_bias.empty(); }
 };
 
 // The log-probabilities of one chosen token (see Sampling::logprobs).
@@ -84,6 +96,7 @@ struct Workspace;
 struct Snapshot {
   const void* engine = nullptr;        // the engine that took it: only that one restores it
   int position = 0;
+  int rope_delta = 0;                  // the sequence's rotary offset (Engine: PromptImages)
   std::vector<uint32_t> tokens;        // ids [0, position)
   std::shared_ptr<gpu::Buffer> data;   // the state regions back to back, in Engine::state_regions order
   size_t nbytes() const { return data ? data->size() : 0; }
@@ -93,6 +106,24 @@ struct Snapshot {
 struct LoadProgress {
   Weights::Progress weights;
   Kernels::Progress kernels;
+};
+
+// A prompt's images (docs/images.md): the rotary positions of its rows and the rows whose
+// embeddings are the vision tower's features instead of the image-pad token's.
+struct PromptImages {
+  // int32 [tokens][3]: (time, height, width) rotary position of each prompt row (text rows all
+  // three equal); Qwen3.5's interleaved M-RoPE picks a component per rotary pair.
+  std::vector<int32_t> rope_positions;
+  // Rotary position - cache row of every row after the prompt (text): largest position + 1 - end.
+  int rope_delta = 0;
+  // Rows [first, first + rows) of the prompt (0 = its first token) take f32 [rows][hidden]
+  // from `features` (at byte `offset`, e.g. the tower's output buffer) as their embeddings.
+  struct Features {
+    uint32_t first = 0, rows = 0;
+    std::shared_ptr<gpu::Buffer> features;
+    size_t offset = 0;
+  };
+  std::vector<Features> features;
 };
 
 // Called after each prefill chunk is committed with (tokens submitted, tokens in all); an
@@ -119,6 +150,14 @@ struct ForwardPass {
   uint32_t snapshot_rows = 0;  // DeltaNet states kept after each segment's rows [0, snapshot_rows) (verify rollback)
   uint32_t logit_row0 = 0;     // logits of rows [logit_row0, rows) into the logits buffer; rows: none
   bool split_layers = false;   // a command buffer per prefill_layers_per_buffer layers (prefill chunks)
+  // Prefill rows with images (PromptImages): int [rows][3] rotary positions of the rows (null:
+  // cache row + the slot's rope_delta), and rows of x whose embeddings are replaced after embed.
+  Arg rope_positions{nullptr};
+  struct EmbedRows {
+    uint32_t row, rows;  // x rows [row, row + rows)
+    Arg src;             // f32 [rows][hidden]
+  };
+  std::vector<EmbedRows> embed_rows;
   // `rows` rows of `slot` from `position`.
   static ForwardPass one_slot(int slot, int position, uint32_t rows, bool matvec);
 };
@@ -131,7 +170,8 @@ class Engine {
 
   // Sequence slots (EngineOptions::max_sequences): every call names the slot it works on, whose
   // KV caches, DeltaNet state, token ids and position are its own; the others keep theirs. A call
-  // that runs a step (or resets) ends a decode in progress first (decode_end).
+  // that runs a step (or resets) ends a decode in progress and waits for the shared steps in
+  // flight first (decode_end).
   int max_sequences() const { return options_.max_sequences; }
   int max_context() const { return options_.max_context; }
   const ModelDims& dims() const { return model_.dims; }
@@ -151,11 +191,15 @@ class Engine {
   // submitted stay fed (position() tells). `snapshot_at`: absolute positions in (position(),
   // position() + tokens.size()], ascending, after which the state is saved into `snapshots` by
   // the chunk that ends there. A chunk the GPU fails resets the slot (see GPU failures) and takes
-  // this call's snapshots back out.
+  // this call's snapshots back out. `images`: the prompt's rotary positions and image features;
+  // the slot's rows after the prompt then rotate at cache row + images->rope_delta (until reset).
   std::vector<float> prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
                              bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
-                             std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr);
+                             std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr,
+                             const PromptImages* images = nullptr);
+  // The slot's rotary offset: rotary position - cache row of its text rows (0 without images).
+  int rope_delta(int slot) const { return sequence(slot).rope_delta; }
   // Puts a snapshot's state into `slot` (any slot: the parts are alike): position() and
   // tokens() become the snapshot's.
   void restore(int slot, const Snapshot& snapshot);
@@ -164,7 +208,7 @@ class Engine {
   // decode_next until it returns nothing (after max_tokens) or the caller stops, then
   // decode_end. Step k+1 is committed before step k is waited for (its input id is read on the
   // GPU), so the GPU never waits for the CPU. After decode_end the state holds every returned
-  // token but possibly the last (tokens() tells).
+  // token but possibly the last (tokens() tells). decode_end also waits for shared steps in flight.
   void decode_begin(int slot, int max_tokens, const Sampling& sampling);
   std::optional<uint32_t> decode_next();
   void decode_end();
@@ -196,12 +240,84 @@ class Engine {
   // accepts and rolls back as its own verify step would (or, with penalties or logprobs, as a
   // decode step), so its tokens are the ones it gets alone. One CPU wait. Returns per entry the
   // accepted drafts followed by the next token. Every listed slot must hold a prefilled sequence.
+  //
+  // Slots whose sampling has token_mask (no drafts) are chosen in a second command buffer:
+  // the first (the forward pass and the other slots' choices) is committed, then
+  // `before_choice` runs on the host while the GPU runs it (it writes those slots' rows of
+  // token_masks), then the masked choices are committed. An exception from before_choice
+  // resets every slot of the step (their states hold the fed rows) and propagates.
+  //
+  // step = step_commit + step_wait. Pipelined shared steps, as decode steps: step_commit encodes
+  // and commits the step and returns at once; each slot's row reads the id the GPU chose for it
+  // (ids[position()]), so the next step can be committed while this one runs, and step_wait
+  // waits for the oldest step committed and returns its tokens as step does. A step without
+  // drafts advances its slots' positions when committed (tokens() counts the row it feeds; the
+  // id it chooses is written by the GPU: read tokens() and chosen() once it is waited for); a
+  // step with drafts when waited for (the GPU decides how many are accepted), so while one is in
+  // flight nothing more is committed. Drafts and token masks are refused while steps are in
+  // flight (their rows or masks are host decisions that need the tokens before). Every other
+  // call that runs a step or resets (and step itself) first waits for the steps in flight, as
+  // decode_end does; their tokens stay fed (tokens() tells).
+  //
+  // `mtp_drafts` (with the head loaded; instead of `drafts`, at most max_draft): the slot's
+  // drafts are made on the GPU by the MTP head in the step's command buffer, as verify_mtp's,
+  // when its state exists (mtp_ready), else the slot feeds one row. A step with such an entry
+  // runs the head over all its rows afterwards, which gives every slot of the step that state.
   struct SlotStep {
     int slot = 0;
     std::vector<uint32_t> drafts;
     Sampling sampling;
+    uint32_t mtp_drafts = 0;
   };
-  std::vector<std::vector<uint32_t>> step(const std::vector<SlotStep>& steps);
+  using BeforeChoice = std::function<void()>;
+  // A joining prompt's chunk as rows of a shared step (chunked prefill): its rows run on the
+  // prefill (GEMM) path before the slots' rows on the matvec path, two forward passes back to
+  // back in the step's command buffer, so every row computes exactly as alone (the chunk as
+  // prefill's chunk of the same boundaries). Its layers split into command buffers as prefill's
+  // do (prefill_layers_per_buffer); the last one also holds the slots' rows. The slot holds the
+  // prompt's earlier chunks (or nothing). `last`: the prompt's last chunk, which chooses its
+  // first token (step's result gets one more entry after the slots': that token, or nothing for
+  // an earlier chunk). `snapshot`: the state at the chunk's end is copied for the prefix cache
+  // (into step's `snapshots` once waited for). At most max_rows() tokens; step only (a host
+  // decision: nothing is in flight around it).
+  struct PromptChunk {
+    int slot = 0;
+    std::vector<uint32_t> tokens;
+    Sampling sampling;
+    bool last = false;
+    bool snapshot = false;
+  };
+  std::vector<std::vector<uint32_t>> step(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice = {},
+                                          const PromptChunk* prompt = nullptr,
+                                          std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr);
+  void step_commit(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice = {});
+  std::vector<std::vector<uint32_t>> step_wait();
+  // Shared steps committed and not yet waited for.
+  int steps_in_flight() const { return decoding_ ? 0 : int(in_flight_.size()); }
+
+  // Grammar token masks, written by the host: uint [max_sequences][mask_words()], slot s's
+  // row read by its masked choices (bit t % 32 of word t / 32 set = token t allowed; see
+  // shaders/params/sampling.h token_mask). Shared memory: write it only between steps, or in
+  // step's before_choice.
+  uint32_t* token_masks() const;
+  uint32_t mask_words() const { return (uint32_t(model_.dims.vocab) + 31) / 32; }
+
+  // Pipeline parallelism (EngineOptions::first_layer, end_layer): an engine of a layer range runs
+  // the same steps over its layers only. One that does not embed takes its input rows in
+  // residual_rows(), written by the host before the step; one without the head leaves the
+  // residual stream after its last layer there (x + that layer's MLP output, as the next layer's
+  // input norm would add them) and chooses nothing: the host gives every such engine the head's
+  // choice with set_chosen. Prefill takes at most max_rows() tokens per call and decode_begin
+  // one step (max_tokens 2) then, since each step waits for rows from another engine; verify,
+  // step and the MTP head need the whole model.
+  bool embeds() const { return range_.first == 0; }
+  bool has_head() const { return range_.end == model_.dims.layers; }
+  LayerRange layers() const { return range_; }
+  // [max_rows()][hidden] f32: the current residual stream; valid between steps.
+  float* residual_rows() const;
+  uint32_t max_rows() const;
+  // ids[position(slot)] = id: the token the head chose (it is the next step's input).
+  void set_chosen(int slot, uint32_t id);
 
   const Counters& counters() const { return counters_; }
   // The model's pipelines (bench/ records a step's dispatches through them).
@@ -211,6 +327,8 @@ class Engine {
   // `slot`, logits [ids.size() - 1][vocab], row t predicting ids[t + 2] from the trunk's h[t]
   // and ids[t + 1] with the MTP cache holding rows 0..t; the slot is reset afterwards.
   bool has_mtp() const { return mtp_ != nullptr; }
+  // Whether the head's state for the slot's next drafts exists (see verify_mtp and step).
+  bool mtp_ready(int slot) const { return sequence(slot).mtp_carry; }
   std::vector<float> mtp_logits(int slot, const std::vector<uint32_t>& ids);
 
  private:
@@ -219,11 +337,16 @@ class Engine {
   struct Sequence {
     int position = 0;
     int generated_from = 0;  // end of the last prefill: positions from here on were generated
-    // The ws_->mtp_hidden row holding the MTP head's output for the pair that predicted
-    // ids[position + 1] (its logits draft the next step); -1 when no step left one.
-    int mtp_row = -1;
+    // ws_->mtp_carry holds the MTP head's output for the pair that predicted ids[position + 1]
+    // (its logits draft the next step); false when the last step did not run the head.
+    bool mtp_carry = false;
     // Where in ids the token returned last sits, when its logprobs were asked for (else -1).
     int logprob_position = -1;
+    // What the slot's logit_bias table holds (write_logit_bias): written once per request, not
+    // per step, so the steps in flight read it undisturbed.
+    std::vector<std::pair<uint32_t, float>> logit_bias;
+    // Rotary position - cache row of the rows after the last prefill with images (PromptImages).
+    int rope_delta = 0;
   };
   // The slot's sequence; EngineError unless `slot` is one of the slots reserved at load
   // (`caller` prefixes the message, e.g. "step: ").
@@ -232,11 +355,55 @@ class Engine {
   // ContextFull unless `extra` more positions fit `q`; `caller` prefixes the message, e.g. "step: slot 2: ".
   void check_room(size_t extra, const Sequence& q, const std::string& caller = "") const;
   void check_sampling(const Sampling& sampling) const;
+  // EngineError naming `what` unless this engine runs every layer.
+  void check_whole(const std::string& what) const;
   void check_slot_step(const SlotStep& s, uint32_t rows_before) const;
+  // The drafts a step entry feeds: its host drafts, or its MTP drafts when the head's state exists.
+  uint32_t step_drafts(const SlotStep& s) const;
+  // EngineError unless `images` fits a prompt of `tokens` tokens and this model's hidden size.
+  void check_images(const PromptImages& images, size_t tokens) const;
+  // The embed rows of pass rows [0, rows) = prompt rows [first, first + rows) that hold image features.
+  std::vector<ForwardPass::EmbedRows> image_rows(const PromptImages& images, uint32_t first, uint32_t rows);
   // A slot's token ids (uint [max_context + 1]) on the device and for the host.
   Arg ids(int slot) const;
   uint32_t* host_ids(int slot) const;
   void commit_decode_step();
+  // A step committed and not yet waited for (a decode step or a shared step), oldest first in
+  // in_flight_: later steps queue behind it on the GPU and read the ids it chooses there.
+  struct InFlight {
+    Submitted buffers;
+    std::string kind;  // "decode step" | "shared step": names it when it fails
+    StepSegments segs{};  // its slots' rows, each segment from the position it fed first
+    std::vector<int> logprobs;  // per segment: its Sampling::logprobs
+    // Per segment: its index among the verified segments (ws_->accepted), else MQ_MAX_SEGMENTS.
+    std::vector<uint32_t> verified_index;
+    bool speculative = false;  // with drafts: positions advance by the accepted ones when waited for
+    int prompt_slot = -1;  // a prompt chunk's slot (Engine::PromptChunk), else -1
+    std::shared_ptr<Snapshot> snapshot;  // the state at the chunk's end, when asked
+    // Every slot whose rows it holds.
+    std::vector<int> slots() const;
+  };
+  // step_commit with a prompt chunk's rows first (null: none).
+  void commit_shared_step(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice,
+                          const PromptChunk* prompt);
+  // EngineError unless `prompt` fits its slot (not among `steps`), max_rows() and the vocabulary.
+  void check_prompt_chunk(const PromptChunk& prompt, const std::vector<SlotStep>& steps) const;
+  // The chunk's forward pass (prefill path), its choice when last, MTP rows and snapshot into `enc`;
+  // advances its slot's position.
+  void encode_prompt_chunk(Encoder& enc, const PromptChunk& prompt, InFlight& f);
+  // One prompt chunk's GPU work (`pass`: one slot's rows, its ids in place; `head`: the MTP
+  // head's positions and features): the layers, the last chunk's choice, the head's rows.
+  // Prefill and a shared step's prompt chunk both encode it, so the two compute alike.
+  void encode_prefill_rows(Encoder& enc, const ForwardPass& pass, const ForwardPass& head, bool last,
+                           const Sampling& sampling);
+  // Queues a committed step (the in-flight counters count it).
+  void push_in_flight(InFlight step);
+  // Waits for the oldest step in flight and takes it out; on a GPU failure resets the slots of
+  // every step in flight (all queued behind it) and throws their GpuError.
+  InFlight wait_oldest();
+  // A waited shared step's tokens per segment (accepted drafts, then the next token); advances
+  // the positions by the accepted drafts.
+  std::vector<std::vector<uint32_t>> finish_shared_step(const InFlight& step);
   // A verify step of k drafts at the slot's position: `host_drafts`, or the MTP head's when null;
   // returns the accepted drafts and the next token.
   std::vector<uint32_t> run_verify(int slot, uint32_t k, const Sampling& sampling,
@@ -273,6 +440,8 @@ class Engine {
   void encode_forward(Encoder& enc, const ForwardPass& pass);
   // out [rows][hidden] = the embeddings of ids[first .. first + rows) (a slot's ids).
   void encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t rows, const Arg& out, bool overlap = false);
+  // out rows [e.row, e.row + e.rows) = e.src for each entry (image features over the embeddings).
+  void encode_embed_rows(Encoder& enc, const std::vector<ForwardPass::EmbedRows>& rows, const Arg& out);
   // One decoder layer over the pass's rows: the residual stream x (+ mix, the previous layer's
   // output, when `add_mix`) in, its output in mix and x the stream before that output.
   void encode_layer(Encoder& enc, const ForwardPass& pass, const LayerWeights& layer, bool add_mix);
@@ -321,8 +490,15 @@ class Engine {
                                  std::initializer_list<NormedOutput> members, uint32_t rows, bool overlap = false);
 
   // ---- choosing tokens (choice.cpp, speculative.cpp)
-  // The next token of `slot` from logits row `logit_row` as `sampling` says, into ids[out_pos].
+  // The next token of `slot` from logits row `logit_row` as `sampling` says, into ids[out_pos]:
+  // token mask (in place), logit_bias (on a copy), penalties, then argmax or the sampler.
   void encode_choice(Encoder& enc, int slot, uint32_t logit_row, const Sampling& sampling, uint32_t out_pos);
+  // The slot's logit_bias table (ws_->logit_bias) from `sampling`, written before a step that reads it.
+  void write_logit_bias(int slot, const Sampling& sampling);
+  // A shared step's masked choices (segments `masked` of `segs`): the step so far committed,
+  // before_choice run while the GPU runs it, then those choices (batch.cpp).
+  void encode_masked_choices(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings,
+                             const std::vector<uint32_t>& masked, const BeforeChoice& before_choice);
   // out[out_pos + r] = argmax of logits row r, r < rows ([rows][vocab] from `logits`).
   void encode_argmax(Encoder& enc, const Arg& logits, uint32_t rows, const Arg& out, uint32_t out_pos);
   // The sampler's parameters for `s` over a vocab row: Philox `counter`, ids[out_pos] (decode), or
@@ -335,20 +511,28 @@ class Engine {
   void encode_verification(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings);
 
   // ---- MTP head (mtp.cpp, math in mtp.h)
-  // For r in [0, rows): the pair (row r of `hidden`, [rows][hidden_stride] f32, and
-  // ids[position + 1 + r] of `slot`, read on the GPU) at position + r; appends the slot's MTP
-  // KV cache there; leaves the rows after mtp.norm in ws_->mtp_hidden [rows][hidden] (a chained
-  // call's `hidden`, stride hidden) and the logits of rows [logit_row0, rows) in ws_->logits
-  // rows [0, rows - logit_row0). Clobbers x, xn, mix and the layer scratch buffers (never the
-  // trunk's caches/state).
+  // For each segment's row r: the pair (row first_row + r of `hidden`, [rows][hidden_stride] f32,
+  // and ids[position + 1 + r] of its slot, read on the GPU) at position + r; appends the slot's
+  // MTP KV cache there; leaves the rows after mtp.norm in ws_->mtp_hidden [rows][hidden] (a
+  // chained call's `hidden`, stride hidden) and the logits of rows [logit_row0, rows) in
+  // ws_->logits rows [0, rows - logit_row0). Clobbers x, xn, mix and the layer scratch buffers
+  // (never the trunk's caches/state).
+  // `images`: the rows' rotary positions and image features over their embeddings (row r
+  // embeds ids[position + 1 + r]), for prefill chunks of prompts with images.
+  void encode_mtp(Encoder& enc, const StepSegments& segs, uint32_t rows, const Arg& hidden, uint32_t hidden_stride,
+                  uint32_t logit_row0, const ForwardPass* images = nullptr);
+  // The same for `rows` rows of one slot from `position`.
   void encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
-                  uint32_t logit_row0 = 0);
-  // lm_head over ws_->mtp_hidden rows [row0, rows) into ws_->logits rows [0, rows - row0).
-  void encode_mtp_logits(Encoder& enc, bool matvec, uint32_t row0, uint32_t rows);
+                  uint32_t logit_row0 = 0, const ForwardPass* images = nullptr);
+  // lm_head over `rows` rows of `hidden` ([rows][hidden] f32) into ws_->logits rows [0, rows).
+  void encode_mtp_logits(Encoder& enc, bool matvec, const Arg& hidden, uint32_t rows);
   // The prefill hook: after a chunk's trunk (and its choice), the chunk's rows through the head.
-  void encode_mtp_prefill_chunk(Encoder& enc, int slot, uint32_t rows);
-  // ids[position + 1 .. + k] of `slot` = the MTP head's greedy chain from ws_->mtp_hidden row mtp_row.
-  void encode_mtp_drafts(Encoder& enc, int slot, uint32_t k);
+  void encode_mtp_prefill_chunk(Encoder& enc, int slot, uint32_t rows, const ForwardPass& head);
+  // ids[position + 1 .. + k] of `slot` = the MTP head's greedy chain from its ws_->mtp_carry.
+  void encode_mtp_drafts(Encoder& enc, int slot, int position, uint32_t k);
+  // ws_->mtp_carry of `slot` = ws_->mtp_hidden row `row` + the device word `accepted` (drafts
+  // accepted, < planes) when given, else row `row`.
+  void encode_mtp_carry(Encoder& enc, int slot, uint32_t row, const Arg* accepted, uint32_t planes, bool overlap);
   // The trunk state the head reads as h (EngineOptions::mtp_hidden), named once the trunk is encoded.
   Arg mtp_trunk_hidden() const;
   void load_mtp();
@@ -356,6 +540,7 @@ class Engine {
   std::shared_ptr<gpu::Device> device_;
   ModelDesc model_;
   EngineOptions options_;
+  LayerRange range_;  // the layers this engine runs (EngineOptions::first_layer, end_layer)
   MemoryNeeds memory_;  // checked before weights_ loads anything
   Weights weights_;
   Kernels kernels_;
@@ -364,13 +549,15 @@ class Engine {
   struct StepKernels {
     const Pipeline *final_norm = nullptr, *silu_mul = nullptr, *copy_u32 = nullptr;
     const Pipeline *argmax_partial = nullptr, *argmax_final = nullptr, *sample = nullptr, *logprobs = nullptr;
-    const Pipeline *penalty_count = nullptr, *penalty_apply = nullptr;
+    const Pipeline *penalty_count = nullptr, *penalty_apply = nullptr, *token_mask = nullptr, *logit_bias = nullptr;
     const Pipeline *spec_accept = nullptr, *delta_restore = nullptr;  // delta_restore: with max_draft > 0
     const Pipeline* attn_combine = nullptr;
+    const Pipeline* residual_add = nullptr;  // engines without the head: x += mix after their last layer
     const Pipeline *moe_route = nullptr, *moe_group = nullptr, *moe_gather_rows = nullptr, *moe_combine = nullptr;
   } k_;
   std::vector<LayerWeights> layers_;
-  QuantLinear embed_, lm_head_;  // lm_head_ is embed_ when the embeddings are tied
+  // lm_head_ is embed_ when the embeddings are tied; each is empty when the layer range lacks it.
+  QuantLinear embed_, lm_head_;
   DeviceTensor final_norm_;
   std::unique_ptr<MtpWeights> mtp_;  // null unless EngineOptions::mtp
   std::unique_ptr<Workspace> ws_;
@@ -381,9 +568,9 @@ class Engine {
     int slot = 0;
     Sampling sampling;
     int max_tokens = 0, returned = 0, committed = 0;
-    std::deque<std::pair<Submitted, int>> in_flight;  // (step, id position it writes)
   };
-  std::optional<Decoding> decoding_;
+  std::optional<Decoding> decoding_;  // a decode in progress: its steps are in_flight_
+  std::deque<InFlight> in_flight_;
 };
 
 }  // namespace mq::engine

@@ -24,10 +24,12 @@ std::string layer_range(size_t first, size_t end, size_t layers) {
 void Engine::encode_forward(Encoder& enc, const ForwardPass& pass) {
   const ModelDims& d = model_.dims;
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(d.vocab), rows = pass.rows;
-  for (uint32_t i = 0; i < pass.segs.count; ++i) {  // each segment's rows from its own ids
+  // Each segment's rows from its own ids; an engine that does not embed finds its rows in x.
+  for (uint32_t i = 0; i < pass.segs.count && embeds(); ++i) {
     const StepSegment& s = pass.segs.seg[i];
     encode_embed(enc, ws_->ids.part(int(s.slot)), s.position, s.rows, Arg(ws_->x, size_t(s.first_row) * H * 4), i > 0);
   }
+  encode_embed_rows(enc, pass.embed_rows, ws_->x);
   // Layer i's input norm also adds layer i-1's MLP output to the residual stream. A prefill
   // step commits a command buffer every prefill_layers_per_buffer layers (macOS pre-empts a
   // buffer that holds the GPU too long); its last one also holds everything after the layers.
@@ -38,6 +40,11 @@ void Engine::encode_forward(Encoder& enc, const ForwardPass& pass) {
       enc.name_part(layer_range(i, std::min(i + per, n), n));
     }
     encode_layer(enc, pass, layers_[i], i > 0);
+  }
+  if (!has_head()) {  // the next engine's first layer reads x + mix as its input
+    const ResidualAddParams rp{.n = rows * H};
+    enc.dispatch_threads(*k_.residual_add, {ws_->x, ws_->mix, Arg::value(rp)}, {ceil_div(rows * H, 4), 1});
+    return;
   }
   // The final norm, fused into the lm_head when every row's logits are wanted.
   const Norm final_norm{final_norm_, *k_.final_norm};
@@ -57,6 +64,17 @@ void Engine::encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t
   enc.dispatch(*embed_.kernels.embed,
                {at(embed_.weight), scales_of(embed_), biases_of(embed_), ids, out, Arg::value(ep)},
                {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), rows}, {MQ_EMBED_THREADS}, overlap);
+}
+
+// Copies of 32-bit words (the f32 features as they are), after the embeddings they replace.
+void Engine::encode_embed_rows(Encoder& enc, const std::vector<ForwardPass::EmbedRows>& rows, const Arg& out) {
+  const uint32_t H = uint32_t(model_.dims.hidden);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ForwardPass::EmbedRows& e = rows[i];
+    const CopyParams p{
+        .cols = H, .rows = e.rows, .src_offset = 0, .src_stride = H, .dst_offset = e.row * H, .dst_stride = H};
+    enc.dispatch_threads(*k_.copy_u32, {e.src, out, Arg::value(p)}, {H, e.rows}, i > 0);
+  }
 }
 
 void Engine::encode_layer(Encoder& enc, const ForwardPass& pass, const LayerWeights& l, bool add_mix) {
@@ -183,7 +201,8 @@ void Engine::encode_attention_decode(Encoder& enc, const ForwardPass& pass, cons
                       .cache_slot_bytes = w.slot_strides.cache_bytes,
                       .n_splits = 1,
                       .split_len = {},
-                      .eps = d.eps};
+                      .eps = d.eps,
+                      .rope_delta = {}};
   uint32_t row_groups = 0;
   for (uint32_t i = 0; i < segs.count; ++i) {
     const uint32_t context = segs.seg[i].position + segs.seg[i].rows;
@@ -191,6 +210,7 @@ void Engine::encode_attention_decode(Encoder& enc, const ForwardPass& pass, cons
     ap.split_len[i] = ceil_div(context, splits);
     ap.n_splits = std::max(ap.n_splits, ceil_div(context, ap.split_len[i]));
     row_groups += ceil_div(segs.seg[i].rows, per_group);
+    ap.rope_delta[i] = sequences_[segs.seg[i].slot].rope_delta;
   }
   enc.dispatch(decode,
                {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.buffer, l.v_cache.buffer, w.part_o,
@@ -219,11 +239,16 @@ void Engine::encode_attention_prefill(Encoder& enc, const ForwardPass& pass, con
                           .v_stride = nkv * HD,
                           .pos_base = pos,
                           .max_ctx = max_ctx,
-                          .eps = d.eps};
+                          .eps = d.eps,
+                          .rope_delta = sequences_[size_t(slot)].rope_delta,
+                          .has_rope_pos = pass.rope_positions.buffer ? 1u : 0u,
+                          .mrope_h_end = 3 * uint32_t(d.mrope_section[1]),
+                          .mrope_w_end = 3 * uint32_t(d.mrope_section[2])};
+  const Arg rope_positions = pass.rope_positions.buffer ? pass.rope_positions : Arg(w.no_snapshots);
   const uint32_t prep_threads = k.attn_prep->threads;  // one SIMD-group per (row, head)
   enc.dispatch(*k.attn_prep,
                {w.q, w.k, w.v, at(m.q_norm), at(m.k_norm), w.rope_turns, l.k_cache.part(slot), l.v_cache.part(slot),
-                Arg::value(pp)},
+                Arg::value(pp), rope_positions},
                {ceil_div(rows * (nq + 2 * nkv), prep_threads / MQ_SIMD_WIDTH)}, {prep_threads});
   const AttnParams ap{.rows = rows,
                       .nq = nq,

@@ -2,6 +2,8 @@
 // layer_tensors.h.
 #include "layer_tensors.h"
 
+#include "errors.h"
+
 namespace mq::engine {
 namespace {
 
@@ -52,19 +54,22 @@ LayerWeights load_layer(const Weights& w, const ModelDims& dims, const std::stri
   return l;
 }
 
-std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims) {
+std::vector<LayerWeights> load_layers(const Weights& w, const ModelDims& dims, LayerRange range) {
   std::vector<LayerWeights> layers;
-  for (int i = 0; i < dims.layers; ++i)
+  for (int i = range.first; i < range.end; ++i)
     layers.push_back(load_layer(w, dims, kModel + "layers." + std::to_string(i) + ".", dims.full_attention[size_t(i)]));
   return layers;
 }
 
-uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& layers, const ModelDims& dims) {
-  uint64_t total = w.tensor(kModel + "norm.weight").desc->nbytes;
-  const std::string head = dims.tied ? kModel + "embed_tokens" : "language_model.lm_head";
-  total += w.linear(head).nbytes();
+uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& layers, const ModelDims& dims,
+                             LayerRange range) {
+  uint64_t total = 0;
+  if (range.end == dims.layers) {
+    const std::string head = dims.tied ? kModel + "embed_tokens" : "language_model.lm_head";
+    total += w.tensor(kModel + "norm.weight").desc->nbytes + w.linear(head).nbytes();
+  }
   // The embedding gather reads one table row.
-  total += w.linear(kModel + "embed_tokens").nbytes() / uint64_t(dims.vocab);
+  if (range.first == 0) total += w.linear(kModel + "embed_tokens").nbytes() / uint64_t(dims.vocab);
   for (const LayerWeights& l : layers) {
     total += decode_bytes(l, kLayerNorms, dims);
     if (l.moe) total += decode_bytes(*l.moe, kMoeTensors, dims) + decode_bytes(l.moe->shared_expert, kMlpTensors, dims);
@@ -72,6 +77,31 @@ uint64_t decode_weight_bytes(const Weights& w, const std::vector<LayerWeights>& 
     total += l.attn ? decode_bytes(*l.attn, kAttentionTensors, dims) : decode_bytes(*l.delta, kDeltaNetTensors, dims);
   }
   return total;
+}
+
+ModelDesc keep_layer_range(ModelDesc model, const EngineOptions& options) {
+  const ModelDims& d = model.dims;
+  const LayerRange range = layer_range(d, options);
+  if (range.first < 0 || range.first >= range.end || range.end > d.layers)
+    throw EngineError("[engine] layers [" + std::to_string(range.first) + ", " + std::to_string(range.end) +
+                      ") are not a non-empty range of the model's " + std::to_string(d.layers) + " layers");
+  if (range.whole(d)) return model;
+  if (options.mtp)
+    throw EngineError("[engine] the MTP head needs the embedding and the lm_head: not with layers [" +
+                      std::to_string(range.first) + ", " + std::to_string(range.end) + ") of " +
+                      std::to_string(d.layers));
+  const std::string layer_prefix = kModel + "layers.", embed = kModel + "embed_tokens.";
+  const bool first = range.first == 0, last = range.end == d.layers;
+  auto keep = [&](const std::string& name) {
+    if (name.rfind(layer_prefix, 0) == 0) {
+      const int layer = std::stoi(name.substr(layer_prefix.size()));
+      return layer >= range.first && layer < range.end;
+    }
+    if (name.rfind(embed, 0) == 0) return first || (last && d.tied);
+    return last;  // the final norm, lm_head, MTP head
+  };
+  std::erase_if(model.tensors, [&](const auto& entry) { return !keep(entry.first); });
+  return model;
 }
 
 }  // namespace mq::engine

@@ -88,8 +88,16 @@ std::vector<QuantLinear*> projections(W& part, const LayerTensor<W> (&table)[N],
 
 // One decoder layer's weights under `prefix` (e.g. "language_model.model.layers.3."), caches unset.
 LayerWeights load_layer(const Weights& weights, const ModelDims& dims, const std::string& prefix, bool full_attention);
-std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims);
-// Bytes of weights one decode step streams (every projection once, the lm_head, norms).
-uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers, const ModelDims& dims);
+// Layers [range.first, range.end).
+std::vector<LayerWeights> load_layers(const Weights& weights, const ModelDims& dims, LayerRange range);
+// Bytes of weights one decode step streams (every projection once, the lm_head, norms): the
+// embedding row when `range` starts at layer 0, the head when it ends at the last.
+uint64_t decode_weight_bytes(const Weights& weights, const std::vector<LayerWeights>& layers, const ModelDims& dims,
+                             LayerRange range);
+// `model` with only the tensors an engine of `options`' layer range reads: its layers', the
+// embedding on the first (and on the last when tied to the lm_head), the final norm, lm_head and
+// the other non-layer tensors (the MTP head's) on the last. EngineError for a range outside the
+// model, or one that splits the model with the MTP head asked for (it needs both ends).
+ModelDesc keep_layer_range(ModelDesc model, const EngineOptions& options);
 
 }  // namespace mq::engine

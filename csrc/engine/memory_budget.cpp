@@ -35,7 +35,8 @@ MemoryNeeds estimate_memory(const ModelDesc& model, const EngineOptions& options
   MemoryNeeds needs;
   for (const auto& entry : model.tensors) needs.weights += placed_bytes(entry.second);
   uint64_t attention_layers = options.mtp ? 1 : 0;  // the MTP head's layer keeps its own cache
-  for (bool full_attention : model.dims.full_attention) attention_layers += full_attention;
+  const LayerRange range = layer_range(model.dims, options);
+  for (int i = range.first; i < range.end; ++i) attention_layers += model.dims.full_attention[size_t(i)];
   needs.kv_cache = 2 * attention_layers * kv_cache_slot_bytes(model.dims, options) * uint64_t(options.max_sequences);
   needs.workspace = workspace_bytes(model.dims, options);
   return needs;

@@ -34,6 +34,9 @@ struct ModelDims {
   int experts = 0, experts_per_token = 0, moe_intermediate = 0, shared_intermediate = 0;
   bool norm_top_k = true;
   std::vector<bool> full_attention;  // per layer
+  // Multimodal RoPE (Qwen3.5's interleaved M-RoPE): rotary pairs per (time, height, width)
+  // position component; all zero for text-only descriptions (every pair then takes time).
+  int mrope_section[3] = {0, 0, 0};
 };
 
 struct ModelDesc {
@@ -57,6 +60,20 @@ struct EngineOptions {
   // Layers per command buffer of a prefill step (its last buffer also holds the output, the MTP
   // head and snapshot copies): macOS stops a buffer that holds the GPU too long.
   int prefill_layers_per_buffer = 8;
+  // Pipeline parallelism: the engine runs layers [first_layer, end_layer) (end_layer -1: to the
+  // last) and holds only their tensors; the first layer's also embeds, the last's the final
+  // norm, lm_head and choice (Engine::embeds, Engine::has_head).
+  int first_layer = 0;
+  int end_layer = -1;
 };
+
+// [first, end) of the layers `options` asks for, end resolved.
+struct LayerRange {
+  int first = 0, end = 0;
+  bool whole(const ModelDims& d) const { return first == 0 && end == d.layers; }
+};
+inline LayerRange layer_range(const ModelDims& d, const EngineOptions& o) {
+  return {o.first_layer, o.end_layer < 0 ? d.layers : o.end_layer};
+}
 
 }  // namespace mq::engine

@@ -32,15 +32,32 @@ void Engine::load_mtp() {
 Arg Engine::mtp_trunk_hidden() const { return options_.mtp_hidden == MtpHidden::pre_norm ? Arg(ws_->x) : Arg(ws_->xn); }
 
 void Engine::encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, const Arg& hidden, uint32_t hidden_stride,
-                        uint32_t logit_row0) {
+                        uint32_t logit_row0, const ForwardPass* images) {
+  encode_mtp(enc, ForwardPass::one_slot(slot, position, rows, true).segs, rows, hidden, hidden_stride, logit_row0,
+             images);
+}
+
+void Engine::encode_mtp(Encoder& enc, const StepSegments& segs, uint32_t rows, const Arg& hidden,
+                        uint32_t hidden_stride, uint32_t logit_row0, const ForwardPass* images) {
   const MtpWeights& m = *mtp_;
   Workspace& w = *ws_;
   const uint32_t H = uint32_t(model_.dims.hidden);
   const float eps = model_.dims.eps;
-  // Draft and verify-sized calls stream the weights once (matvec); longer ones take GEMM tiles.
-  const ForwardPass pass = ForwardPass::one_slot(slot, position, rows, rows <= kMaxVerifyRows);
-  // e = embed(ids[position + 1 + r]) into mix (free: the trunk's last MLP output is in x by now).
-  encode_embed(enc, ids(slot), uint32_t(position) + 1, rows, w.mix);
+  // Draft and verify-sized calls stream the weights once (matvec); longer ones take GEMM tiles,
+  // as do rows with their own rotary positions (only the prefill attention takes those).
+  const bool positioned = images && images->rope_positions.buffer;
+  ForwardPass pass;
+  pass.segs = segs;
+  pass.rows = rows;
+  pass.matvec = rows <= kMaxVerifyRows && !positioned;
+  if (positioned) pass.rope_positions = images->rope_positions;
+  // e = embed(ids[position + 1 + r]) into mix (free: the trunk's last MLP output is in x by now),
+  // image features over the rows that embed image-pad tokens.
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const StepSegment& g = segs.seg[i];
+    encode_embed(enc, ids(int(g.slot)), g.position + 1, g.rows, Arg(w.mix, size_t(g.first_row) * H * 4), i > 0);
+  }
+  if (images) encode_embed_rows(enc, images->embed_rows, w.mix);
   // mtp_in [rows][2H] = [rms(e) * pre_fc_norm_embedding | rms(h) * pre_fc_norm_hidden]: both halves
   // of one row side by side, so fc is one projection over 2H (two half-width projections
   // accumulated would round differently from the reference's single matmul).
@@ -55,35 +72,51 @@ void Engine::encode_mtp(Encoder& enc, int slot, uint32_t rows, int position, con
   // mtp_hidden = mtp.norm(x + mix): the head's output state, kept for a chained call.
   const RmsNormParams pn{.dim = H, .x_stride = H, .r_stride = H, .y_stride = H, .eps = eps};
   enc.dispatch(*m.norm_residual, {w.x, w.mix, at(m.norm), w.mtp_hidden, Arg::value(pn)}, {rows});
-  if (logit_row0 < rows) encode_mtp_logits(enc, pass.matvec, logit_row0, rows);
+  if (logit_row0 < rows)
+    encode_mtp_logits(enc, pass.matvec, Arg(w.mtp_hidden, size_t(logit_row0) * H * 4), rows - logit_row0);
 }
 
 // Into ws_->logits: callers encode the MTP after the trunk's logits were consumed (by the
 // choice in the same command buffer, or read back by the CPU before this one runs).
-void Engine::encode_mtp_logits(Encoder& enc, bool matvec, uint32_t row0, uint32_t rows) {
+void Engine::encode_mtp_logits(Encoder& enc, bool matvec, const Arg& hidden, uint32_t rows) {
   const uint32_t H = uint32_t(model_.dims.hidden), V = uint32_t(model_.dims.vocab);
-  encode_projection(enc, matvec, lm_head_, Arg(ws_->mtp_hidden, size_t(row0) * H * 4), H, ws_->logits, V, rows - row0);
+  encode_projection(enc, matvec, lm_head_, hidden, H, ws_->logits, V, rows);
+}
+
+void Engine::encode_mtp_carry(Encoder& enc, int slot, uint32_t row, const Arg* accepted, uint32_t planes,
+                              bool overlap) {
+  const uint32_t H = uint32_t(model_.dims.hidden);
+  const Arg from(ws_->mtp_hidden, size_t(row) * H * 4);
+  if (accepted) {  // the row is decided on the GPU: delta_restore copies the plane it names
+    const DeltaRestoreParams p{.state_floats = H, .state_snap_stride = H, .planes = planes};
+    enc.dispatch_threads(*k_.delta_restore, {ws_->mtp_carry.part(slot), from, *accepted, Arg::value(p)}, {H / 4},
+                         overlap);
+  } else {
+    const CopyParams p{.cols = H, .rows = 1, .src_offset = 0, .src_stride = 0, .dst_offset = 0, .dst_stride = 0};
+    enc.dispatch_threads(*k_.copy_u32, {from, ws_->mtp_carry.part(slot), Arg::value(p)}, {H, 1}, overlap);
+  }
 }
 
 // Prefill fills the MTP cache for the prompt: the chunk's rows [position, position + rows)
 // pair with ids[position + 1 ..]; the last row of the final chunk with the id the choice
 // just wrote (ids[end]). No MTP logits: the logits buffer holds the trunk's, for the caller.
-void Engine::encode_mtp_prefill_chunk(Encoder& enc, int slot, uint32_t rows) {
-  encode_mtp(enc, slot, rows, sequences_[size_t(slot)].position, mtp_trunk_hidden(), uint32_t(model_.dims.hidden),
-             rows);
+// With images, `head` holds the head's rows' rotary positions (the trunk rows') and the image
+// features of the tokens they embed (prompt rows one further on).
+void Engine::encode_mtp_prefill_chunk(Encoder& enc, int slot, uint32_t rows, const ForwardPass& head) {
+  encode_mtp(enc, slot, rows, sequences_[size_t(slot)].position, mtp_trunk_hidden(), uint32_t(model_.dims.hidden), rows,
+             &head);
 }
 
 // Draft i (at ids[p + i]) is the argmax of the head's logits for the pair one position before
 // it; one row at a time, so the head's weights and the lm_head stream once per draft (matvec).
-void Engine::encode_mtp_drafts(Encoder& enc, int slot, uint32_t k) {
-  const Sequence& q = sequences_[size_t(slot)];
-  const uint32_t H = uint32_t(model_.dims.hidden), p = uint32_t(q.position), row = uint32_t(q.mtp_row);
-  encode_mtp_logits(enc, true, row, row + 1);
+void Engine::encode_mtp_drafts(Encoder& enc, int slot, int position, uint32_t k) {
+  const uint32_t H = uint32_t(model_.dims.hidden), p = uint32_t(position);
+  const Arg carry = ws_->mtp_carry.part(slot);
+  encode_mtp_logits(enc, true, carry, 1);
   encode_argmax(enc, ws_->logits, 1, ids(slot), p + 1);
   for (uint32_t i = 2; i <= k; ++i) {
     // The pair (the head's last output, draft i - 1) at position p + i - 2; one row, into mtp_hidden row 0.
-    const uint32_t from = i == 2 ? row : 0;
-    encode_mtp(enc, slot, 1, int(p + i - 2), Arg(ws_->mtp_hidden, size_t(from) * H * 4), H, 0);
+    encode_mtp(enc, slot, 1, int(p + i - 2), i == 2 ? carry : Arg(ws_->mtp_hidden), H, 0);
     encode_argmax(enc, ws_->logits, 1, ids(slot), p + i);
   }
 }

@@ -77,9 +77,13 @@ void plan_part(KernelPlan& plan, uint32_t gpu_cores, W& part, const LayerTensor<
 
 void Engine::plan_kernels(KernelPlan& plan) {
   const uint32_t cores = device_->gpu_cores();
-  plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
-  plan_projection(plan, cores, lm_head_);
-  plan.need(k_.final_norm, "rms_norm_residual" + vector_suffix(final_norm_), up_to(MQ_NORM_THREADS));
+  if (embeds()) plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
+  if (has_head()) {
+    plan_projection(plan, cores, lm_head_);
+    plan.need(k_.final_norm, "rms_norm_residual" + vector_suffix(final_norm_), up_to(MQ_NORM_THREADS));
+  } else {
+    plan.need(k_.residual_add, "residual_add", up_to(kResidualAddThreads));
+  }
   plan.need(k_.silu_mul, "silu_mul", up_to(kSiluMulThreads));
   plan.need(k_.copy_u32, "copy_u32", up_to(kCopyThreads));  // snapshots of the sequence state
   plan.need(k_.argmax_partial, "argmax_partial", up_to(MQ_ARGMAX_THREADS));
@@ -88,6 +92,8 @@ void Engine::plan_kernels(KernelPlan& plan) {
   plan.need(k_.penalty_count, "penalty_count", up_to(MQ_PENALTY_THREADS));
   plan.need(k_.penalty_apply, "penalty_apply", up_to(MQ_PENALTY_THREADS));
   plan.need(k_.logprobs, "token_logprobs", up_to(MQ_LOGPROB_THREADS));
+  plan.need(k_.token_mask, "token_mask", up_to(MQ_TOKEN_MASK_THREADS));
+  plan.need(k_.logit_bias, "logit_bias", up_to(kLogitBiasThreads));
   // Verify steps and every Engine::step (drafts or not) accept through it.
   plan.need(k_.spec_accept, "spec_accept", exactly(1));
   if (options_.max_draft > 0) plan.need(k_.delta_restore, "delta_restore", up_to(kCopyThreads));  // rollbacks

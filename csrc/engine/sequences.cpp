@@ -31,11 +31,20 @@ uint32_t Engine::chosen(int slot) const { return host_ids(slot)[sequence(slot).p
 std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling,
                                    bool all_logits, bool last_logits, const PrefillProgress& progress,
                                    const std::vector<int>& snapshot_at,
-                                   std::vector<std::shared_ptr<Snapshot>>* snapshots) {
+                                   std::vector<std::shared_ptr<Snapshot>>* snapshots, const PromptImages* images) {
   Sequence& q = sequence(slot);
   decode_end();
   if (tokens.empty()) throw EngineError("[engine] prefill needs at least one token");
+  if (!has_head() && (all_logits || last_logits))
+    throw EngineError("[engine] prefill: an engine up to layer " + std::to_string(range_.end) +
+                      " computes no logits (the last layer's engine does)");
+  if (!embeds() && tokens.size() > ws_->max_rows)
+    throw EngineError("[engine] prefill of " + std::to_string(tokens.size()) + " tokens: an engine from layer " +
+                      std::to_string(range_.first) + " takes one chunk of input rows per call (at most " +
+                      std::to_string(ws_->max_rows) + ")");
+  if (images) check_images(*images, tokens.size());
   check_sampling(sampling);
+  write_logit_bias(slot, sampling);
   // One slot past the last token receives the chosen next token.
   check_room(tokens.size() + 1, q);
   const uint32_t vocab = uint32_t(model_.dims.vocab);
@@ -51,6 +60,13 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
       throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(q.position) + ", " +
                         std::to_string(end) + "]");
   auto next_snapshot = snapshot_at.begin();
+  // The prompt's rotary positions on the device, kept until every chunk has been waited for.
+  std::shared_ptr<gpu::Buffer> rope_positions;
+  if (images) {
+    rope_positions = device_->new_buffer(images->rope_positions.size() * 4);
+    std::memcpy(rope_positions->contents(), images->rope_positions.data(), images->rope_positions.size() * 4);
+    q.rope_delta = images->rope_delta;
+  }
 
   std::vector<float> logits;
   if (all_logits) logits.reserve(tokens.size() * vocab);
@@ -77,13 +93,14 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
     ForwardPass pass = ForwardPass::one_slot(slot, q.position, rows, false);
     pass.logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
     pass.split_layers = true;
-    Encoder enc(*device_, kernels_, "prefill chunk");
-    encode_forward(enc, pass);
-    if (last) encode_choice(enc, slot, rows - 1 - pass.logit_row0, sampling, uint32_t(q.position) + rows);
-    if (mtp_) {
-      encode_mtp_prefill_chunk(enc, slot, rows);
-      q.mtp_row = int(rows) - 1;  // after the last chunk: the pair of the last prompt token and the chosen one
+    ForwardPass head;  // the MTP head's rows: the same positions, features of the tokens one further
+    if (images) {
+      pass.rope_positions = head.rope_positions = Arg(rope_positions, done * 3 * 4);
+      pass.embed_rows = image_rows(*images, uint32_t(done), rows);
+      head.embed_rows = image_rows(*images, uint32_t(done) + 1, rows);
     }
+    Encoder enc(*device_, kernels_, "prefill chunk");
+    encode_prefill_rows(enc, pass, head, last, sampling);
     if (next_snapshot != snapshot_at.end() && *next_snapshot == q.position + int(rows)) {
       if (snapshots) snapshots->push_back(encode_snapshot(enc, slot, *next_snapshot));
       ++next_snapshot;
@@ -110,11 +127,62 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
   return logits;
 }
 
+void Engine::encode_prefill_rows(Encoder& enc, const ForwardPass& pass, const ForwardPass& head, bool last,
+                                 const Sampling& sampling) {
+  const int slot = int(pass.segs.seg[0].slot);
+  const uint32_t rows = pass.rows;
+  Sequence& q = sequences_[size_t(slot)];
+  encode_forward(enc, pass);
+  if (last) encode_choice(enc, slot, rows - 1 - pass.logit_row0, sampling, uint32_t(q.position) + rows);
+  if (mtp_) {
+    encode_mtp_prefill_chunk(enc, slot, rows, head);
+    // After the last chunk: the pair of the last prompt token and the chosen one.
+    if (last) encode_mtp_carry(enc, slot, rows - 1, nullptr, 1, false);
+    q.mtp_carry = last;
+  }
+}
+
+void Engine::check_images(const PromptImages& images, size_t tokens) const {
+  if (images.rope_positions.size() != tokens * 3)
+    throw EngineError("[engine] prefill: " + std::to_string(images.rope_positions.size()) +
+                      " rotary position components for " + std::to_string(tokens) + " tokens (3 per token)");
+  const size_t row_bytes = size_t(model_.dims.hidden) * 4;
+  for (const PromptImages::Features& f : images.features) {
+    if (size_t(f.first) + f.rows > tokens)
+      throw EngineError("[engine] prefill: image rows [" + std::to_string(f.first) + ", " +
+                        std::to_string(f.first + f.rows) + ") are past the prompt's " + std::to_string(tokens) +
+                        " tokens");
+    if (!f.features || f.offset + f.rows * row_bytes > f.features->size())
+      throw EngineError("[engine] prefill: the features of image rows from " + std::to_string(f.first) +
+                        " hold fewer than " + std::to_string(f.rows) + " rows of " + std::to_string(row_bytes) +
+                        " bytes (f32 [rows][hidden])");
+  }
+}
+
+std::vector<ForwardPass::EmbedRows> Engine::image_rows(const PromptImages& images, uint32_t first, uint32_t rows) {
+  std::vector<ForwardPass::EmbedRows> out;
+  const size_t row_bytes = size_t(model_.dims.hidden) * 4;
+  for (const PromptImages::Features& f : images.features) {
+    const uint32_t from = std::max(first, f.first), to = std::min(first + rows, f.first + f.rows);
+    if (from < to) out.push_back({from - first, to - from, Arg(f.features, f.offset + (from - f.first) * row_bytes)});
+  }
+  return out;
+}
+
 void Engine::decode_begin(int slot, int max_tokens, const Sampling& sampling) {
   Sequence& q = sequence(slot);
   decode_end();
-  q.mtp_row = -1;  // decode steps do not run the MTP head
+  if (!range_.whole(model_.dims) && max_tokens > 2)
+    throw EngineError("[engine] decode_begin: an engine of layers [" + std::to_string(range_.first) + ", " +
+                      std::to_string(range_.end) + ") takes one step per decode (max_tokens 2, got " +
+                      std::to_string(max_tokens) + "): each waits for rows or a choice from another engine");
+  q.mtp_carry = false;  // decode steps do not run the MTP head
   check_sampling(sampling);
+  if (sampling.token_mask)
+    throw EngineError(
+        "[engine] decode steps take no token mask (each step's mask follows the token before it): "
+        "step the slot instead");
+  write_logit_bias(slot, sampling);  // read by every step in flight: not written again until decode_end
   q.logprob_position = -1;
   decoding_.emplace();
   decoding_->slot = slot;
@@ -127,13 +195,31 @@ void Engine::commit_decode_step() {
   Sequence& q = sequences_[size_t(d.slot)];
   check_room(2, q);
   Encoder enc(*device_, kernels_, "decode step");
+  InFlight step{.kind = "decode step"};
+  step.segs = ForwardPass::one_slot(d.slot, q.position, 1, true).segs;
   encode_forward(enc, ForwardPass::one_slot(d.slot, q.position, 1, true));
   encode_choice(enc, d.slot, 0, d.sampling, uint32_t(q.position) + 1);
-  d.in_flight.emplace_back(commit(enc), q.position + 1);
+  step.buffers = commit(enc);
+  push_in_flight(std::move(step));
   q.position += 1;
   d.committed += 1;
   counters_.tokens_decoded += 1;
-  counters_.max_steps_in_flight = std::max<uint64_t>(counters_.max_steps_in_flight, d.in_flight.size());
+}
+
+void Engine::push_in_flight(InFlight step) {
+  in_flight_.push_back(std::move(step));
+  counters_.max_steps_in_flight = std::max<uint64_t>(counters_.max_steps_in_flight, in_flight_.size());
+}
+
+Engine::InFlight Engine::wait_oldest() {
+  InFlight step = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  try {
+    wait(step.buffers);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed(step.kind, step.slots(), e);  // with every step queued behind it
+  }
+  return step;
 }
 
 std::optional<uint32_t> Engine::decode_next() {
@@ -148,14 +234,7 @@ std::optional<uint32_t> Engine::decode_next() {
   if (d.returned == 0) {  // the token prefill (or the last decode) chose
     returned_position = q.position - d.committed;
   } else {
-    auto [step, position] = std::move(d.in_flight.front());
-    d.in_flight.pop_front();
-    try {
-      wait(step);
-    } catch (const gpu::GpuError& e) {
-      throw step_failed("decode step", {d.slot}, e);
-    }
-    returned_position = position;
+    returned_position = int(wait_oldest().segs.seg[0].position) + 1;
   }
   d.returned += 1;
   q.logprob_position = d.sampling.logprobs >= 0 ? returned_position : -1;
@@ -181,12 +260,9 @@ std::optional<TokenLogprobs> Engine::last_logprobs(int slot) const {
 }
 
 void Engine::decode_end() {
-  if (!decoding_) return;
-  try {
-    for (auto& in_flight = decoding_->in_flight; !in_flight.empty(); in_flight.pop_front())
-      wait(in_flight.front().first);
-  } catch (const gpu::GpuError& e) {
-    throw step_failed("decode step", {decoding_->slot}, e);
+  while (!in_flight_.empty()) {
+    InFlight step = wait_oldest();
+    if (!decoding_) finish_shared_step(step);  // its tokens stay fed; nobody asked for them
   }
   decoding_.reset();
 }

@@ -72,6 +72,8 @@ const std::vector<KernelEntry>& kernel_table() {
     MQ_WEIGHT_FORMATS(MQ_TABLE_QUANT)
     family = "sampling";
     MQ_SAMPLING_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    family = "vision";
+    MQ_VISION_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
     return t;
   }();
   return table;

@@ -54,6 +54,7 @@ std::shared_ptr<Snapshot> Engine::encode_snapshot(Encoder& enc, int slot, int po
   auto s = std::make_shared<Snapshot>();
   s->engine = this;
   s->position = position;
+  s->rope_delta = sequences_[size_t(slot)].rope_delta;
   const auto* ids = host_ids(slot);
   s->tokens.assign(ids, ids + position);
   const auto regions = state_regions(slot, position);
@@ -86,7 +87,8 @@ void Engine::restore(int slot, const Snapshot& s) {
   }
   std::memcpy(host_ids(slot), s.tokens.data(), s.tokens.size() * 4);
   q.position = s.position;
-  q.mtp_row = -1;
+  q.mtp_carry = false;
+  q.rope_delta = s.rope_delta;
 }
 
 }  // namespace mq::engine

@@ -88,21 +88,24 @@ std::vector<uint32_t> Engine::verify_mtp(int slot, uint32_t drafts, const Sampli
 
 std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& sampling,
                                          const std::vector<uint32_t>* host_drafts) {
+  check_whole("a verify step");
   Sequence& q = sequence(slot);
   if (k > uint32_t(options_.max_draft))
     throw EngineError("[engine] " + std::to_string(k) + " drafts exceed max_draft " +
                       std::to_string(options_.max_draft) + " (set at load)");
   if (sampling.penalised()) throw EngineError("[engine] a verify step takes no penalties: decode instead");
   if (sampling.logprobs >= 0) throw EngineError("[engine] a verify step reports no logprobs: decode instead");
+  if (sampling.constrained())
+    throw EngineError("[engine] a verify step takes no logit_bias or token mask: decode or step instead");
   decode_end();
   check_room(size_t(k) + 2, q);  // the rows fed, and the token chosen after the last
   Encoder enc(*device_, kernels_, "verify step");
   if (host_drafts) {
     std::memcpy(host_ids(slot) + q.position + 1, host_drafts->data(), size_t(k) * 4);
-  } else if (q.mtp_row < 0) {
+  } else if (!q.mtp_carry) {
     k = 0;  // no head state to draft from (after a plain decode step or a restore): a one-row step
   } else if (k > 0) {
-    encode_mtp_drafts(enc, slot, k);
+    encode_mtp_drafts(enc, slot, q.position, k);
   }
   ForwardPass pass = ForwardPass::one_slot(slot, q.position, k + 1, true);
   pass.snapshot_rows = k;
@@ -112,6 +115,8 @@ std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& s
     // The head over the verified rows (pairs with the drafts and the next token; rows past the
     // accepted ones are rewritten by the next step), for the next step's drafts.
     encode_mtp(enc, slot, k + 1, q.position, mtp_trunk_hidden(), uint32_t(model_.dims.hidden), k + 1);
+    const Arg accepted(ws_->accepted);
+    encode_mtp_carry(enc, slot, 0, k > 0 ? &accepted : nullptr, k + 1, false);
   }
   Submitted step = commit(enc);
   try {
@@ -124,7 +129,7 @@ std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& s
   const uint32_t a = *static_cast<const uint32_t*>(ws_->accepted->contents());
   std::vector<uint32_t> out(ids + q.position + 1, ids + q.position + 2 + a);  // accepted drafts, then the next token
   q.position += int(a) + 1;
-  q.mtp_row = mtp_ ? int(a) : -1;
+  q.mtp_carry = mtp_ != nullptr;
   q.logprob_position = -1;
   counters_.verify_steps += 1;
   count_verified(k, a);

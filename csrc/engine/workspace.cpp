@@ -76,6 +76,8 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::partials, R * partials * 2},
       {&Workspace::penalty_counts, 2 * V},
       {&Workspace::penalised, V},
+      {&Workspace::biased, V},
+      {&Workspace::token_masks, size_t(o.max_sequences) * ((V + 31) / 32)},
       {&Workspace::mtp_in, o.mtp ? R * 2 * H : 0},
       {&Workspace::mtp_hidden, o.mtp ? R * H : 0},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
@@ -88,12 +90,15 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
 size_t bytes_of_words(size_t words) { return std::max<size_t>(words, 4) * 4; }
 size_t slot_part_bytes(size_t bytes) { return (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
 
-// Every per-slot buffer of the workspace with its words per slot (slot-major SlotBuffers):
-// the token ids and the logprob ring, then per DeltaNet layer its state, ring and rollback planes.
+// Every per-slot buffer of the workspace with its words per slot (slot-major SlotBuffers): the
+// token ids, the logprob ring, the logit_bias table and the MTP carry, then per DeltaNet layer
+// its state, ring and rollback planes.
 using SlotSlot = SlotBuffer Workspace::*;
-std::vector<std::pair<SlotSlot, size_t>> slot_plan(const EngineOptions& o) {
+std::vector<std::pair<SlotSlot, size_t>> slot_plan(const ModelDims& d, const EngineOptions& o) {
   return {{&Workspace::ids, size_t(o.max_context) + 1},
-          {&Workspace::logprobs, MQ_LOGPROB_SLOTS * MQ_LOGPROB_ENTRY_WORDS}};
+          {&Workspace::logprobs, MQ_LOGPROB_SLOTS * MQ_LOGPROB_ENTRY_WORDS},
+          {&Workspace::logit_bias, 2 * MQ_LOGIT_BIAS_MAX},
+          {&Workspace::mtp_carry, o.mtp ? size_t(d.hidden) : 0}};
 }
 std::vector<size_t> delta_layer_slot_words(const ModelDims& d, const EngineOptions& o) {
   std::vector<size_t> words{state_words(d), history_words(d)};
@@ -144,9 +149,10 @@ SlotBuffer new_slot_buffer(gpu::Device& device, size_t bytes, int slots) {
 uint64_t workspace_bytes(const ModelDims& d, const EngineOptions& o) {
   uint64_t total = 0, per_slot = 0;
   for (const Planned& p : activation_plan(d, o)) total += bytes_of_words(p.words);
-  for (const auto& planned : slot_plan(o)) per_slot += slot_part_bytes(bytes_of_words(planned.second));
-  for (bool full_attention : d.full_attention)
-    if (!full_attention)
+  for (const auto& planned : slot_plan(d, o)) per_slot += slot_part_bytes(bytes_of_words(planned.second));
+  const LayerRange range = layer_range(d, o);
+  for (int i = range.first; i < range.end; ++i)
+    if (!d.full_attention[size_t(i)])
       for (size_t words : delta_layer_slot_words(d, o)) per_slot += slot_part_bytes(bytes_of_words(words));
   return total + per_slot * uint64_t(o.max_sequences);
 }
@@ -169,7 +175,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
   };
   auto slot_words = [&](size_t n) { return slot_bytes(bytes_of_words(n)); };
   for (const Planned& p : activation_plan(d, o)) this->*p.slot = words(p.words);
-  for (const auto& planned : slot_plan(o)) this->*planned.first = slot_words(planned.second);
+  for (const auto& planned : slot_plan(d, o)) this->*planned.first = slot_words(planned.second);
   std::memset(penalty_counts->contents(), 0, penalty_counts->size());  // penalty_apply keeps it zero
 
   // rope_turns[i] = round(2^64 * theta^(-2i/rot) / (2 pi)) mod 2^64 (see params/attention.h).

@@ -15,8 +15,12 @@ namespace mq::engine {
 constexpr uint32_t kMaxVerifyRows = MQ_QMV_MAX_ROWS;
 // silu_mul takes any threadgroup shape; one float4 per thread.
 constexpr uint32_t kSiluMulThreads = 64;
+// residual_add (engines without the head) likewise.
+constexpr uint32_t kResidualAddThreads = 64;
 // copy_u32 (state snapshots) takes any threadgroup shape; one word per thread.
 constexpr uint32_t kCopyThreads = 256;
+// logit_bias takes any threadgroup shape; one table entry per thread.
+constexpr uint32_t kLogitBiasThreads = 64;
 // moe_gather_rows and moe_combine take any threadgroup shape; one float4 per thread.
 constexpr uint32_t kMoeRowThreads = 64;
 
@@ -132,10 +136,18 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> partials;     // uint2 [rows][n_partials]: argmax stage 1
   std::shared_ptr<gpu::Buffer> penalty_counts;  // uint [2][vocab], zero between steps (params/sampling.h)
   std::shared_ptr<gpu::Buffer> penalised;       // [vocab]: the chosen row's logits after penalties
+  std::shared_ptr<gpu::Buffer> biased;          // [vocab]: the chosen row's logits plus its logit_bias
+  // uint [slots][ceil(vocab / 32)], rows back to back: each slot's grammar mask, host-written
+  // (Engine::token_masks; params/sampling.h token_mask).
+  std::shared_ptr<gpu::Buffer> token_masks;
   // MTP head (allocated with EngineOptions::mtp, else 16 bytes each):
   std::shared_ptr<gpu::Buffer> mtp_in;       // [rows][2 hidden]: [pre_fc_norm_embedding(e) | pre_fc_norm_hidden(h)]
   std::shared_ptr<gpu::Buffer> mtp_hidden;   // [rows][hidden]: after mtp.norm (the next chained step's h)
+  // [slots][hidden]: each slot's mtp_hidden row for the pair that predicted ids[position + 1]
+  // (Sequence::mtp_carry), copied out of the step that ran the head: the next step's drafts start there.
+  SlotBuffer mtp_carry;
   SlotBuffer logprobs;  // uint [slots][MQ_LOGPROB_SLOTS][MQ_LOGPROB_ENTRY_WORDS] (params/sampling.h)
+  SlotBuffer logit_bias;  // uint2 [slots][MQ_LOGIT_BIAS_MAX]: (token id, bias bits), unused ids >= vocab
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
   std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [kMaxVerifyRows]: a verify step's choice per row

@@ -8,13 +8,13 @@ from . import gpu
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ConfigError, ModelConfig
 from .conversation import Conversation
-from .errors import CompileError, ContextFullError, EngineError, GpuError, MetalqwenError
+from .errors import CompileError, ContextFullError, DistributedError, EngineError, GpuError, MetalqwenError
 from .model import Chunk, Generation, GenerationStats, Model, load
 from .tokenizer import Tokenizer, TokenizerError
 
 __all__ = [
     "load", "Model", "Generation", "GenerationStats", "Chunk", "Conversation", "gpu", "MetalqwenError", "GpuError",
-    "CompileError", "EngineError", "ContextFullError",
+    "CompileError", "EngineError", "ContextFullError", "DistributedError",
     "load_checkpoint", "Checkpoint", "CheckpointError", "ConfigError", "ModelConfig", "Tokenizer", "TokenizerError",
 ]
 __version__ = "0.1.0"

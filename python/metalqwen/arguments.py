@@ -5,7 +5,7 @@ value and what is allowed. The sampling settings' checks are in sampling.py."""
 from __future__ import annotations
 
 import numbers
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -68,12 +68,16 @@ def token_ids(name: str, value: Any, vocab_size: int) -> list[int]:
 
 
 def prompt_kind(prompt: Any) -> str:
-    """'text' or 'ids'; anything else is a TypeError saying what a prompt may be."""
+    """'text', 'ids' or 'messages' (a list of chat messages, dicts); anything else is a TypeError
+    saying what a prompt may be."""
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt is empty")
         return "text"
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, Mapping) for p in prompt):
+        return "messages"
     if isinstance(prompt, (list, tuple, np.ndarray)) and not any(isinstance(p, dict) for p in prompt):
         return "ids"
-    hint = " (for a conversation, use model.tokenizer.encode_chat(messages))" if isinstance(prompt, (dict, list)) else ""
-    raise TypeError(f"prompt must be text (str) or token ids (a list of int), got {_describe(prompt)}{hint}")
+    hint = " (for a conversation, pass a list of messages)" if isinstance(prompt, (dict, list)) else ""
+    raise TypeError(f"prompt must be text (str), token ids (a list of int) or chat messages (a list of dicts), "
+                    f"got {_describe(prompt)}{hint}")

@@ -4,13 +4,32 @@ A ``Scheduler`` keeps up to N requests in the engine's sequence slots and advanc
 them by one shared step per round (``Engine.step``): their rows stream the weights once, so
 N streams cost about what one costs while the weights dominate a step. Requests join and
 leave between rounds; a joining prompt is fed in chunks of at most ``prefill_rows`` tokens
-per round, so running streams keep going; a cancelled request frees its slot at once. Each
+per round, each chunk rows of the same shared step as the running streams (``Engine.step``'s
+``prompt``: prefill rows on the GEMM path, then the others' rows on the matvec path, in one
+command buffer), so they keep producing a token every round while a long prompt is read; a
+cancelled request frees its slot at once. Each
 request gets exactly what it gets alone: the same tokens (greedy) and the same seeded draws
 (sampling), because every row is computed as in a single-sequence step.
 
+Shared steps are pipelined as single-sequence decoding is: while every request is decoding
+without drafts or a grammar and none joins, the next step is committed before the current one
+is waited for (``Engine.step_commit`` / ``step_wait``): each row reads the token the GPU chose
+for it, so the host waits once per step and the GPU never waits for it. A host decision (a
+joining prompt, drafts, a grammar's mask) waits for the steps in flight and runs a step
+synchronously. A request that stops (eos, a stop string) while its next step is in flight
+drops that step's token; its slot's state keeps the token it fed (``Engine.tokens`` tells).
+
 Speculation composes: a request with a drafter verifies its drafts in its slot's rows, and
 the rows of a step (at most ``MAX_ROWS``) go first to the requests whose drafts are accepted most.
-Shared steps draft by prompt lookup (the MTP head drafts for single-sequence decoding only).
+With the MTP head, each such request drafts its own greedy chain on the GPU in the step's
+command buffer (``Engine.step``'s MTP entries), as single-sequence MTP steps do; prompt lookup
+takes over on a quoted span. While a request's drafter pauses (its drafts were not paying),
+its steps are pipelined.
+
+Grammars compose: a constrained request (``json_schema=``, ``grammar=``, ``response_format=``)
+takes no drafts; in a step with such requests their masks are computed together on the CPU
+(llguidance's thread pool) while the GPU runs the step's forward pass, and their choices follow
+in a second command buffer (``Engine.step``'s ``before_choice``).
 
 A step the GPU fails (``GpuError``) ends every request whose slot it ran in, with that error
 (the engine reset those slots); the other requests go on.
@@ -50,6 +69,7 @@ class Sequence:
     history: list[int] = field(default_factory=list)  # prompt + generated, for the drafter
     policy: spec.DepthPolicy | None = None
     plain: int = 0  # rounds to go without drafts (the policy pausing)
+    pending: int = 0  # its rows in steps committed and not yet waited for (a token each)
     started: float = 0.0
 
     @property
@@ -87,14 +107,17 @@ class Scheduler:
         self._free = list(range(self._engine.max_sequences))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._in_flight: deque[list[Sequence]] = deque()  # the requests of each step committed, oldest first
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._in_flight)
 
     def submit(self, prompt: Prompt | Request, max_tokens: int = 256, **options) -> Sequence:
         """Queues a request (arguments as ``Model.stream``, checked now; or a ``Model.request``)."""
         request = prompt if isinstance(prompt, Request) else self.model.request(prompt, max_tokens, **options)
+        if request.images is not None:
+            raise ValueError("prompts with images cannot be batched yet: use Model.generate / stream")
         seq = Sequence(request, Output(request, self.model.tokenizer, self.model.eos_token_ids))
         self.waiting.append(seq)
         return seq
@@ -107,24 +130,43 @@ class Scheduler:
         self._finish(seq)
 
     def step(self) -> list[Sequence]:
-        """One round: admit waiting requests to free slots, feed one prompt chunk, then one
-        shared step for every request past its prompt. Returns the requests that produced
-        chunks or finished."""
+        """One round: admit waiting requests to free slots, then one shared step for every
+        request past its prompt, with one chunk of a joining prompt among its rows (alone, as a
+        prefill, when nothing else runs). Returns the requests that produced chunks or finished."""
         touched: list[Sequence] = []
+        joining = (self.waiting and self._free) or any(not s.prefilled for s in self.running)
+        if joining:  # a slot changes hands or a prompt is fed: after the steps in flight
+            self._settle(touched)
         while self.waiting and self._free:
             seq = self.waiting.popleft()
             with self._failing([seq], touched):
                 self._admit(seq)
         feeding = next((s for s in self.running if not s.prefilled), None)
-        if feeding is not None:
+        decoding = [s for s in self.running if s.prefilled and not s.finished]
+        if feeding is not None and not decoding:  # nothing runs beside it: its chunk as prefill, alone
             with self._failing([feeding], touched):
                 if self._feed(feeding):
                     touched.append(feeding)
-        decoding = [s for s in self.running if s.prefilled and not s.finished]
-        if decoding:
-            with self._failing(decoding, touched):
-                self._decode(decoding)
+            feeding = None
+            decoding = [s for s in self.running if s.prefilled and not s.finished]
+        if feeding is not None:  # its chunk joins the decoding requests' step (nothing is in flight)
+            produced = False  # stays so when the step fails (_failing ends its requests)
+            with self._failing([*decoding, feeding], touched):
+                produced = self._decode(decoding, feeding)
             touched += [s for s in decoding if s not in touched]
+            if produced and feeding not in touched:
+                touched.append(feeding)
+        elif decoding and not any(self._needs_host(s) for s in decoding):
+            self._pipeline(decoding, touched)
+        elif decoding:
+            self._settle(touched)
+            decoding = [s for s in decoding if not s.finished]
+            if decoding:
+                with self._failing(decoding, touched):
+                    self._decode(decoding)
+                touched += [s for s in decoding if s not in touched]
+        else:
+            self._settle(touched)
         return touched
 
     def run(self) -> None:
@@ -146,6 +188,52 @@ class Scheduler:
                 if seq not in touched:
                     touched.append(seq)
 
+    def _needs_host(self, seq: Sequence) -> bool:
+        """Whether its next step needs the tokens before it on the host: a grammar's mask, or drafts."""
+        drafting = seq.policy is not None and seq.plain == 0 and seq.left - seq.pending > 1
+        return seq.request.constraint is not None or drafting
+
+    def _pipeline(self, seqs: list[Sequence], touched: list[Sequence]) -> None:
+        """Commits the next step of ``seqs`` (those with tokens left after the ones in flight),
+        then waits for the oldest step when another is queued behind it (or nothing was)."""
+        rows = [s for s in seqs if s.left - s.pending > 0]
+        if rows:
+            with self._failing(rows, touched):
+                self._engine.step_commit([(s.slot, [], _core.Sampling(**s.request.sampling)) for s in rows])
+                self._in_flight.append(rows)
+                for seq in rows:
+                    seq.pending += 1
+                    if seq.plain > 0:  # the drafter's pause counts these steps
+                        seq.plain -= 1
+        if len(self._in_flight) > 1 or (self._in_flight and not rows):
+            self._wait_oldest(touched)
+
+    def _wait_oldest(self, touched: list[Sequence]) -> None:
+        """The oldest step in flight's tokens to its requests (a request that stopped since drops its token)."""
+        seqs = self._in_flight.popleft()
+        try:
+            results = self._engine.step_wait()
+        except GpuError:
+            # The engine reset the slots of every step in flight: their requests end with the error.
+            failed = list({id(s): s for step in [seqs, *self._in_flight] for s in step}.values())
+            self._in_flight.clear()
+            for seq in failed:
+                seq.pending = 0
+            with self._failing(failed, touched):
+                raise
+            return
+        for seq, tokens in zip(seqs, results):
+            seq.pending -= 1
+            if not seq.finished:
+                self._emit(seq, tokens)
+                if seq not in touched:
+                    touched.append(seq)
+
+    def _settle(self, touched: list[Sequence]) -> None:
+        """Waits for every step in flight, handing out their tokens."""
+        while self._in_flight:
+            self._wait_oldest(touched)
+
     def _admit(self, seq: Sequence) -> None:
         """Into the free slot whose live tokens this prompt extends furthest (else the first free)."""
         ids = seq.request.ids
@@ -164,6 +252,8 @@ class Scheduler:
         seq.history = list(ids)
         if seq.request.drafter is not None:
             seq.policy = spec.DepthPolicy(self.model.draft_depth)
+        if seq.request.constraint is not None:  # the first token's mask, read by the prompt's last chunk
+            seq.request.constraint.mask(self._engine.token_masks()[seq.slot])
 
     def _feed(self, seq: Sequence) -> bool:
         """Feeds the next chunk of a prompt; after the last, takes its first token. True when it produced one."""
@@ -184,24 +274,68 @@ class Scheduler:
         self._emit(seq, [self._engine.chosen(seq.slot)])
         return True
 
-    def _decode(self, seqs: list[Sequence]) -> None:
-        """One shared step for ``seqs`` (each past its prompt), drafts where they pay."""
-        drafts = self._drafts(seqs)
+    def _chunk(self, seq: Sequence) -> tuple[int, bool]:
+        """The end of the prompt's next chunk (at most ``prefill_rows`` and the engine's ``max_rows``
+        tokens, ending at the next snapshot position) and whether the state there is snapshotted."""
+        end = min(len(seq.request.ids), seq.fed + self.prefill_rows, seq.fed + self._engine.max_rows)
+        end = min([p for p in seq.snapshot_at if p > seq.fed] + [end])
+        return end, end in seq.snapshot_at
+
+    def _decode(self, seqs: list[Sequence], feeding: Sequence | None = None) -> bool:
+        """One shared step for ``seqs`` (each past its prompt), drafts where they pay; with the next
+        chunk of ``feeding``'s prompt among its rows. True when that chunk was its last (it produced
+        its first token)."""
+        prompt, taken, end = None, [], 0
+        if feeding is not None:
+            end, snapshot = self._chunk(feeding)
+            ids = feeding.request.ids
+            prompt = (feeding.slot, ids[feeding.fed:end], _core.Sampling(**feeding.request.sampling),
+                      end == len(ids), snapshot)
+        start = time.perf_counter()
+        drafts, heads = self._drafts(seqs)
         # A drafting request has neither penalties nor logprobs (Model.request turns its drafter off).
-        entries = [(s.slot, drafts[id(s)], _core.Sampling(**s.request.sampling)) for s in seqs]
-        results = self._engine.step(entries)
+        entries = [(s.slot, drafts[id(s)], _core.Sampling(**s.request.sampling), heads.get(id(s), 0)) for s in seqs]
+        # The MTP drafts a step makes: those asked, where the head's state exists (else it is rebuilt).
+        made = {id(s): heads.get(id(s), 0) if self._engine.mtp_ready(s.slot) else 0 for s in seqs}
+        results = self._engine.step(entries, before_choice=self._masks([s for s in seqs if s.request.constraint]),
+                                    prompt=prompt, snapshots=taken)
         for seq, tokens in zip(seqs, results):
-            k = len(drafts[id(seq)])
+            k = len(drafts[id(seq)]) or made[id(seq)]
             if k:
                 seq.policy.update(k, len(tokens) - 1)
                 count_verify(seq.output.stats, k, len(tokens) - 1)
             self._emit(seq, tokens)
+        if feeding is None:
+            return False
+        for snapshot in taken:
+            self._runner.prefix_cache.add(snapshot)
+        feeding.output.stats.prompt_seconds += time.perf_counter() - start  # the step that read its chunk
+        feeding.fed = end
+        if end < len(feeding.request.ids):
+            return False
+        feeding.started = time.perf_counter()
+        self._emit(feeding, results[-1])
+        return True
 
-    def _drafts(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+    def _masks(self, constrained: list[Sequence]):
+        """The step's before_choice for its constrained requests (None without any): their last
+        token advances each grammar now, the masks are computed while the GPU runs the step."""
+        if not constrained:
+            return None
+        from .constraints import fill_masks
+
+        for seq in constrained:
+            seq.request.constraint.advance(seq.history[-1])  # the token this step feeds
+        masks = self._engine.token_masks()
+        return lambda: fill_masks([(s.request.constraint, s.slot) for s in constrained], masks)
+
+    def _drafts(self, seqs: list[Sequence]) -> tuple[dict[int, list[int]], dict[int, int]]:
         """Drafts per request within the step's rows: one row each, the rest to the requests
-        whose policies expect the most from their drafts."""
+        whose policies expect the most from their drafts. Returns the host's drafts and the
+        MTP drafts asked of the engine (by ``id`` of the request)."""
         spare = MAX_ROWS - len(seqs)
         out = {id(s): [] for s in seqs}
+        heads: dict[int, int] = {}
         speculating = [s for s in seqs if s.policy is not None and s.left > 1]
         for seq in sorted(speculating, key=lambda s: s.policy.speedup(1), reverse=True):
             if spare <= 0:
@@ -211,15 +345,17 @@ class Scheduler:
                 continue
             k = min(seq.policy.depth(), seq.left - 1, spare)
             drafter = seq.request.drafter
-            if isinstance(drafter, spec.MtpHead):
-                drafter = drafter.lookup
             found = drafter.draft(seq.history, k)[:k] if k > 0 else []
+            if isinstance(drafter, spec.MtpHead) and not found and k > 0:
+                heads[id(seq)] = k  # the head drafts on the GPU (or, without its state, the step rebuilds it)
+                spare -= k if self._engine.mtp_ready(seq.slot) else 0
+                continue
             if not found:
                 seq.plain = seq.policy.plain_tokens() - 1
                 continue
             out[id(seq)] = found
             spare -= len(found)
-        return out
+        return out, heads
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
         """Hands generated tokens to the request's output; finishes it at a stop or its budget."""

@@ -10,8 +10,9 @@ greedily for a fixed number of tokens, eos or not. Time to first token is the pr
 whole prompt plus the choice of the first token; decode tok/s excludes it. Context 0 means a
 one-token prompt. A concurrency level c decodes c different prompts of the same length at
 once; its aggregate tok/s is every stream's decode tokens over the wall time of the run less
-its prefills (which the scheduler interleaves, one chunk per step). On the CPU runtime the
-figures only show that everything runs.
+the first prompt's prefill (the later prompts join the shared steps a chunk per step, beside the
+streams decoding: their time counts as decode time, as the running streams see it). On the CPU
+runtime the figures only show that everything runs.
 """
 
 from __future__ import annotations
@@ -204,8 +205,11 @@ def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
 
 def _metalqwen_concurrency(model, p: Plan, vocab: int) -> list[dict]:
     """Each level's prompts through ``generate_batch`` (the model's speculative mode, greedy).
-    Decode time is the run's wall time less its prefills (each timed by the scheduler);
-    decode steps are the run's command buffers less its prompts' chunks."""
+    The first prompt is fed alone; each later one joins the shared steps a chunk per step, beside
+    the streams already decoding, so those steps count as decode steps and their time as decode
+    time (as the running streams see it). Decode time is the run's wall time less the first
+    prompt's prefill; decode steps the run's command buffers less its chunks; pipelined steps
+    those committed while the step before was still running (the host did not wait between them)."""
     model.eos_token_ids = []  # a fixed number of tokens, eos or not, as in the other decode runs
     engine = model.runner.engine
     engine.reset(0)
@@ -221,10 +225,11 @@ def _metalqwen_concurrency(model, p: Plan, vocab: int) -> list[dict]:
         runs = model.generate_batch(concurrency_prompts(vocab, p, c), p.decode_tokens + 1)
         seconds = time.perf_counter() - start
         after = model.counters()
-        prefill = sum(r.stats.prompt_seconds for r in runs)
-        tokens = sum(r.stats.generated_tokens - 1 for r in runs)  # each stream's first token comes from its prefill
-        steps = after["steps"] - before["steps"] - c * prompt_steps
+        prefill = runs[0].stats.prompt_seconds  # the others' chunks ran inside shared steps
+        tokens = sum(r.stats.generated_tokens - 1 for r in runs)  # each stream's first token comes from its prompt
+        steps = after["steps"] - before["steps"] - prompt_steps
         levels.append(concurrency_level(c, tokens, seconds - prefill, steps, prefill_seconds=prefill,
+                                        pipelined_steps=after["pipelined_steps"] - before["pipelined_steps"],
                                         speculative=speculative_stats(before, after)))
     set_speedups(levels)
     return levels
@@ -414,14 +419,15 @@ def _speculation(figures: dict) -> str:
 
 def _concurrency_lines(run: dict, engines: list[EngineFigures]) -> list[str]:
     """The concurrency section: per engine and level, aggregate and per-stream tok/s, the
-    ratio to one stream, and decode steps against decode tokens."""
+    ratio to one stream, and decode steps against decode tokens (metalqwen's: how many pipelined)."""
     lines = [f"concurrency: c prompts of {run['prompt_tokens']} tokens decoded together, {run['tokens_per_stream']} "
              f"tokens each (metalqwen: generate_batch, {run['max_sequences']} sequence slots, counted in its memory)"]
     for e in engines:
         for r in e.concurrency:
             lines.append(f"  {e.name:10s} c={r['concurrency']}: {r['tokens_per_second']:10.2f} tok/s aggregate, "
                          f"{r['per_stream_tokens_per_second']:8.2f} per stream, {r['speedup']:5.2f}x one stream, "
-                         f"{r['steps']} decode steps for {r['tokens']} tokens")
+                         f"{r['steps']} decode steps for {r['tokens']} tokens"
+                         + (f" ({r['pipelined_steps']} pipelined)" if "pipelined_steps" in r else ""))
             if r.get("speculative"):
                 lines.append(f"  {'':10s}      speculative: {_speculation(r['speculative'])}")
     return lines

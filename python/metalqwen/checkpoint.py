@@ -23,6 +23,7 @@ from .checkpoint_layout import (CONVENTION_HOW, IGNORED_PREFIXES, LM, MODEL, MTP
 from .config import CheckpointError, ConfigError, ModelConfig, Quant, check_supported
 from .mtp_checkpoint import mtp_head, sidecar_tensors
 from .shards import ShardInfo, TensorInfo, index_map, read_safetensors_header, shard_files, tensor_view
+from .vision_checkpoint import VisionConfig, vision_tower
 
 __all__ = ["Checkpoint", "CheckpointError", "ConfigError", "ShardInfo", "TensorInfo", "load_checkpoint",
            "read_safetensors_header", "tensor_view"]
@@ -34,15 +35,19 @@ class Checkpoint:
     ``config``: the ModelConfig; ``tensors``: name -> TensorInfo of every tensor the model
     uses (with bits/group_size on quantized ones); ``files``: the shards; ``mtp``: the validated
     multi-token-prediction head if the folder has one (mtp_checkpoint.py; names ``mtp.*``, empty if none);
-    ``ignored``: recognised tensors deliberately unused (vision tower); ``unknown``: the rest,
-    reported once with warnings.warn and never used.
+    ``vision_config`` and ``vision``: the validated vision tower as mlx-vlm writes it
+    (vision_checkpoint.py; ``vision_tower.*``), None and empty for text-only folders;
+    ``ignored``: recognised tensors deliberately unused (vision towers in other layouts);
+    ``unknown``: the rest, reported once with warnings.warn and never used.
     """
 
     def __init__(self, path: str, config: ModelConfig, tensors: dict[str, TensorInfo], files: list[ShardInfo],
-                 mtp: dict[str, TensorInfo], ignored: list[str], unknown: list[str], name: str | None = None):
+                 mtp: dict[str, TensorInfo], ignored: list[str], unknown: list[str], name: str | None = None,
+                 vision_config: VisionConfig | None = None, vision: dict[str, TensorInfo] | None = None):
         self.path, self.config, self.tensors, self.files = path, config, tensors, files
         self.name = name or os.path.basename(os.path.normpath(path))  # the Hub id it came from, else the folder's name
         self.mtp, self.ignored, self.unknown = mtp, ignored, unknown
+        self.vision_config, self.vision = vision_config, vision or {}
         self._maps: dict[str, np.memmap] = {}
 
     def __repr__(self) -> str:
@@ -60,7 +65,8 @@ class Checkpoint:
            "tensors": {full name: entry},            # every tensor the model uses, flat
            "globals": {full name: entry},            # the same, outside the layers
            "layers": [{"index", "type", "prefix", "tensors": {name relative to prefix: entry}}],
-           "mtp": {mtp.* name: entry}}``  (the MTP head, whatever prefix the folder used; may be empty)
+           "mtp": {mtp.* name: entry},               # the MTP head, whatever prefix the folder used; may be empty
+           "vision": {"dims": VisionConfig.dims(), "tensors": {vision_tower.* name: entry}} or None}``
         with ``entry = (file, offset, nbytes, dtype, shape, bits, group_size, mode[, add])``: absolute
         byte offset in ``file``, dtype a safetensors tag (U32, U8, BF16, F16, F32), bits,
         group_size and mode set on the weight/scales/biases of quantized modules, else None; add
@@ -83,6 +89,8 @@ class Checkpoint:
             "globals": globals_,
             "layers": layers,
             "mtp": {n: t.entry() for n, t in sorted(self.mtp.items())},
+            "vision": None if self.vision_config is None else {
+                "dims": self.vision_config.dims(), "tensors": {n: t.entry() for n, t in sorted(self.vision.items())}},
         }
 
     def quant(self, module: str) -> Quant | None:
@@ -94,7 +102,7 @@ class Checkpoint:
 
     def array(self, name: str) -> np.ndarray:
         """A read-only view of one tensor's bytes, memory-mapped on first use (bf16 as uint16)."""
-        t = self.tensors.get(name) or self.mtp.get(name)
+        t = self.tensors.get(name) or self.mtp.get(name) or self.vision.get(name)
         if t is None:
             raise KeyError(f"{name} is not a tensor of {self.path}")
         m = self._maps.get(t.file)
@@ -160,7 +168,8 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
                 v.check_widths([d + "conv1d.weight", d + "A_log"], " (A_log may be f32 with bf16 conv weights, "
                                                                    "not bf16 with f16/f32 ones)")
 
-    rest = [n for n in tensors if n not in v.used]
+    vision_config, vision = vision_tower(config, tensors)
+    rest = [n for n in tensors if n not in v.used and n not in vision]
     mtp = mtp_head(folder, config, {**{n: tensors[n] for n in rest if n.startswith(MTP_PREFIXES)},
                                     **sidecar_tensors(folder, [s.path for s in shards])})
     ignored = sorted(n for n in rest if n.startswith(IGNORED_PREFIXES))
@@ -170,7 +179,7 @@ def load_checkpoint(path: str | os.PathLike, check_kernels: bool = True) -> Chec
         warnings.warn(f"[checkpoint] {folder}: ignoring {len(unknown)} tensor(s) the model does not use: {shown}",
                       stacklevel=2)
     _check_norm_shift(folder, v.used)
-    return Checkpoint(folder, config, v.used, shards, mtp, ignored, unknown, model_name)
+    return Checkpoint(folder, config, v.used, shards, mtp, ignored, unknown, model_name, vision_config, vision)
 
 
 def _check_norm_shift(folder: str, used: dict[str, TensorInfo]) -> None:

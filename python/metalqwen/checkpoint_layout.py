@@ -119,9 +119,10 @@ def global_spec(cfg: ModelConfig) -> list:
     return spec
 
 
-# Tensors that are recognised and deliberately not used: the vision tower of multimodal
-# conversions (mlx-lm drops it too) and the MTP head (listed apart, see Checkpoint.mtp).
-IGNORED_PREFIXES = ("vision_tower.", "model.visual.", "language_model.vision_tower.")
+# Tensors that are recognised and deliberately not used: vision towers in layouts other than
+# mlx-vlm's vision_tower.* (which vision_checkpoint.py loads), and the MTP head (listed apart,
+# see Checkpoint.mtp).
+IGNORED_PREFIXES = ("model.visual.", "language_model.vision_tower.")
 MTP_PREFIXES = ("mtp.", "language_model.mtp.", "language_model.model.mtp.")
 
 

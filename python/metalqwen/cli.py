@@ -62,11 +62,26 @@ def _devices(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from .model import load
 
+    distributed = getattr(args, "distributed", None)
+    # Pipelines do not speculate yet: "auto" means off there; an explicit mode is refused by load.
+    speculative = "off" if distributed and args.speculative == "auto" else args.speculative
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
                 progress=True if args.progress else None,
                 prefix_cache_bytes=int(getattr(args, "cache_gb", 0) * 2**30),
-                speculative=args.speculative, draft_depth=args.draft_depth,
-                max_sequences=getattr(args, "max_sequences", 1))
+                speculative=speculative, draft_depth=args.draft_depth,
+                max_sequences=getattr(args, "max_sequences", 1), distributed=distributed,
+                layer_split=getattr(args, "layer_split", None))
+
+
+def _follower(model) -> contextlib.AbstractContextManager:
+    """Silences a pipeline rank other than 0 (it runs every step, rank 0 prints); else nothing."""
+    if getattr(model, "rank", 0) == 0:
+        return contextlib.nullcontext()
+    quiet = contextlib.ExitStack()
+    sink = quiet.enter_context(open(os.devnull, "w"))
+    quiet.enter_context(contextlib.redirect_stdout(sink))
+    quiet.enter_context(contextlib.redirect_stderr(sink))
+    return quiet
 
 
 def _check_max_sequences(value: int | None) -> None:
@@ -87,7 +102,33 @@ def _options(args: argparse.Namespace) -> dict:
     arguments.integer("--max-tokens", args.max_tokens, low=1, allowed="an integer >= 1")
     given = {k: getattr(args, k) for k in sampling.FIELDS}
     sampling.check(**sampling.with_defaults(given, {}, _TEMPERATURE), seed=args.seed)
-    return dict(max_tokens=args.max_tokens, seed=args.seed, **given)
+    return dict(max_tokens=args.max_tokens, seed=args.seed, **given, **_constraint(args))
+
+
+def _constraint(args: argparse.Namespace) -> dict:
+    """--json-schema, --json-schema-file or --grammar-file as stream()'s json_schema/grammar, files
+    read and JSON parsed before the load (the schema's and grammar's meaning is checked at the first
+    answer, against the tokenizer)."""
+    if args.json_schema is not None:
+        return dict(json_schema=_json_text("--json-schema", args.json_schema))
+    if args.json_schema_file is not None:
+        return dict(json_schema=_json_text(f"--json-schema-file {args.json_schema_file}",
+                                           _read_text(args.json_schema_file)))
+    if args.grammar_file is not None:
+        return dict(grammar=_read_text(args.grammar_file))
+    return {}
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _json_text(what: str, text: str):
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{what}: not JSON: {e}") from None
 
 
 def _with_folder_sampling(options: dict, model) -> dict:
@@ -155,9 +196,11 @@ def _print_stream(model, prompt, options: dict, opens_thinking: bool, hide_think
 def _conversation(args: argparse.Namespace, model, system: str | None = None):
     """A Conversation rendered with the template options of the command line."""
     from .conversation import Conversation
+    from .images import image_tokens
 
+    counts = None if model.vision is None else (lambda p: image_tokens(p.height, p.width, model.vision.processor))
     return Conversation(model.tokenizer, system=system, enable_thinking=False if args.no_think else None,
-                        template_kwargs=args.chat_template_kwargs)
+                        template_kwargs=args.chat_template_kwargs, image_tokens=counts)
 
 
 def _stop_reason(model) -> str:
@@ -180,7 +223,8 @@ def _report(model, stats: bool) -> None:
         print(f"engine: {s.engine.get('dispatches_last_step', 0)} dispatches, "
               f"{s.engine.get('barriers_last_step', 0)} barriers per step | "
               f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}", file=sys.stderr)
-    if model.speculative != "off" and (stats or s.verify_steps):
+    # Speculation that accepted nothing is a developer figure; accepted drafts are the user's speed-up.
+    if model.speculative != "off" and (stats or s.accepted):
         print(f"speculative ({model.speculative}): {_speculation(s)}", file=sys.stderr)
 
 
@@ -203,14 +247,24 @@ def _prompt_text(args: argparse.Namespace) -> str:
 def _generate(args: argparse.Namespace) -> int:
     options = _options(args)
     prompt = _prompt_text(args)
+    for path in args.image:  # before the (possibly long) load; decoding errors name the image later
+        if not os.path.isfile(path):
+            raise ValueError(f"--image {path}: no such file")
+    if args.image:
+        options["images"] = args.image
     model = _load(args)
     options = _with_folder_sampling(options, model)
-    if args.raw:
-        _print_stream(model, prompt, options, opens_thinking=False, hide_thinking=args.hide_thinking)
-    else:
-        chat = _conversation(args, model).prompt(prompt)
-        _print_stream(model, chat.ids, options, chat.opens_thinking, args.hide_thinking)
-    _report(model, args.stats)
+    with _follower(model):
+        if args.raw:
+            _print_stream(model, prompt, options, opens_thinking=False, hide_thinking=args.hide_thinking)
+        else:
+            from .images import IMAGE_TEXT
+
+            # The images first, then the text, in one user message (mlx-vlm's order); the template
+            # renders each image's place, stream() fills it with the image's features.
+            chat = _conversation(args, model).prompt(IMAGE_TEXT * len(args.image) + prompt)
+            _print_stream(model, chat.ids, options, chat.opens_thinking, args.hide_thinking)
+        _report(model, args.stats)
     return 0
 
 
@@ -224,7 +278,9 @@ def _ask(question: str) -> bool:
 
 
 _CHAT_HELP = """commands: /clear starts a fresh conversation; /system TEXT sets the system message (and starts
-afresh); /exit quits (as Ctrl-D does); /help shows this. A line of three double quotes (\"\"\") starts
+afresh); /image PATH attaches a picture to your next message (models with a vision tower; a
+conversation with pictures is read whole each turn: no prefix cache); /exit quits (as Ctrl-D
+does); /help shows this. A line of three double quotes (\"\"\") starts
 a message of several lines, ended by another such line; a pasted block is one message too.
 Ctrl-C stops an answer."""
 
@@ -260,6 +316,7 @@ def _chat(args: argparse.Namespace) -> int:
     conversation = _conversation(args, model, system=args.system)
     # A new turn wants room for an answer: max_tokens, or half the context when that is less.
     answer_room = min(args.max_tokens, model.max_context // 2)
+    attached = []  # pictures for the next message (/image)
     print("metalqwen chat: Ctrl-C stops an answer, Ctrl-D or /exit quits, /help lists the commands",
           file=sys.stderr)
     while True:
@@ -274,8 +331,13 @@ def _chat(args: argparse.Namespace) -> int:
             continue
         if command in ("/clear", "/system"):
             system = (rest.strip() or None) if command == "/system" else conversation.system
-            conversation = _conversation(args, model, system=system)
+            conversation, attached = _conversation(args, model, system=system), []
             print(f"(fresh conversation{', system message set' if command == '/system' else ''})", file=sys.stderr)
+            continue
+        if command == "/image":
+            picture = _attach(model, rest.strip())
+            if picture is not None:
+                attached.append(picture)
             continue
         if command.startswith("/") and command[1:].isalpha():
             print(f"(unknown command {command}: /help lists them)", file=sys.stderr)
@@ -283,22 +345,45 @@ def _chat(args: argparse.Namespace) -> int:
         if not line.strip():
             print("(empty message: type some text, or Ctrl-D to quit)", file=sys.stderr)
             continue
-        prompt = conversation.prompt(line)
-        if len(prompt.ids) + answer_room > model.max_context:
-            if not _ask(f"the context is full ({len(prompt.ids)} tokens with your message; max_context "
+        prompt = conversation.prompt(line, attached)
+        if prompt.length + answer_room > model.max_context:
+            if not _ask(f"the context is full ({prompt.length} tokens with your message; max_context "
                         f"{model.max_context}). Continue in a fresh context keeping the last turns that fit?"):
                 print("(message dropped; Ctrl-D quits)", file=sys.stderr)
                 continue
-            prompt = conversation.restart(line, model.max_context - answer_room)
+            prompt = conversation.restart(line, model.max_context - answer_room, attached)
             print(f"(fresh context: {len(conversation.turns)} earlier turns kept)", file=sys.stderr)
         try:
-            reply = _print_stream(model, prompt.ids, dict(options, boundaries=prompt.boundaries),
+            reply = _print_stream(model, prompt.ids, dict(options, boundaries=prompt.boundaries, images=prompt.images),
                                   prompt.opens_thinking, args.hide_thinking)
         except KeyboardInterrupt:
             print("(answer stopped)", file=sys.stderr)
             reply = model.tokenizer.decode(model.last_tokens, skip_special_tokens=True)
-        conversation.record(prompt, line, reply)
+        conversation.record(prompt, line, reply, attached)
+        attached = []
         _report(model, args.stats)
+
+
+def _attach(model, path: str):
+    """The picture at ``path`` for chat's next message (decoded now), or None after saying why not."""
+    from .images import image_tokens
+    from .vision_preprocess import load_image
+
+    if model.vision is None:
+        print(f"(this model takes no images: {model.no_vision})", file=sys.stderr)
+        return None
+    if not path:
+        print("(/image needs a path: /image PATH)", file=sys.stderr)
+        return None
+    try:
+        picture = load_image(os.path.expanduser(path))
+    except (OSError, ValueError) as e:  # a missing file, or not a picture Pillow reads
+        print(f"(cannot attach {path}: {e})", file=sys.stderr)
+        return None
+    tokens = image_tokens(picture.height, picture.width, model.vision.processor)
+    print(f"(attached {path}: {picture.width} x {picture.height}, {tokens} prompt tokens; it goes with your next "
+          "message)", file=sys.stderr)
+    return picture
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -337,14 +422,24 @@ def _demo(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from .server import access_log, create_app
     from .server.graceful import GracefulServer, listening_socket
+    from .server.image_parts import ImagePolicy
 
     _check_max_sequences(args.max_sequences)
+    if args.allowed_image_dir is not None and not os.path.isdir(args.allowed_image_dir):
+        raise ValueError(f"--allowed-image-dir {args.allowed_image_dir} is not a directory")
+    flags = {"max_images": "--max-images", "max_pixels": "--max-image-pixels", "fetch_bytes": "--fetch-max-bytes",
+             "fetch_seconds": "--fetch-timeout"}
+    limits = {name: getattr(args, name) for name in flags if getattr(args, name) is not None}  # else the default
+    for name, value in limits.items():
+        if value <= 0:
+            raise ValueError(f"{flags[name]} must be positive, got {value}")
+    images = ImagePolicy(allowed_dir=args.allowed_image_dir, fetch=args.fetch_images, **limits)
     sock = listening_socket(args.host, args.port)
     with sock:
         model = _load(args)
         access_log.configure(args.log_level)
         app = create_app(model, api_key=args.api_key, max_queue=args.max_queue, public_metrics=args.public_metrics,
-                         cors_origins=args.cors_origin)
+                         cors_origins=args.cors_origin, images=images)
         memory = model.counters()["memory_estimate"] / 2**30
 
         def say_serving() -> None:
@@ -445,6 +540,13 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="divides the positive (multiplies the negative) logits of tokens in the prompt or answer "
                         f"({folder} 1 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    # Structured output: every answer follows the schema or grammar (after the thinking, if any).
+    constrained = p.add_mutually_exclusive_group()
+    constrained.add_argument("--json-schema", metavar="JSON",
+                             help="answer with one JSON value valid against this JSON schema (given inline)")
+    constrained.add_argument("--json-schema-file", metavar="PATH", help="as --json-schema, the schema read from PATH")
+    constrained.add_argument("--grammar-file", metavar="PATH",
+                             help="answer in the grammar in PATH: Lark, or GBNF (rules written name ::= ...)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -459,6 +561,15 @@ def parser() -> argparse.ArgumentParser:
     prompt.add_argument("-p", "--prompt", help="the prompt (a user message unless --raw); - reads standard input")
     prompt.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a UTF-8 text file")
     generate.add_argument("--raw", action="store_true", help="feed the prompt as is (no chat template)")
+    generate.add_argument("--image", metavar="PATH", action="append", default=[],
+                          help="an image before the prompt's text (repeat for several; folders with a vision tower, "
+                               "as mlx_vlm.convert writes them)")
+    generate.add_argument("--distributed", choices=["pipeline"], default=None,
+                          help="under mlx.launch: the layers spread over its ranks, rank 0 printing "
+                               "(docs/distributed.md; every rank gets the same arguments)")
+    generate.add_argument("--layer-split", metavar="RANGES", default=None,
+                          help="with --distributed: each rank's layers, e.g. 0:20,20:40 (default: in proportion "
+                               "to each rank's GPU memory)")
     generate.set_defaults(run=_generate)
     chat = commands.add_parser("chat", help="multi-turn chat in the terminal")
     _add_model_options(chat)
@@ -503,6 +614,21 @@ def parser() -> argparse.ArgumentParser:
                        help="requests decoded together, sharing each step's weight stream, 1..8 (default 4; 1 = one "
                             "at a time, the others wait); each reserves a KV cache of --max-context tokens and a "
                             "DeltaNet state (counted in the memory checked at load)")
+    serve.add_argument("--allowed-image-dir", metavar="DIR", default=None,
+                       help="serve image_url parts naming local files (file:// or a path) inside DIR, symlinks "
+                            "resolved (default: none; data: URLs are always taken)")
+    serve.add_argument("--fetch-images", action="store_true",
+                       help="fetch http(s) image_url parts (default: refused), bounded by --fetch-max-bytes and "
+                            "--fetch-timeout")
+    # Defaults (None here): server.image_parts.ImagePolicy's, kept there only.
+    serve.add_argument("--fetch-max-bytes", dest="fetch_bytes", metavar="BYTES", type=int, default=None,
+                       help="largest image download in bytes (default 20 MiB)")
+    serve.add_argument("--fetch-timeout", dest="fetch_seconds", metavar="SECONDS", type=float, default=None,
+                       help="seconds an image download may take (default 10)")
+    serve.add_argument("--max-images", metavar="N", type=int, default=None, help="images a request may carry (default 8)")
+    serve.add_argument("--max-image-pixels", dest="max_pixels", metavar="N", type=int, default=None,
+                       help="largest image as sent, width x height (default 40000000); the model's processor then "
+                            "resizes it within its own pixel bounds")
     serve.set_defaults(run=_serve)
     bench = commands.add_parser("bench", help="prefill, time to first token and decode tok/s of a checkpoint "
                                 "(--compare mlx-lm: side by side)")

@@ -121,6 +121,9 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    # Multimodal RoPE: rotary pairs per (time, height, width) position component
+    # (rope_parameters.mrope_section, interleaved); () when the config gives none.
+    mrope_section: tuple[int, ...] = ()
     quant_default: Quant | None = None
     quant_overrides: tuple[tuple[str, Quant | None], ...] = ()
     source: str = "config.json"
@@ -207,6 +210,7 @@ class ModelConfig:
             "moe_intermediate_size": self.moe_intermediate_size,
             "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
             "norm_topk_prob": self.norm_topk_prob,
+            "mrope_section": list(self.mrope_section) or [0, 0, 0],
         }
 
     # ------------------------------------------------------------------ parsing
@@ -240,7 +244,7 @@ class ModelConfig:
         """Parses a config.json dict (and optionally a generation_config.json dict)."""
         if not isinstance(raw, Mapping):
             raise ConfigError(f"[config] {source}: top level must be a JSON object, got {type(raw).__name__}")
-        p = _Fields(raw, source)
+        p = Fields(raw, source)
 
         model_type = raw.get("model_type")
         if model_type not in _MODEL_TYPES:
@@ -261,7 +265,7 @@ class ModelConfig:
                     f"[config] {source}: text_config.model_type {text_type!r} is not supported; "
                     f"expected one of {', '.join(repr(t) for t in _TEXT_MODEL_TYPES)}"
                 )
-            p = _Fields(tc, source, prefix="text_config.", outer=raw)
+            p = Fields(tc, source, prefix="text_config.", outer=raw)
 
         hidden = p.int("hidden_size")
         layers = p.int("num_hidden_layers")
@@ -276,6 +280,7 @@ class ModelConfig:
 
         layer_types = _layer_types(p, layers)
         theta, factor, rope_type = _rope(p)
+        mrope_section = _mrope_section(p)
         tied = _tied(p)
         eos = _eos_ids(p, generation_config, source)
         quant_default, overrides = _quantization(raw, source)
@@ -310,6 +315,7 @@ class ModelConfig:
             moe_intermediate_size=p.int("moe_intermediate_size") if moe else 0,
             shared_expert_intermediate_size=p.int("shared_expert_intermediate_size") if moe else 0,
             norm_topk_prob=p.bool("norm_topk_prob", default=True),
+            mrope_section=mrope_section,
             quant_default=quant_default,
             quant_overrides=overrides,
             source=source,
@@ -381,7 +387,7 @@ def _read_json(path: str) -> Any:
 _MISSING = object()
 
 
-class _Fields:
+class Fields:
     """Typed access to one JSON object's fields; errors name file and field."""
 
     def __init__(self, d: Mapping[str, Any], source: str, prefix: str = "", outer: Mapping[str, Any] | None = None):
@@ -422,7 +428,7 @@ class _Fields:
         return v
 
 
-def _layer_types(p: _Fields, layers: int) -> tuple[str, ...]:
+def _layer_types(p: Fields, layers: int) -> tuple[str, ...]:
     types = p.get("layer_types", None)
     if types is None:
         interval = p.int("full_attention_interval", default=4)
@@ -441,7 +447,7 @@ def _layer_types(p: _Fields, layers: int) -> tuple[str, ...]:
     return tuple(types)
 
 
-def _rope(p: _Fields) -> tuple[float, float, str]:
+def _rope(p: Fields) -> tuple[float, float, str]:
     """rope_theta, partial_rotary_factor and the RoPE type.
 
     Hugging Face (transformers >= 5) and mlx-lm read them from ``rope_parameters``;
@@ -457,7 +463,7 @@ def _rope(p: _Fields) -> tuple[float, float, str]:
     if nested is not None and not isinstance(nested, Mapping):
         raise ConfigError(f"[config] {p.source}: {p.prefix}{where} must be an object, got {nested!r}")
     nested = nested or {}
-    n = _Fields(nested, p.source, prefix=f"{p.prefix}{where}.")
+    n = Fields(nested, p.source, prefix=f"{p.prefix}{where}.")
     if "rope_theta" in nested:
         theta = n.float("rope_theta")
     else:
@@ -474,7 +480,20 @@ def _rope(p: _Fields) -> tuple[float, float, str]:
     return theta, factor, rope_type
 
 
-def _tied(p: _Fields) -> bool:
+def _mrope_section(p: Fields) -> tuple[int, ...]:
+    """rope_parameters.mrope_section (or rope_scaling's): three non-negative pair counts, or ()."""
+    nested = p.get("rope_parameters", None) or p.get("rope_scaling", None) or {}
+    section = nested.get("mrope_section") if isinstance(nested, Mapping) else None
+    if section is None:
+        return ()
+    if (not isinstance(section, (list, tuple)) or len(section) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in section)):
+        raise ConfigError(f"[config] {p.source}: {p.prefix}rope_parameters.mrope_section must be three "
+                          f"non-negative integers, got {section!r}")
+    return tuple(section)
+
+
+def _tied(p: Fields) -> bool:
     # Qwen3.5 configs carry it both at the top and in text_config; mlx-lm reads the
     # text_config one, so that one wins. The checkpoint loader cross-checks with lm_head.
     v = p.get("tie_word_embeddings", False, outer_too=True)
@@ -505,7 +524,7 @@ def _sampling_defaults(generation_config: Mapping[str, Any] | None) -> dict[str,
     return out
 
 
-def _eos_ids(p: _Fields, generation: Mapping[str, Any] | None, source: str) -> tuple[int, ...]:
+def _eos_ids(p: Fields, generation: Mapping[str, Any] | None, source: str) -> tuple[int, ...]:
     """Union of the eos ids of generation_config.json (first: generation uses those), config.json's
     top level (where mlx-lm's converter copies them) and text_config."""
     ids: list[int] = []

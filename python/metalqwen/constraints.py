@@ -15,6 +15,7 @@ row). Tool calls are forced in Qwen3.5's XML layout, the one server/output_parse
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,11 +25,16 @@ import numpy as np
 from .errors import MetalqwenError
 from .tokenizer import Tokenizer
 
-__all__ = ["Constraint", "ConstraintError", "Grammars", "fill_masks", "mask_words", "tool_call_lark"]
+__all__ = ["Constraint", "ConstraintError", "Grammars", "fill_masks", "is_gbnf", "mask_words", "tool_call_lark"]
 
 
 class ConstraintError(MetalqwenError, ValueError):
     """A grammar or schema llguidance cannot compile, or a token the grammar refuses."""
+
+
+def is_gbnf(grammar: str) -> bool:
+    """A grammar written in GBNF (a rule ``name ::= ...`` on some line) rather than Lark."""
+    return re.search(r"^\s*[A-Za-z0-9_-]+\s*::=", grammar, re.MULTILINE) is not None
 
 
 def mask_words(vocab_size: int) -> int:
@@ -93,6 +99,21 @@ class Grammars:
     def lark(self, grammar: str) -> Constraint:
         """A Lark grammar (llguidance's dialect: %json, special tokens as <[id]>, & and ~ on lexemes)."""
         return self._constraint(llguidance.LLMatcher.grammar_from_lark(grammar), "lark grammar")
+
+    def grammar(self, text: str, *, thinking: bool = False) -> Constraint:
+        """A grammar given as text: GBNF when its rules are written ``name ::= ...`` (llama.cpp's
+        format; told apart as vLLM does), else Lark. ``thinking``: reasoning and ``</think>\n\n``
+        come first, the grammar (nested whole, its own start rule kept) after them."""
+        if not isinstance(text, str) or not text.strip():
+            raise ConstraintError(f"[constraints] grammar must be Lark or GBNF text, got {text!r:.40}")
+        if not thinking:
+            return self.gbnf(text) if is_gbnf(text) else self.lark(text)
+        if is_gbnf(text):
+            try:
+                text = llguidance.grammar_from("gbnf", text)
+            except ValueError as e:
+                raise ConstraintError(f"[constraints] GBNF grammar: {e}") from None
+        return self.lark(_after_thinking(self.tokenizer, "%lark {\n" + text + "\n}"))
 
     def gbnf(self, grammar: str) -> Constraint:
         """A llama.cpp GBNF grammar (converted to Lark)."""

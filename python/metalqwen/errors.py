@@ -27,3 +27,8 @@ class EngineError(MetalqwenError, RuntimeError):
 
 class ContextFullError(EngineError, ValueError):
     """The tokens asked for do not fit in ``max_context`` (the cache is sized for it)."""
+
+
+class DistributedError(MetalqwenError, RuntimeError):
+    """A rank of a distributed run died, hung, could not be reached or disagreed with the others
+    (the model, the metalqwen version, a call's arguments); the message names the rank."""

@@ -7,12 +7,15 @@ on the engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 from . import _core, speculative as spec
 from .prefix_cache import PrefixCache
 from .progress import PrefillProgress
 from .tokenizer import StopMatcher, Tokenizer
+
+if TYPE_CHECKING:  # llguidance is imported by the first constrained request only
+    from .constraints import Constraint
 
 __all__ = ["Chunk", "Generation", "GenerationStats", "Output", "Prompt", "Request", "Runner", "count_speculation",
            "count_verify"]
@@ -63,7 +66,7 @@ class GenerationStats:
 
 @dataclass
 class Generation:
-    tokens: list[int]
+    tokens: list[int]  # every generated token, the eos that ended it included
     text: str
     finish_reason: str  # "stop" (eos or stop string) | "length" (max_tokens or max_context reached)
     stats: GenerationStats
@@ -74,7 +77,8 @@ class Chunk:
     text: str  # new complete text (UTF-8 safe; may be empty while a character is incomplete)
     token: int | None  # the token this chunk came from (None for the final flush)
     # With stream(logprobs=N): the token's log-probability over the raw logits (before
-    # penalties and temperature), and the N most likely (id, logprob), ties lower id first.
+    # logit_bias, penalties and temperature; under a grammar its refused tokens at -inf), and
+    # the N most likely (id, logprob), ties lower id first.
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
 
@@ -89,6 +93,10 @@ class Request:
     stop: list[str]
     boundaries: Sequence[int]  # prompt positions worth a prefix-cache snapshot
     drafter: spec.Drafter | None  # None: plain decoding
+    # The grammar's state for this request (sampling["token_mask"] set); None: unconstrained.
+    constraint: Constraint | None = None
+    # The prompt's images (images.PreparedImages: ids already expanded); None: text only.
+    images: Any = None
 
 
 class Output:
@@ -202,15 +210,27 @@ class Runner:
             self._engine.reset(slot)
         return reuse, snapshot_at
 
-    def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = ()) -> int:
+    def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (),
+                    constraint: Constraint | None = None, images=None) -> int:
         """Prefills on slot 0 what the cache lacks of ``ids`` (progress on stderr past a second, when
-        shown), resuming as ``resume`` does and saving snapshots; returns how many tokens were reused."""
-        reuse, snapshot_at = self.resume(ids, boundaries)
+        shown), resuming as ``resume`` does and saving snapshots; returns how many tokens were reused.
+        With a ``constraint`` its first mask is written for the token prefill chooses. A prompt with
+        ``images`` (images.PreparedImages) is fed whole from a reset slot: its image rows' token ids
+        do not say which picture they hold, so neither the live state nor the prefix cache is used."""
+        if images is not None:
+            self._engine.reset(0)
+            reuse, snapshot_at = 0, []
+        else:
+            reuse, snapshot_at = self.resume(ids, boundaries)
+        if constraint is not None:
+            constraint.mask(self._engine.token_masks()[0])
         bar = PrefillProgress() if self.progress else None
         taken = []
+        extra = {} if images is None else dict(rope_positions=images.rope_positions, rope_delta=images.rope_delta,
+                                               features=images.features)
         try:
             self._engine.prefill(0, ids[reuse:], _core.Sampling(**sampling), logits="none", progress=bar,
-                                 snapshot_at=snapshot_at, snapshots=taken)
+                                 snapshot_at=snapshot_at, snapshots=taken, **extra)
         finally:
             if bar:
                 bar.close()
@@ -226,6 +246,21 @@ class Runner:
                 yield token
         finally:
             self._engine.decode_end()
+
+    def constrained_tokens(self, budget: int, sampling: dict, constraint: Constraint) -> Iterator[int]:
+        """Slot 0's next tokens under a grammar, one step each: the step's forward pass is
+        committed, the grammar's next mask computed on the CPU meanwhile and written to the
+        slot's mask row, then the masked choice committed (a host decision per token: no
+        pipelining, no drafts)."""
+        entry = [(0, [], _core.Sampling(**sampling))]
+        masks = self._engine.token_masks()
+        token = self._engine.chosen(0)  # chosen by prefill under the first mask
+        for n in range(budget):
+            yield token
+            if n + 1 == budget:
+                return
+            constraint.advance(token)
+            token = self._engine.step(entry, before_choice=lambda: constraint.mask(masks[0]))[0][0]
 
     def speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter: spec.Drafter,
                            draft_depth: int) -> Iterator[int]:

@@ -5,32 +5,36 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import _core, arguments, gpu, speculative as spec
+from . import _core, arguments, gpu, images as image_prompts, pipeline, speculative as spec
 from .batching import Scheduler
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ModelConfig
-from .errors import ContextFullError
+from .errors import ContextFullError, EngineError
 from .generation import (Chunk, Generation, GenerationStats, Output, Prompt, Request, Runner,
                          count_speculation)
 from .mtp_checkpoint import how_to_get_mtp
 from .prefix_cache import PrefixCache
 from .progress import LoadProgress
-from .sampling import check as check_sampling
+from .sampling import check as check_sampling, check_logit_bias
 from .tokenizer import Tokenizer
 
-__all__ = ["load", "Model", "Generation", "GenerationStats", "Chunk"]
+__all__ = ["load", "Model", "PipelineModel", "Generation", "GenerationStats", "Chunk"]
 
 
 class Model:
     """A checkpoint on a device. Not thread-safe: one generation at a time."""
 
     def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool,
-                 prefix_cache: PrefixCache | None = None, speculative: str = "off", draft_depth: int = 0):
+                 prefix_cache: PrefixCache | None = None, speculative: str = "off", draft_depth: int = 0,
+                 vision=None, no_vision: str = ""):
         self.checkpoint = checkpoint
+        # The vision tower (vision.VisionTower) when the folder has one, else None and why not.
+        self.vision = vision
+        self.no_vision = no_vision
         self.config: ModelConfig = checkpoint.config
         self.tokenizer = tokenizer
         self.device = device
@@ -45,6 +49,7 @@ class Model:
         # Every token the latest generate/stream produced, eos included (also when interrupted).
         self.last_tokens: list[int] = []
         self.last_finish_reason = "stop"  # of the latest generate/stream: "stop" | "length"
+        self._grammars = None  # constraints.Grammars, made by the first constrained request
 
     @property
     def max_context(self) -> int:
@@ -68,9 +73,10 @@ class Model:
         """Engine counters: steps (prefill chunks, decode, verify and shared steps) and their command buffers
         (a prefill chunk takes one per ``prefill_layers_per_buffer`` layers), steps the GPU failed, dispatches
         and barriers (dependent dispatch boundaries), host encode µs, CPU waits, decoded tokens, weight bytes
-        per token, memory estimate, the load's weight buffers, bytes read into arenas and resident-set peak
-        (``load_peak_rss``, from ``load_rss_before``), the compiled library's kernels and source bytes;
-        ``*_last_step`` for the latest step."""
+        per token, weight bytes placed (``weight_bytes``: a pipeline rank's own), memory estimate, the load's
+        weight buffers, bytes read into arenas and resident-set peak (``load_peak_rss``, from
+        ``load_rss_before``), the compiled library's kernels and source bytes; ``*_last_step`` for the
+        latest step."""
         return self.runner.counters()
 
     def reset(self) -> None:
@@ -97,33 +103,81 @@ class Model:
             raise ContextFullError(f"{len(ids)} token ids exceed max_context {self.max_context}")
         return self._engine.mtp_logits(0, ids)
 
-    def score(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Logits (float32 [len(token_ids), vocab]) at every position, from a fresh state."""
-        ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
+    def score(self, token_ids: Prompt, images: Sequence = (), chat: bool = False,
+              enable_thinking: bool | None = None) -> np.ndarray:
+        """Logits (float32 [tokens, vocab]) at every position, from a fresh state. ``token_ids``: ids or
+        chat messages; with ``images``, any prompt ``stream`` takes, and the tokens are the prompt's
+        with each image's pad repeated once per feature row (``prompt_ids(..., images=)`` gives them)."""
+        messages = not isinstance(token_ids, str) and arguments.prompt_kind(token_ids) == "messages"
+        if images or messages:
+            ids, prepared = self._prompt(token_ids, chat, enable_thinking, images)
+        else:
+            ids, prepared = arguments.token_ids("token_ids", token_ids, self.config.vocab_size), None
+            self._check_no_image_places(ids)
         self._check_fits(ids)
         self._engine.reset(0)
-        return self._engine.prefill(0, ids, logits="all")
+        if prepared is None:
+            return self._engine.prefill(0, ids, logits="all")
+        return self._engine.prefill(0, ids, logits="all", rope_positions=prepared.rope_positions,
+                                    rope_delta=prepared.rope_delta, features=prepared.features)
 
-    def prompt_ids(self, prompt: Prompt, chat: bool = False, enable_thinking: bool | None = None) -> list[int]:
+    def prompt_ids(self, prompt: Prompt, chat: bool = False, enable_thinking: bool | None = None,
+                   images: Sequence = ()) -> list[int]:
         """Token ids of a prompt: a list of ids is used as is; text is encoded (with the chat template if chat,
-        ``enable_thinking`` passed to it: None leaves the template's default, thinking on for Qwen3.5)."""
-        if arguments.prompt_kind(prompt) == "ids":
-            return arguments.token_ids("prompt", prompt, self.config.vocab_size)
-        if chat:
+        ``enable_thinking`` passed to it: None leaves the template's default, thinking on for Qwen3.5); a
+        list of chat messages (OpenAI content parts allowed) is rendered with the template. With images
+        (``images`` or image parts), each image's pad token is repeated once per feature row (this runs
+        the vision tower)."""
+        return self._prompt(prompt, chat, enable_thinking, images)[0]
+
+    def _prompt(self, prompt, chat: bool, enable_thinking: bool | None, images: Sequence = ()):
+        """(token ids, images.PreparedImages or None) of a prompt (see prompt_ids)."""
+        if images is None or isinstance(images, (str, bytes, os.PathLike)) or not isinstance(images, Sequence):
+            raise TypeError(f"images must be a list of images (paths, bytes, PIL images or uint8 arrays), "
+                            f"got {type(images).__name__}")
+        images = list(images)
+        kind = arguments.prompt_kind(prompt)
+        if kind == "ids":
+            ids = arguments.token_ids("prompt", prompt, self.config.vocab_size)
+        elif kind == "messages":
+            messages, images = image_prompts.flatten_messages(prompt, images)
+            ids = self.tokenizer.encode_chat(messages, enable_thinking=enable_thinking)
+        elif chat or images:
             if not prompt.strip():
                 raise ValueError("prompt is empty (a chat message needs some text)")
-            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}], enable_thinking=enable_thinking)
-        return self.tokenizer.encode(prompt)
+            text = image_prompts.IMAGE_TEXT * len(images) + prompt  # mlx-vlm's order: images, then text
+            ids = (self.tokenizer.encode_chat([{"role": "user", "content": text}], enable_thinking=enable_thinking)
+                   if chat else self.tokenizer.encode(text))
+        else:
+            ids = self.tokenizer.encode(prompt)
+        if not images:
+            self._check_no_image_places(ids)
+            return ids, None
+        tower, tokens = self._vision()
+        prepared = image_prompts.prepare(ids, images, tower, tokens)
+        return prepared.ids, prepared
+
+    def _vision(self):
+        """(tower, vision token ids), or the error saying why this model takes no images."""
+        if self.vision is None:
+            raise ValueError(f"this model takes no images: {self.no_vision}")
+        tokens = image_prompts.ImageTokens.from_config(self.config.raw, self.config.source)
+        for text, want in (("<|vision_start|>", tokens.start), ("<|image_pad|>", tokens.pad),
+                           ("<|vision_end|>", tokens.end)):
+            if self.tokenizer.encode(text) != [want]:
+                raise ValueError(f"[images] the tokenizer does not encode {text} as the config's token {want}")
+        return self.vision, tokens
+
+    def _check_no_image_places(self, ids: list[int]) -> None:
+        """ValueError when text-only ids hold an image place (its features would be missing)."""
+        pad = self.config.raw.get("image_token_id")
+        if self.vision is not None and pad in ids:
+            raise ValueError("the prompt has image places (<|image_pad|>) but no images were given")
 
     def generate(self, prompt: Prompt, max_tokens: int = 256, **options) -> Generation:
         """Generates up to ``max_tokens`` tokens. Options as for ``stream``."""
-        text, tokens = [], []
-        stream = self.stream(prompt, max_tokens=max_tokens, **options)
-        for chunk in stream:
-            text.append(chunk.text)
-            if chunk.token is not None:
-                tokens.append(chunk.token)
-        return Generation(tokens=tokens, text="".join(text), finish_reason=self.last_finish_reason,
+        text = "".join(chunk.text for chunk in self.stream(prompt, max_tokens=max_tokens, **options))
+        return Generation(tokens=list(self.last_tokens), text=text, finish_reason=self.last_finish_reason,
                           stats=self.last_stats)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
@@ -145,9 +199,21 @@ class Model:
                chat: bool = False, boundaries: Sequence[int] = (), min_p: float = 0.0,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                repetition_penalty: float = 1.0, logprobs: int | None = None,
-               speculative: str | spec.Drafter | None = None, enable_thinking: bool | None = None) -> Iterator[Chunk]:
+               speculative: str | spec.Drafter | None = None, enable_thinking: bool | None = None,
+               json_schema: Mapping[str, Any] | str | None = None, grammar: str | None = None,
+               response_format: Mapping[str, Any] | None = None,
+               logit_bias: Mapping[int | str, float] | None = None, images: Sequence = ()) -> Iterator[Chunk]:
         """Yields text as tokens are generated. ``prompt``: text (chat template applied when ``chat``,
-        with ``enable_thinking`` when given: False asks Qwen3.5 to answer without thinking) or ids.
+        with ``enable_thinking`` when given: False asks Qwen3.5 to answer without thinking), ids, or
+        chat messages (role/content dicts; content may be OpenAI parts: text, image_url with a data:
+        URL or a local path, image).
+
+        ``images`` (paths, bytes, PIL images or uint8 arrays; folders with a vision tower only,
+        docs/images.md): with a text prompt they go first, then the text, in one user message when
+        ``chat`` (mlx-vlm's order); with messages they fill the ``{"type": "image"}`` parts that
+        carry none, the rest going first in the last user message; with ids each
+        ``<|vision_start|><|image_pad|><|vision_end|>`` takes the next image. A prompt with images
+        is fed from a fresh state (no prefix cache) and cannot be batched yet.
 
         Greedy when temperature is 0; else sampling with top-k (0 = off), top-p (1 = off) and
         min-p (0 = off), in that order after the temperature, reproducible for a given seed.
@@ -169,30 +235,85 @@ class Model:
         with ``draft(history, k) -> ids`` (a ``speculative.Drafter``). Speculation never changes
         the output (greedy: the same tokens; sampling: the same distribution); penalties and
         logprobs turn it off for the call (penalties would change with every draft; verify rows
-        report no logprobs)."""
+        report no logprobs).
+
+        Structured output (at most one of them): ``json_schema`` (a JSON schema, dict or text: the
+        answer is one JSON value valid against it), ``grammar`` (Lark text, or GBNF when its rules
+        are written ``name ::= ...``) or ``response_format`` (OpenAI's: {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"schema": {...}}} or {"type": "text"}). The
+        grammar's mask of allowed tokens is computed on the CPU (llguidance) while the GPU runs
+        each step, and applied on the GPU before the penalties and the choice; an eos token is
+        allowed once the answer is complete and is then the only one. When the prompt ends inside
+        ``<think>`` (a chat prompt with thinking on), free reasoning and ``</think>`` come first
+        and the constraint applies to the answer after them. Under a grammar each token is a
+        host decision: steps are not pipelined and speculation pauses (no drafts). Output cut by
+        ``max_tokens`` may be incomplete (finish_reason "length"). Bad schemas or grammars raise
+        ConstraintError naming the field. ``logit_bias`` ({token id: bias in [-100, 100]}, at most
+        300, OpenAI's) is added to those tokens' logits on the GPU before the penalties (and
+        turns speculation off); logprobs stay those of the model (masked tokens at -inf, bias
+        not included), as vLLM reports them."""
         request = self.request(prompt, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                stop=stop, chat=chat, boundaries=boundaries, min_p=min_p,
                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                repetition_penalty=repetition_penalty, logprobs=logprobs, speculative=speculative,
-                               enable_thinking=enable_thinking)
+                               enable_thinking=enable_thinking, json_schema=json_schema, grammar=grammar,
+                               response_format=response_format, logit_bias=logit_bias, images=images)
         return self._run(request)
 
     def request(self, prompt: Prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                 top_k: int = 0, seed: int | None = None, stop: Sequence[str] | None = None, chat: bool = False,
                 boundaries: Sequence[int] = (), min_p: float = 0.0, presence_penalty: float = 0.0,
                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logprobs: int | None = None,
-                speculative: str | spec.Drafter | None = None, enable_thinking: bool | None = None) -> Request:
+                speculative: str | spec.Drafter | None = None, enable_thinking: bool | None = None,
+                json_schema: Mapping[str, Any] | str | None = None, grammar: str | None = None,
+                response_format: Mapping[str, Any] | None = None,
+                logit_bias: Mapping[int | str, float] | None = None, images: Sequence = ()) -> Request:
         """Checks a generation's arguments (those of ``stream``); raises what ``stream`` would."""
         max_tokens = arguments.integer("max_tokens", max_tokens, low=1, allowed="an integer >= 1")
         sampling = check_sampling(temperature, top_p, top_k, seed, min_p, presence_penalty, frequency_penalty,
                                   repetition_penalty, logprobs)
+        sampling["logit_bias"] = check_logit_bias(logit_bias, self.config.vocab_size)
         stop = arguments.stop_strings(stop)
-        drafter = self._drafter(speculative, sampling)
         if enable_thinking is not None and not isinstance(enable_thinking, bool):
             raise TypeError(f"enable_thinking must be True, False or None, got {enable_thinking!r}")
-        ids = self.prompt_ids(prompt, chat, enable_thinking)
+        ids, prepared = self._prompt(prompt, chat, enable_thinking, images)
         self._check_fits(ids)
-        return Request(ids, max_tokens, sampling, stop, boundaries, drafter)
+        constraint = self._constraint(ids, json_schema, grammar, response_format)
+        sampling["token_mask"] = constraint is not None
+        drafter = self._drafter(speculative, sampling)
+        return Request(ids, max_tokens, sampling, stop, boundaries, drafter, constraint, prepared)
+
+    @property
+    def grammars(self):
+        """The ``constraints.Grammars`` of this model's tokenizer and vocabulary (made on first use)."""
+        if self._grammars is None:
+            from .constraints import Grammars
+
+            self._grammars = Grammars(self.tokenizer, self.config.vocab_size, self.eos_token_ids)
+        return self._grammars
+
+    def _constraint(self, ids: list[int], json_schema, grammar, response_format):
+        """The request's grammar state (None when unconstrained), applying to the answer after the
+        reasoning when the prompt ends inside <think>."""
+        given = [name for name, value in (("json_schema", json_schema), ("grammar", grammar),
+                                          ("response_format", response_format)) if value is not None]
+        if not given:
+            return None
+        from .constraints import ConstraintError
+
+        if len(given) > 1:
+            raise ConstraintError(f"[constraints] give at most one of json_schema, grammar and response_format, "
+                                  f"got {' and '.join(given)}")
+        text = self.tokenizer.decode(ids)
+        thinking = text.rfind("<think>") > text.rfind("</think>")
+        if json_schema is not None:
+            return self.grammars.json_schema(json_schema, thinking=thinking)
+        if grammar is not None:
+            return self.grammars.grammar(grammar, thinking=thinking)
+        if not isinstance(response_format, Mapping):
+            raise ConstraintError(f"[constraints] response_format must be a mapping such as {{'type': 'json_object'}}, "
+                                  f"got {type(response_format).__name__}")
+        return self.grammars.response_format(response_format, thinking=thinking)
 
     def _drafter(self, speculative, sampling: dict) -> spec.Drafter | None:
         """Who drafts for this call (None: plain decoding)."""
@@ -213,7 +334,8 @@ class Model:
             raise ValueError("speculative decoding needs the rollback state reserved at load: "
                              "load(..., speculative='lookup' or 'auto')")
         penalised = (sampling["presence_penalty"], sampling["frequency_penalty"], sampling["repetition_penalty"])
-        return None if penalised != (0.0, 0.0, 1.0) or sampling["logprobs"] >= 0 else mode
+        constrained = sampling["logit_bias"] or sampling["token_mask"]  # chosen one row at a time
+        return None if penalised != (0.0, 0.0, 1.0) or sampling["logprobs"] >= 0 or constrained else mode
 
     def _run(self, request: Request) -> Iterator[Chunk]:
         """The generator behind ``stream`` (arguments already checked, so errors come at the call)."""
@@ -227,13 +349,18 @@ class Model:
         budget = min(request.max_tokens, room)
 
         start = time.perf_counter()
-        stats.prompt_tokens_reused = self.runner.feed_prompt(ids, sampling, request.boundaries)
+        stats.prompt_tokens_reused = self.runner.feed_prompt(ids, sampling, request.boundaries, request.constraint,
+                                                             request.images)
         stats.prompt_seconds = time.perf_counter() - start
 
         start = time.perf_counter()
         before = self.counters()
-        tokens = (self.runner.plain_tokens(budget, sampling) if request.drafter is None
-                  else self.runner.speculative_tokens(ids, budget, sampling, request.drafter, self.draft_depth))
+        if request.constraint is not None:
+            tokens = self.runner.constrained_tokens(budget, sampling, request.constraint)
+        elif request.drafter is None:
+            tokens = self.runner.plain_tokens(budget, sampling)
+        else:
+            tokens = self.runner.speculative_tokens(ids, budget, sampling, request.drafter, self.draft_depth)
         try:
             for token in tokens:
                 chunk = out.add(token, self._engine.last_logprobs(0))
@@ -265,10 +392,85 @@ class Model:
                                    "the prompt)")
 
 
+def _vision_tower(ckpt: Checkpoint, device: gpu.Device):
+    """(the folder's vision tower on the device, "") or (None, why there is none)."""
+    if ckpt.vision_config is None:
+        return None, (f"{ckpt.path} has no vision tower (no vision_tower.* tensors: a text-only conversion); "
+                      "images need a folder converted with mlx_vlm.convert")
+    from .vision import VisionTower
+
+    try:
+        return VisionTower(ckpt, device), ""
+    except CheckpointError as e:  # the language model still works without it
+        return None, str(e)
+
+
+class PipelineModel(Model):
+    """A Model whose layers are spread over the ranks ``mlx.launch`` started (``load(...,
+    distributed="pipeline")``; ``split``: each rank's layers). Every rank makes the same calls in
+    the same order and gets the same results; each call's arguments are compared across ranks
+    first. What does not run across ranks yet is refused (``pipeline.NOT_YET``)."""
+
+    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool,
+                 group, split: pipeline.Split):
+        super().__init__(checkpoint, tokenizer, device, engine, progress,
+                         no_vision=f"not yet with distributed='pipeline' (not yet: {pipeline.NOT_YET})")
+        self.group, self.split = group, split
+        c = checkpoint.config
+        self.runner = pipeline.PipelineRunner(engine, group, c.hidden_size, c.vocab_size, progress)
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def layers(self) -> tuple[int, int]:
+        """This rank's layers [first, end)."""
+        return self.split[self.rank]
+
+    def _refuse(self, what: str):
+        raise EngineError(f"[distributed] {what} is not yet supported with distributed='pipeline' (not yet: "
+                          f"{pipeline.NOT_YET})")
+
+    def score(self, token_ids: Sequence[int]) -> np.ndarray:
+        ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
+        self._check_fits(ids)
+        pipeline.agree(self.group, "the arguments of score", pipeline.digest("score", ids))
+        return self.runner.score(ids)
+
+    def request(self, *args, **kwargs) -> Request:
+        request = super().request(*args, **kwargs)
+        if request.sampling["logprobs"] >= 0:
+            self._refuse("logprobs")
+        if request.constraint is not None:
+            self._refuse("structured output")
+        return request
+
+    def _drafter(self, speculative, sampling: dict):
+        if speculative not in (None, "off"):
+            self._refuse("speculative decoding")
+        return None
+
+    def _run(self, request: Request) -> Iterator[Chunk]:
+        # Only the last rank samples: a seed left to chance may differ.
+        sampling = {k: v for k, v in request.sampling.items() if k != "seed"}
+        pipeline.agree(self.group, "the arguments of generate/stream",
+                       pipeline.digest("stream", request.ids, request.max_tokens, sampling, request.stop))
+        yield from super()._run(request)
+
+    def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
+        self._refuse("generate_batch")
+
+    def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        self._refuse("the MTP head")
+
+
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
          prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0,
          speculative: str = "off", draft_depth: int | None = None, mtp: bool | None = None,
-         mtp_hidden: str = "post_norm", max_sequences: int = 1, prefill_layers_per_buffer: int = 8) -> Model:
+         mtp_hidden: str = "post_norm", max_sequences: int = 1, prefill_layers_per_buffer: int = 8,
+         distributed: str | None = None, layer_split: str | None = None,
+         distributed_timeout: float = 60.0) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -292,6 +494,14 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     many layers (macOS stops a buffer that holds the GPU too long); decode steps are one buffer.
     A step the GPU fails raises GpuError once and resets the sequence it ran (its tokens are
     forgotten); the model stays usable.
+    ``distributed="pipeline"`` (in a script every rank of ``mlx.launch`` runs): this rank loads
+    only its layers (``layer_split`` such as "0:20,20:40", one range per rank; default: in
+    proportion to each rank's GPU memory) and every rank must then make the same calls, which
+    return the same results; a rank that waits more than ``distributed_timeout`` seconds for
+    another raises DistributedError (docs/distributed.md).
+    Folders with a vision tower (mlx-vlm conversions) bring it up too, for prompts with images
+    (docs/images.md); a tower that cannot be loaded leaves the model text-only (images then
+    raise the reason).
     Bad checkpoints raise CheckpointError naming the file and tensor."""
     if speculative not in ("auto", "mtp", "lookup", "off"):
         raise ValueError(f"speculative must be 'auto', 'mtp', 'lookup' or 'off', got {speculative!r}")
@@ -322,6 +532,20 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     if device is not None and not isinstance(device, (str, gpu.Device)):
         raise TypeError(f"device must be 'metal', 'cpu', a metalqwen.gpu.Device or None, got {type(device).__name__}")
     show = sys.stderr.isatty() if progress is None else bool(progress)
+    if distributed is not None:
+        if distributed != "pipeline":
+            raise ValueError(f"distributed must be None or 'pipeline', got {distributed!r}")
+        asked = {"prefix_cache_bytes": prefix_cache_bytes > 0, "speculative": speculative != "off",
+                 "mtp": bool(mtp), "max_sequences": max_sequences > 1}
+        if any(asked.values()):
+            names = ", ".join(name for name, on in asked.items() if on)
+            raise ValueError(f"distributed='pipeline' does not yet take {names} (not yet: {pipeline.NOT_YET})")
+        ckpt, tokenizer, dev, engine, group, split = pipeline.load_rank(
+            path, device=device, max_context=max_context, kv_bits=kv_bits, prefill_chunk=prefill_chunk,
+            prefill_layers_per_buffer=prefill_layers_per_buffer, layer_split=layer_split, timeout=distributed_timeout)
+        return PipelineModel(ckpt, tokenizer, dev, engine, show, group, split)
+    if layer_split is not None:
+        raise ValueError("layer_split needs distributed='pipeline'")
     started = time.perf_counter()
     ckpt = load_checkpoint(path)
     tokenizer = Tokenizer.from_folder(ckpt.path)
@@ -344,9 +568,10 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     finally:
         if shown:
             shown.close()
+    tower, no_vision = _vision_tower(ckpt, dev)
     model = Model(ckpt, tokenizer, dev, engine, progress=show,
                   prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None,
-                  speculative=mode, draft_depth=max_draft)
+                  speculative=mode, draft_depth=max_draft, vision=tower, no_vision=no_vision)
     if shown:
         if with_mtp:
             print(f"metalqwen: MTP head loaded ({model.mtp_bytes / 2**20:.1f} MiB of weights)", file=sys.stderr)

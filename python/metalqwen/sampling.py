@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from . import _core, arguments
 
-__all__ = ["FIELDS", "MAX_TOP_LOGPROBS", "NEUTRAL", "check", "check_field", "check_logprobs", "with_defaults"]
+__all__ = ["FIELDS", "MAX_LOGIT_BIAS", "MAX_TOP_LOGPROBS", "NEUTRAL", "check", "check_field", "check_logit_bias",
+           "check_logprobs", "with_defaults"]
 
 # The value that turns each sampling filter or penalty off; each front end adds its own temperature
 # for when neither the user nor generation_config.json gives one.
@@ -23,6 +24,7 @@ NEUTRAL = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "fre
 FIELDS = ("temperature", *NEUTRAL)
 
 MAX_TOP_LOGPROBS = _core.MAX_TOP_LOGPROBS  # top entries per token the logprobs kernel keeps
+MAX_LOGIT_BIAS = _core.MAX_LOGIT_BIAS  # entries of a logit_bias (OpenAI's bound too)
 
 # The range of each real-valued field: arguments.number's keywords.
 _RANGES = {
@@ -51,6 +53,34 @@ def check_logprobs(value: Any, name: str = "logprobs") -> int:
     if value > MAX_TOP_LOGPROBS:
         raise ValueError(f"{name} must be {allowed}, got {value}")
     return value
+
+
+def check_logit_bias(value: Any, vocab_size: int) -> list[tuple[int, float]]:
+    """OpenAI's logit_bias: a mapping of token ids (ints, or their decimal strings as JSON
+    keys are) to a bias in [-100, 100], at most MAX_LOGIT_BIAS of them; None or {} for none.
+    Returns the engine's (id, bias) pairs."""
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        raise TypeError(f"logit_bias must be a mapping of token ids to biases, got {type(value).__name__}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(value)}")
+    pairs = {}
+    for key, bias in value.items():
+        token = key
+        if isinstance(key, str):
+            try:
+                token = int(key)
+            except ValueError:
+                raise TypeError(f"logit_bias keys must be token ids (integers, or their decimal strings), "
+                                f"got {key!r}") from None
+        token = arguments.integer("logit_bias token id", token, low=0, allowed=f"in 0..{vocab_size - 1}")
+        if token >= vocab_size:
+            raise ValueError(f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})")
+        if token in pairs:
+            raise ValueError(f"logit_bias names token id {token} twice")
+        pairs[token] = arguments.number(f"logit_bias[{key!r}]", bias, low=-100, high=100, allowed="in [-100, 100]")
+    return list(pairs.items())
 
 
 def check(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0, seed: Any = None, min_p: Any = 0.0,

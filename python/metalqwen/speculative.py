@@ -58,9 +58,9 @@ class PromptLookup:
 
 class MtpHead:
     """Drafts with the checkpoint's multi-token-prediction head, on the GPU inside the verify
-    step (``Engine.verify_mtp``): greedy chained drafts, so sampling stays exact with them as
-    point masses. Where prompt lookup proposes a full-depth draft (a quoted span) it is used
-    instead."""
+    step (``Engine.verify_mtp``; in shared steps ``Engine.step``'s MTP entries): greedy chained
+    drafts, so sampling stays exact with them as point masses. Where prompt lookup proposes a
+    full-depth draft (a quoted span) it is used instead."""
 
     def __init__(self):
         self.lookup = PromptLookup()

@@ -26,13 +26,22 @@
 //     (mod 2^64), computed once by the engine in double precision: the rotation of pair
 //     i at position pos is (pos * rope_turns[i] mod 2^64) / 2^64 turns, exact in integer
 //     arithmetic, so large positions lose no accuracy to float32 angle rounding.
-// Row r of a step (of a segment, for attn_decode) is at position pos_base + r; the cache
-// holds positions < pos_base + rows once the step's K/V are appended, and row r attends to
-// positions <= pos_base + r.
+// Row r of a step (of a segment, for attn_decode) is at position (cache row) pos_base + r; the
+// cache holds positions < pos_base + rows once the step's K/V are appended, and row r attends
+// to positions <= pos_base + r.
+// Rotary positions (multimodal RoPE, Qwen3.5's interleaved M-RoPE) are three components
+// (time, height, width) and need not be the cache row: text rows have all three equal to
+// cache row + rope_delta (a per-sequence offset, 0 for text-only prompts, negative after
+// images), image rows of a prefill chunk carry their own (rope_pos). Rotary pair i takes the
+// height component when i % 3 == 1 and i < mrope_h_end, the width component when
+// i % 3 == 2 and i < mrope_w_end, else time (mrope_h_end = 3 * mrope_section[1],
+// mrope_w_end = 3 * mrope_section[2]; 0 and 0: every pair time).
 
 // attn_qk_norm_rope_append_{q8,f16} (+ _wf32; prefill chunks): per-head RMSNorm of query
 // and key (weights bf16 [HEAD_DIM], multiplied as stored), RoPE on the first ROT_DIM dims, in place in q and k;
-// then K (normed, rotated) and V are appended to the cache at positions pos_base + r.
+// then K (normed, rotated) and V are appended to the cache at positions pos_base + r. Row r
+// rotates at rope_pos[r] (int [rows][3], bound at buffer 9, read when has_rope_pos; bind any
+// buffer otherwise), else at pos_base + r + rope_delta in every component.
 // One SIMD-group per (row, slot), slots = nq query heads, nkv key heads, nkv value heads:
 // dispatch ceil(rows * (nq + 2 nkv) / MQ_ATTN_PREP_SIMDGROUPS) threadgroups of
 // MQ_ATTN_PREP_SIMDGROUPS * 32 threads.
@@ -47,6 +56,10 @@ struct AttnPrepParams {
   uint pos_base;  // position (= cache row) of row 0
   uint max_ctx;   // cache rows (places the q8 scale plane)
   float eps;      // RMSNorm epsilon
+  int rope_delta;        // rotary position - cache row of text rows (no rope_pos)
+  uint has_rope_pos;     // 1: rows rotate at rope_pos
+  uint mrope_h_end;      // M-RoPE pairs below take height / width components (see above)
+  uint mrope_w_end;
 };
 
 // Attention over the cache (decode, verify and prefill). Scale 1 / sqrt(HEAD_DIM); the
@@ -108,6 +121,7 @@ struct AttnDecodeParams {
   uint n_splits;                        // splits of the dispatch: max over segments of n_splits_i
   uint split_len[MQ_MAX_SEGMENTS];      // per segment: positions per split (>= 1)
   float eps;                            // q/k RMSNorm epsilon
+  int rope_delta[MQ_MAX_SEGMENTS];      // per segment: rotary position - cache row (its rows are text)
 };
 //
 // attn_prefill_{q8,f16} (a chunk of rows after attn_qk_norm_rope_append, flash attention

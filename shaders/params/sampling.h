@@ -111,9 +111,10 @@ struct LogprobParams {
   uint slot;     // the entry of out written
 };
 
-// Structured output and OpenAI's logit_bias, applied in place to the rows the choice
-// (argmax or sample_top_kp) reads, after the penalties: bias first, then the mask (a refused
-// token stays -inf whatever its bias).
+// Structured output and OpenAI's logit_bias, applied in place to rows of logits before the
+// choice (argmax or sample_top_kp). The engine (choice.cpp) masks the raw row first (so the
+// logprobs see the masked row, as vLLM's), biases a copy of it, then applies the penalties
+// to that copy (vLLM's order); a refused token stays -inf whatever its bias.
 // token_mask: a grammar's allowed tokens, one bit per token: bit t % 32 of word t / 32 of
 // the row's mask (LSB first, llguidance's layout) set = token t allowed; a refused token's
 // logit becomes -inf. Tokens >= 32 * mask_words are refused.

@@ -733,13 +733,13 @@ def test_unknown_extra_tensors_warn_once_and_are_not_used(damaged):
     four = np.arange(4, dtype=np.float32).tobytes()
     mf.add_tensors(_shard(folder), {
         "language_model.model.extra_norm.weight": ("F32", [4], four),
-        "vision_tower.blocks.0.weight": ("F32", [4], four),   # recognised: ignored silently
+        "model.visual.blocks.0.weight": ("F32", [4], four),   # recognised: ignored silently
     })
     with pytest.warns(UserWarning, match="ignoring 1 tensor.*language_model.model.extra_norm.weight") as record:
         ck = load_checkpoint(folder)
     assert len(record) == 1
     assert ck.unknown == ["language_model.model.extra_norm.weight"]
-    assert ck.ignored == ["vision_tower.blocks.0.weight"]
+    assert ck.ignored == ["model.visual.blocks.0.weight"]  # (vision_tower.* is loaded: tests/vision)
     assert not ck.mtp  # an MTP head is validated (tests/engine/test_mtp.py)
     d = ck.describe()
     assert "language_model.model.extra_norm.weight" not in d["globals"]

@@ -149,12 +149,14 @@ def test_a_failed_verify_step(demo, clean, monkeypatch):
     assert out.tokens == clean(PROMPT, 4) and out.stats.verify_steps > 0
 
 
-def test_a_failed_shared_step_ends_every_request_in_it(demo, clean, monkeypatch):
-    # Round 1: PROMPT's chunks (1-2), a step of its slot alone (3); round 2: OTHER's chunk (4),
-    # then the shared step of both (5).
-    model = load(demo, monkeypatch, fault=5, max_sequences=2)
+@pytest.mark.parametrize("fault", [4, 5], ids=["with-a-prompt-chunk", "decoding"])
+def test_a_failed_shared_step_ends_every_request_in_it(demo, clean, monkeypatch, fault):
+    # Round 1: PROMPT's chunks (1-2), a step of its slot alone (3); round 2: OTHER's prompt as a
+    # chunk of the shared step with PROMPT's row (4); round 3: the shared step of both (5, PROMPT's
+    # fourth token).
+    model = load(demo, monkeypatch, fault=fault, max_sequences=2)
     scheduler = Scheduler(model)
-    seqs = [scheduler.submit(PROMPT, 3), scheduler.submit(OTHER, 3)]
+    seqs = [scheduler.submit(PROMPT, 4), scheduler.submit(OTHER, 4)]
     scheduler.run()
     for seq in seqs:
         assert isinstance(seq.error, GpuError) and "shared step failed on the GPU; slots 0, 1 reset" in str(seq.error)
@@ -162,8 +164,8 @@ def test_a_failed_shared_step_ends_every_request_in_it(demo, clean, monkeypatch)
             seq.generation()
     assert_reset(model, 0)
     assert_reset(model, 1)
-    again = model.generate_batch([PROMPT, OTHER], max_tokens=3)
-    assert [g.tokens for g in again] == [clean(PROMPT, 4)[:3], clean(OTHER, 4)[:3]]
+    again = model.generate_batch([PROMPT, OTHER], max_tokens=4)
+    assert [g.tokens for g in again] == [clean(PROMPT, 4), clean(OTHER, 4)]
 
 
 @pytest.mark.parametrize("sequences, kind", [(1, "decode step"), (2, "shared step")])  # alone, or the scheduler's

@@ -15,7 +15,7 @@ import pytest
 import metalqwen
 
 from ..support import model_fixtures as mf
-from ..support.model_checks import assert_logits_close, logit_tolerance, prompt
+from ..support.model_checks import assert_logits_close, logit_tolerance, prompt, up_to_eos
 
 RUNNABLE = ["base", "wide_untied_g32", "flat_b8"]
 # Weight formats (model_fixtures.VARIANTS): the KV cache does not depend on them, so one cache each.
@@ -37,11 +37,7 @@ def test_greedy_continuation_matches_mlx_lm(converted, name, kv_bits, model):
     path = converted(name)[1]
     ids = prompt(metalqwen.load_checkpoint(path).config.vocab_size, 12, seed=1)
     out = model(path, kv_bits).generate(ids, max_tokens=20)
-    eos = set(model(path, kv_bits).eos_token_ids)
-    want = mf.reference_greedy(path, ids, 20)
-    if any(t in eos for t in want):  # generation stops at eos, the reference does not
-        want = want[: next(i for i, t in enumerate(want) if t in eos)]
-    assert out.tokens == want
+    assert out.tokens == up_to_eos(mf.reference_greedy(path, ids, 20), model(path, kv_bits).eos_token_ids)
 
 
 def test_prefill_in_chunks_and_token_by_token_agree(converted, model):

@@ -21,7 +21,7 @@ import metalqwen
 from metalqwen import CheckpointError
 
 from ..support import model_fixtures as mf
-from ..support.model_checks import assert_logits_close, logit_tolerance, prompt
+from ..support.model_checks import assert_logits_close, logit_tolerance, prompt, up_to_eos
 from .test_model import decode_step_structure, verify_step_structure
 
 MOE = ["moe", "moe_top3_b8"]
@@ -30,11 +30,7 @@ CHUNK = 16
 
 
 def expected_greedy(m, path, ids, n):
-    want = mf.reference_greedy(path, ids, n)
-    eos = set(m.eos_token_ids)
-    if any(t in eos for t in want):  # generation stops at eos, the reference does not
-        want = want[: next(i for i, t in enumerate(want) if t in eos)]
-    return want
+    return up_to_eos(mf.reference_greedy(path, ids, n), m.eos_token_ids)
 
 
 # The q8 cache's bound (test_model.logit_tolerance) covers its rounding carried through dense

@@ -120,7 +120,7 @@ def test_engine_under_a_cap_gives_the_same_bits(monkeypatch, many_heads, uncappe
     assert model.generate(PROMPT, **GREEDY).tokens == uncapped[1]
     # The sampler shrinks from 1024 threads: a draw is reproducible under the cap.
     sampled = dict(max_tokens=3, temperature=0.8, top_k=20, seed=3)
-    assert model.generate(PROMPT, **sampled).tokens == model.generate(PROMPT, **sampled).tokens
+    assert model.generate(PROMPT[:8], **sampled).tokens == model.generate(PROMPT[:8], **sampled).tokens
 
 
 def test_engine_under_a_cap_below_the_norm_size_stays_close(monkeypatch, many_heads, uncapped):

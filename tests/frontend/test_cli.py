@@ -85,12 +85,16 @@ def _one_line_error(result, message: str) -> None:
 
 
 def test_generate_stops_at_the_context_limit_and_says_so(demo, device):
+    # Seeded: the folder's sampling settings apply, and whether lookup drafts get accepted depends on the tokens.
     out = _run("generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-context", "40",
-               "--max-tokens", "100")
+               "--max-tokens", "100", "--seed", "1")
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stdout.strip()
     assert "decode: 28 tokens" in out.stderr and "stopped: context full (max_context 40)" in out.stderr
-    assert "dispatches" not in out.stderr and "speculative" not in out.stderr, "developer figures need --stats"
+    assert "dispatches" not in out.stderr, "developer figures need --stats"
+    # The speculative line shows by default only when drafts were accepted (a speed-up the user got).
+    speculative = [line for line in out.stderr.splitlines() if line.startswith("speculative")]
+    assert all("(0 of " not in line for line in speculative), out.stderr
 
 
 def test_sampling_left_out_comes_from_the_folder_as_in_the_server(demo, device):
@@ -277,6 +281,23 @@ def test_the_prompt_from_stdin_or_a_file_is_the_prompt_given_inline(demo, device
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
+def test_structured_output_from_a_schema_or_a_grammar_file(demo, device, tmp_path):
+    common = ["generate", "-m", demo, "--device", device.kind, "--raw", "-p", "Is it?", "--max-tokens", "8"]
+    (tmp_path / "answer.schema.json").write_text('{"enum": ["yes", "no"]}')
+    (tmp_path / "answer.gbnf").write_text('root ::= "maybe" | "never"')
+    inline = _run(*common, "--json-schema", '{"enum": ["yes", "no"]}')
+    from_file = _run(*common, "--json-schema-file", str(tmp_path / "answer.schema.json"))
+    assert inline.returncode == from_file.returncode == 0, (inline.stderr, from_file.stderr)
+    assert json.loads(inline.stdout) in ("yes", "no") and from_file.stdout == inline.stdout
+    grammar = _run(*common, "--grammar-file", str(tmp_path / "answer.gbnf"))
+    assert grammar.returncode == 0 and grammar.stdout.strip() in ("maybe", "never"), grammar.stderr
+    assert "stopped: end of answer" in grammar.stderr
+    _one_line_error(_run(*common, "--json-schema", "{oops"), "--json-schema: not JSON")
+    _one_line_error(_run(*common, "--grammar-file", str(tmp_path / "missing.lark")), "missing.lark")
+    both = _run(*common, "--json-schema", "{}", "--grammar-file", str(tmp_path / "answer.gbnf"))
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
 def test_a_reader_that_goes_away_ends_generate_quietly(demo, device):
     with subprocess.Popen([sys.executable, "-m", "metalqwen.cli", "generate", "-m", demo, "--device", device.kind,
                            "-p", "a", "--max-tokens", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
@@ -294,7 +315,7 @@ def test_demo_hf_writes_an_original_that_converts_and_drafts_with_its_mtp_head(d
     assert any(name.startswith("mtp.") for name in read_header(hf / "model.safetensors"))
     assert _run("convert", str(hf), str(mlx)).returncode == 0
     spec = _run("generate", "-m", str(mlx), "--device", device.kind, "--speculative", "mtp", "-p", "Hi",
-                "--max-tokens", "6", "--temperature", "0", "--max-context", "128")
+                "--max-tokens", "6", "--temperature", "0", "--max-context", "128", "--stats")
     assert spec.returncode == 0 and "speculative (mtp): " in spec.stderr, spec.stderr
     plain = _run("generate", "-m", str(mlx), "--device", device.kind, "--speculative", "off", "-p", "Hi",
                  "--max-tokens", "6", "--temperature", "0", "--max-context", "128")
@@ -328,8 +349,8 @@ def _assert_figures(figures: dict, prefill: list, contexts: list, tokens: int) -
     assert figures["load_seconds"] > 0
 
 
-def test_bench_quick_writes_every_figure(demo, device, tmp_path):
-    out, data = _bench(demo, device, tmp_path)
+def test_bench_quick_writes_every_figure_and_the_concurrency_levels(demo, device, tmp_path):
+    out, data = _bench(demo, device, tmp_path, "--concurrency", "1,2")
     assert data["model"] == demo and data["device"] == device.kind and data["kv_bits"] == 8
     assert data["notes"] == [] and data["mlx_lm"] is None and data["ratios"] is None
     ours = data["metalqwen"]
@@ -341,22 +362,17 @@ def test_bench_quick_writes_every_figure(demo, device, tmp_path):
     assert "metalqwen: prefill 32 tokens" in out.stderr and "metalqwen: metalqwen:" not in out.stderr
     assert "\r" not in out.stderr and "\033[K" not in out.stderr, "not a terminal: plain lines"
 
-
-def test_bench_clamps_the_sizes_to_max_context_and_says_so(demo, device, tmp_path):
-    out, data = _bench(demo, device, tmp_path, "--max-context", "40", "--decode-tokens", "4")
-    _assert_figures(data["metalqwen"], [32, 39], [0, 35], 4)
-    assert data["max_context"] == 40 and len(data["notes"]) == 2
-    assert "clamped to [32, 39]" in out.stdout and "clamped to [0, 35]" in out.stdout
-
-
-def test_bench_concurrency_reports_aggregate_speed_and_shared_steps(demo, device, tmp_path):
-    out, data = _bench(demo, device, tmp_path, "--concurrency", "1,2")
     assert data["concurrency"] == dict(levels=[1, 2], prompt_tokens=32, tokens_per_stream=8, max_sequences=2)
-    one, two = data["metalqwen"]["concurrency"]
+    one, two = ours["concurrency"]
     assert (one["concurrency"], one["tokens"], two["concurrency"], two["tokens"]) == (1, 8, 2, 16)
     assert one["steps"] == 8  # alone: a decode step per token (the first token comes from the prefill)
-    # Together: one step serves both streams, save the round that feeds the second prompt.
-    assert two["steps"] <= two["tokens"] // 2 + 1 < two["tokens"]
+    # Together: one step serves both streams, save the first stream's first step (alone) and the
+    # second stream's last (it joined a step later, its prompt a chunk of the first stream's step).
+    assert two["steps"] <= two["tokens"] // 2 + 2 < two["tokens"]
+    # Pipelined: each step committed while the one before runs, save the first, the one that
+    # carries the second prompt's chunk (a host decision: it waited for the steps in flight) and
+    # the one after it.
+    assert one["pipelined_steps"] == one["steps"] - 1 and two["pipelined_steps"] == two["steps"] - 3
     for r in (one, two):
         assert r["seconds"] > 0 and r["prefill_seconds"] > 0 and r["speculative"] is None
         assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])
@@ -365,6 +381,7 @@ def test_bench_concurrency_reports_aggregate_speed_and_shared_steps(demo, device
     assert "aggregate decode, 2 streams tok/s" in out.stdout
     assert f"c=2: {two['tokens_per_second']:10.2f} tok/s aggregate" in out.stdout
     assert "16 tokens" in out.stdout and "metalqwen: 2 prompts of 32 tokens" in out.stderr
+    assert f"{two['steps']} decode steps for 16 tokens ({two['pipelined_steps']} pipelined)" in out.stdout
 
 
 def test_bench_clamps_the_concurrency_prompts_to_max_context():
@@ -410,6 +427,16 @@ def test_serve_refuses_max_sequences_outside_1_to_8_before_loading(demo, value):
     _one_line_error(_run("serve", "-m", demo, "--max-sequences", value), "--max-sequences must be an integer in 1..8")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--max-images", "0"], "--max-images must be positive, got 0"),
+    (["--fetch-timeout", "-1"], "--fetch-timeout must be positive, got -1.0"),
+    (["--allowed-image-dir", "/absent/dir"], "--allowed-image-dir /absent/dir is not a directory"),
+])
+def test_serve_checks_its_image_options_before_loading(tmp_path, args, message):
+    # The folder does not exist: only a check made before the load can give this error.
+    _one_line_error(_run("serve", "-m", str(tmp_path / "absent"), *args), message)
+
+
 def test_bench_compares_with_mlx_lm_side_by_side(demo, device, tmp_path):
     require("mlx_lm")
     out, data = _bench(demo, device, tmp_path, "--compare", "mlx-lm", "--concurrency", "2")
@@ -426,17 +453,23 @@ def test_bench_compares_with_mlx_lm_side_by_side(demo, device, tmp_path):
     assert "ratio" in header and "mlx-lm: loading" in out.stderr
 
 
-def test_bench_without_mlx_lm_says_it_skipped_it(demo, device, tmp_path):
+def test_bench_without_mlx_lm_says_it_skipped_it_and_clamps_the_sizes(demo, device, tmp_path):
     # A module set to None in sys.modules fails to import, as if it were not installed.
     script = ("import sys; sys.modules['mlx_lm'] = None; from metalqwen.cli import main; "
               "sys.exit(main(sys.argv[1:]))")
     path = tmp_path / "bench.json"
     out = subprocess.run([sys.executable, "-c", script, "bench", "-m", demo, "--device", device.kind, "--quick",
-                          "--compare", "mlx-lm", "--json", str(path)], capture_output=True, text=True, timeout=600)
+                          "--compare", "mlx-lm", "--json", str(path), "--max-context", "40", "--decode-tokens", "4"],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "mlx-lm: skipped: mlx-lm is not installed" in out.stdout
     assert out.stderr.startswith("mlx-lm: will be skipped: mlx-lm is not installed"), "said before metalqwen runs"
-    assert json.loads(path.read_text())["mlx_lm_skipped"].startswith("mlx-lm is not installed")
+    data = json.loads(path.read_text())
+    assert data["mlx_lm_skipped"].startswith("mlx-lm is not installed")
+    # The sizes are clamped to max_context, and the output says so.
+    _assert_figures(data["metalqwen"], [32, 39], [0, 35], 4)
+    assert data["max_context"] == 40 and len(data["notes"]) == 2
+    assert "clamped to [32, 39]" in out.stdout and "clamped to [0, 35]" in out.stdout
 
 
 def test_bench_plot_draws_or_says_matplotlib_is_missing(demo, device, tmp_path):

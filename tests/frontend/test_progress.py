@@ -83,7 +83,7 @@ def test_prefill_progress_shows_only_after_a_second(capsys):
     assert "64/128 tokens" in err and "128/128 tokens" in err and err.endswith("\n") and not err.endswith("\n\n")
 
 
-def test_a_ctrl_c_during_a_prefill_is_acknowledged_at_once(capfd):
+def test_a_ctrl_c_during_a_prefill_is_acknowledged_at_once(capfd, ctrl_c):
     bar = PrefillProgress(after=60.0)
     try:
         signal.raise_signal(signal.SIGINT)  # as if typed while the engine holds the main thread

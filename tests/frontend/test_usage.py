@@ -69,8 +69,8 @@ def test_engine_errors_are_metalqwen_exceptions(small):
 
 BAD_CALLS = [
     ("generate", (42,), {}, TypeError, "prompt must be text .* got int 42"),
-    ("generate", ({"role": "user"},), {}, TypeError, "prompt must be text .* got dict .*encode_chat"),
-    ("generate", ([{"role": "user", "content": "hi"}],), {}, TypeError, "encode_chat"),
+    ("generate", ({"role": "user"},), {}, TypeError, "prompt must be text .* got dict .*a list of messages"),
+    ("generate", ([{"role": "user", "content": "hi"}, 3],), {}, TypeError, "prompt must be text"),
     ("generate", ([1, "2"],), {}, TypeError, "prompt must hold integer token ids; item 1 is str '2'"),
     ("generate", ([1.5],), {}, TypeError, "item 0 is float 1.5"),
     ("generate", ([],), {}, ValueError, "prompt is empty"),
@@ -129,7 +129,7 @@ def _sigint_after(seconds: float) -> threading.Timer:
     return timer
 
 
-def test_ctrl_c_stops_a_prefill_between_chunks_and_the_cache_stays_usable(roomy, demo, device):
+def test_ctrl_c_stops_a_prefill_between_chunks_and_the_cache_stays_usable(roomy, demo, device, ctrl_c):
     ids = [int(t) for t in np.random.default_rng(3).integers(0, roomy.config.vocab_size, 400)]
     roomy.reset()
     timer = _sigint_after(0.2)
@@ -146,7 +146,7 @@ def test_ctrl_c_stops_a_prefill_between_chunks_and_the_cache_stays_usable(roomy,
     assert out.tokens == cold.generate(ids[: fed + 20], max_tokens=4).tokens
 
 
-def test_ctrl_c_stops_decoding_within_a_step_and_keeps_what_was_made(roomy, demo, device):
+def test_ctrl_c_stops_decoding_within_a_step_and_keeps_what_was_made(roomy, demo, device, ctrl_c):
     roomy.reset()
     # This prompt decodes hundreds of tokens before an eos on the demo checkpoint.
     ids = roomy.prompt_ids("a", chat=True)

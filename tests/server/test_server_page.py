@@ -4,7 +4,6 @@ Selenium): a message streams an answer, Stop ends it (and the generation), New c
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 import httpx
@@ -13,29 +12,13 @@ import pytest
 import metalqwen
 from metalqwen.server import create_app
 
-from ..support.require import require
+from ..support.browser import chromium, until
 from ..support.server_fixtures import LiveServer
-
-
-def _chromium():
-    """Headless Chromium through chromedriver: CI must have them, elsewhere skip."""
-    webdriver = require("selenium.webdriver")
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not (binary and driver):
-        if os.environ.get("CI"):
-            pytest.fail("chromium and chromedriver are missing: apt-get install chromium chromium-driver")
-        pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(flag)
-    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
 
 
 @pytest.fixture(scope="module")
 def browser():
-    b = _chromium()
+    b = chromium()
     yield b
     b.quit()
 
@@ -43,14 +26,6 @@ def browser():
 @pytest.fixture(scope="module")
 def model(demo, device):
     return metalqwen.load(demo, device=device, max_context=512, progress=False)
-
-
-def _until(condition, what: str, seconds: float = 120):
-    deadline = time.monotonic() + seconds
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return found
 
 
 def _answer(browser) -> str:
@@ -80,15 +55,15 @@ def test_the_page_streams_an_answer_stops_it_and_starts_a_new_chat(browser, mode
         browser.get(live.url + "/")
         find = lambda css: browser.find_element("css selector", css)  # noqa: E731
         # No key yet: said beside the key field, not in place of the model name.
-        _until(lambda: find("#key-hint").is_displayed(), "the key hint")
+        until(lambda: find("#key-hint").is_displayed(), "the key hint")
         assert "needs an API key" in find("#key-hint").text and find("#model").text == "metalqwen"
         find("#api-key").send_keys("wrong")
         find("#new-chat").click()  # leaves the key field: the page stores it and asks for the model
-        _until(lambda: find("#key-hint").text == "wrong API key", "the wrong-key hint")
+        until(lambda: find("#key-hint").text == "wrong API key", "the wrong-key hint")
         find("#api-key").clear()
         find("#api-key").send_keys("secret")
         find("#new-chat").click()
-        _until(lambda: find("#model").text == os.path.basename(model.checkpoint.path), "the model name")
+        until(lambda: find("#model").text == os.path.basename(model.checkpoint.path), "the model name")
         assert not find("#key-hint").is_displayed()
         # A favicon of its own (no request for /favicon.ico), the thinking box beside its label.
         assert find("link[rel=icon]").get_attribute("href").startswith("data:image/svg+xml")
@@ -97,12 +72,12 @@ def test_the_page_streams_an_answer_stops_it_and_starts_a_new_chat(browser, mode
 
         find("#prompt").send_keys("tell me a long story " * 20 + "\n")
         # Until the first token the answer says how much it reads.
-        _until(lambda: "prompt tokens..." in _reading(browser), "the reading indicator")
+        until(lambda: "prompt tokens..." in _reading(browser), "the reading indicator")
         # Streamed: text shows while the answer is still running (Stop enabled).
-        _until(lambda: len(_answer(browser)) > 5 and find("#stop").is_enabled(), "streamed text")
+        until(lambda: len(_answer(browser)) > 5 and find("#stop").is_enabled(), "streamed text")
         steps = model.counters()["steps"]
         find("#stop").click()
-        _until(lambda: find("#send").is_enabled(), "the page to take the stop")
+        until(lambda: find("#send").is_enabled(), "the page to take the stop")
         time.sleep(1.5)
         stopped = _answer(browser)
         time.sleep(1.0)
@@ -116,7 +91,7 @@ def test_the_page_streams_an_answer_stops_it_and_starts_a_new_chat(browser, mode
         assert browser.find_elements("css selector", ".message") == []
         find("#max-tokens").send_keys("6")
         find("#prompt").send_keys("hi\n")
-        stats = _until(lambda: (s := browser.find_elements("css selector", ".message.assistant .stats"))
+        stats = until(lambda: (s := browser.find_elements("css selector", ".message.assistant .stats"))
                        and s[0].text, "the answer's statistics")
         assert "6 tokens" in stats and "tok/s" in stats and "prompt tokens reused" in stats, stats
         assert len(browser.find_elements("css selector", ".message")) == 2
@@ -124,11 +99,11 @@ def test_the_page_streams_an_answer_stops_it_and_starts_a_new_chat(browser, mode
         # The conversation survives a reload; New chat forgets it.
         shown = _conversation(browser)
         browser.refresh()
-        _until(lambda: len(browser.find_elements("css selector", ".message")) == 2, "the restored conversation")
+        until(lambda: len(browser.find_elements("css selector", ".message")) == 2, "the restored conversation")
         assert _conversation(browser) == shown and shown[0] == "hi"
         find("#new-chat").click()
         browser.refresh()
-        _until(lambda: find("#model").text == os.path.basename(model.checkpoint.path), "the reloaded page")
+        until(lambda: find("#model").text == os.path.basename(model.checkpoint.path), "the reloaded page")
         assert browser.find_elements("css selector", ".message") == []
     finally:
         live.close()

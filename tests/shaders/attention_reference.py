@@ -23,21 +23,27 @@ COMBINE_THREADS = C["MQ_ATTN_COMBINE_THREADS"]
 DECODE_THREADS = C["MQ_ATTN_DECODE_THREADS"]
 PREFILL_MAX_SIMDGROUPS = C["MQ_ATTN_PREFILL_MAX_SIMDGROUPS"]
 
-# struct AttnPrepParams { uint rows, nq, nkv, q_stride, k_stride, v_stride, pos_base, max_ctx; float eps; }
+# struct AttnPrepParams { uint rows, nq, nkv, q_stride, k_stride, v_stride, pos_base, max_ctx; float eps;
+#                         int rope_delta; uint has_rope_pos, mrope_h_end, mrope_w_end; }
 PREP_PARAMS = np.dtype([(name, "<u4") for name in
                         ("rows", "nq", "nkv", "q_stride", "k_stride", "v_stride", "pos_base", "max_ctx")]
-                       + [("eps", "<f4")])
+                       + [("eps", "<f4"), ("rope_delta", "<i4"), ("has_rope_pos", "<u4"), ("mrope_h_end", "<u4"),
+                          ("mrope_w_end", "<u4")])
+# The rotary fields' values for text rows at their cache positions (what text-only models use).
+PREP_ROPE_DEFAULTS = dict(rope_delta=0, has_rope_pos=0, mrope_h_end=0, mrope_w_end=0)
 # struct AttnParams { uint rows, nq, nkv, q_stride, out_stride, pos_base, max_ctx; }
 ATTN_PARAMS = np.dtype([(name, "<u4") for name in
                         ("rows", "nq", "nkv", "q_stride", "out_stride", "pos_base", "max_ctx")])
 # struct AttnDecodeParams { uint nq, nkv, q_stride, k_stride, v_stride, out_stride, max_ctx, cache_slot_bytes,
-#                           n_splits, split_len[MQ_MAX_SEGMENTS]; float eps; }
+#                           n_splits, split_len[MQ_MAX_SEGMENTS]; float eps; int rope_delta[MQ_MAX_SEGMENTS]; }
 DECODE_PARAMS = np.dtype([(name, "<u4") for name in
                           ("nq", "nkv", "q_stride", "k_stride", "v_stride", "out_stride", "max_ctx", "cache_slot_bytes",
-                           "n_splits")] + [("split_len", "<u4", (MAX_SEGMENTS,)), ("eps", "<f4")])
+                           "n_splits")] + [("split_len", "<u4", (MAX_SEGMENTS,)), ("eps", "<f4"),
+                                           ("rope_delta", "<i4", (MAX_SEGMENTS,))])
 
 
 def prep_params(**fields) -> np.ndarray:
+    fields = {**PREP_ROPE_DEFAULTS, **fields}
     return np.array([tuple(fields[name] for name in PREP_PARAMS.names)], dtype=PREP_PARAMS)
 
 
@@ -46,9 +52,12 @@ def attn_params(**fields) -> np.ndarray:
 
 
 def decode_params(**fields) -> np.ndarray:
-    """AttnDecodeParams; split_len is a list with one entry per segment (the rest padded with 1)."""
+    """AttnDecodeParams; split_len (and rope_delta, default all 0) a list with one entry per segment
+    (the rest padded with 1, 0)."""
     lens = list(fields["split_len"])
-    fields = dict(fields, split_len=lens + [1] * (MAX_SEGMENTS - len(lens)))
+    deltas = list(fields.get("rope_delta", []))
+    fields = dict(fields, split_len=lens + [1] * (MAX_SEGMENTS - len(lens)),
+                  rope_delta=deltas + [0] * (MAX_SEGMENTS - len(deltas)))
     return np.array([tuple(fields[name] for name in DECODE_PARAMS.names)], dtype=DECODE_PARAMS)
 
 
@@ -107,6 +116,25 @@ def rope(x, positions, theta, rot=ROT):
     half = rot // 2
     inv_freq = theta ** (-2.0 * np.arange(half) / rot)
     angle = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    a, b = x[..., :half].copy(), x[..., half:rot].copy()
+    x[..., :half] = a * c - b * s
+    x[..., half:rot] = b * c + a * s
+    return x
+
+
+def mrope(x, positions, theta, sections, rot=ROT):
+    """Interleaved multimodal RoPE (Qwen3.5, mlx-vlm's interleaved selector) on x [rows, heads, HD]
+    at positions [rows, 3] (time, height, width): frequency pair i takes the height position when
+    i % 3 == 1 and i < 3 sections[1], the width position when i % 3 == 2 and i < 3 sections[2],
+    else the time position (float64)."""
+    x = np.array(x, dtype=np.float64)
+    half = rot // 2
+    select = np.zeros(half, int)
+    for comp, offset in ((1, 1), (2, 2)):
+        select[offset:min(3 * sections[comp], half):3] = comp
+    inv_freq = theta ** (-2.0 * np.arange(half) / rot)
+    angle = np.asarray(positions, dtype=np.float64)[:, select] * inv_freq[None, :]
     c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     a, b = x[..., :half].copy(), x[..., half:rot].copy()
     x[..., :half] = a * c - b * s

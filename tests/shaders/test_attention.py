@@ -24,7 +24,7 @@ from ..support import reference as ref
 from .attention_reference import (
     COMBINE_THREADS, DECODE_THREADS, HD, PREFILL_MAX_SIMDGROUPS, PREP_SIMDGROUPS, Q8_BLOCK, Q8_POISON, ROT,
     TOL_ATTN, TOL_QK, attention, attention_inputs, attn_params, cdiv, decode_params, dequant_q8, f16_cache_bytes,
-    make_f16_cache, make_q8_cache, pack_q, prep_params, q8_cache_bytes, quantize_q8_reference, rms_heads, rope,
+    make_f16_cache, make_q8_cache, mrope, pack_q, prep_params, q8_cache_bytes, quantize_q8_reference, rms_heads, rope,
     rope_turns, seeded, split_q8)
 from .params import step_segments
 
@@ -98,9 +98,11 @@ def test_q8_reference_format():
 
 
 def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv, pads=(8, 4, 12),
-             simdgroups=PREP_SIMDGROUPS, wf32=False):
+             simdgroups=PREP_SIMDGROUPS, wf32=False, rope_pos=None, **rope_fields):
     """Runs attn_qk_norm_rope_append_<kind> (the *_wf32 variant with the bf16-rounded norms
-    as f32 when ``wf32``); returns (q out [rows][q_stride], k out, k cache, v cache, strides)."""
+    as f32 when ``wf32``; rows at rotary positions ``rope_pos`` int [rows, 3] when given, and the
+    params' rotary fields from ``rope_fields``); returns (q out [rows][q_stride], k out, k cache,
+    v cache, strides)."""
     rows = q.shape[0]
     kv_dim = nkv * HD
     q_stride, k_stride, v_stride = nq * 2 * HD + pads[0], kv_dim + pads[1], kv_dim + pads[2]
@@ -114,12 +116,14 @@ def run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, 
     kc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
     vc = dev.empty(cache_bytes(kind, max_ctx, kv_dim))
     params = prep_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, k_stride=k_stride, v_stride=v_stride,
-                         pos_base=pos_base, max_ctx=max_ctx, eps=EPS)
+                         pos_base=pos_base, max_ctx=max_ctx, eps=EPS, has_rope_pos=int(rope_pos is not None),
+                         **rope_fields)
+    positions = np.zeros((1, 3), np.int32) if rope_pos is None else np.asarray(rope_pos, np.int32)
     def norm(w):
         return dev.buffer(ref.round_bf16(w) if wf32 else ref.bf16_bits(w))
     lib.kernel(f"attn_qk_norm_rope_append_{kind}" + ("_wf32" if wf32 else "")).dispatch(
         {0: qbuf, 1: kbuf, 2: vbuf, 3: norm(q_norm), 4: norm(k_norm),
-         5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: params},
+         5: dev.buffer(rope_turns(theta)), 6: kc, 7: vc, 8: params, 9: dev.buffer(positions)},
         threadgroups=(cdiv(rows * (nq + 2 * nkv), simdgroups),), threads=(simdgroups * 32,))
     return (qbuf.numpy(np.float32, (rows, q_stride)), kbuf.numpy(np.float32, (rows, k_stride)), kc, vc,
             (q_stride, k_stride, v_stride))
@@ -211,6 +215,48 @@ def test_qk_norm_rope_append_any_simdgroup_count(dev, lib, simdgroups):
         np.testing.assert_array_equal(a.numpy(np.uint8), b.numpy(np.uint8), err_msg=f"{simdgroups} SIMD-groups: {what}")
 
 
+MROPE_SECTIONS = (11, 11, 10)  # Qwen3.5's: 32 rotary pairs, pairs 1, 4, .. height and 2, 5, .. 29 width
+
+
+@pytest.mark.parametrize("kind", ["q8", "f16"])
+def test_qk_norm_rope_append_mrope_positions(dev, lib, kind):
+    """Rows of a prefill chunk with an image: each row rotates at its own (time, height, width)
+    with the interleaved M-RoPE pair selection, K appended at its cache row as always."""
+    nq, nkv, pos_base, theta = 4, 2, 3, 1e7
+    rng = seeded("prep-mrope", kind)
+    # 2 text rows, a 2 x 3 image's 6 rows at (5, 5 + row, 5 + col), 2 text rows from 8.
+    grid = [(5, 5 + r, 5 + c) for r in range(2) for c in range(3)]
+    positions = np.array([(3, 3, 3), (4, 4, 4), *grid, (8, 8, 8), (9, 9, 9)], np.int32)
+    rows = len(positions)
+    q = (rng.standard_normal((rows, nq, 2 * HD)) * 3.0).astype(np.float32)
+    k = (rng.standard_normal((rows, nkv, HD)) * 2.0).astype(np.float32)
+    v = rng.standard_normal((rows, nkv, HD)).astype(np.float32)
+    q_norm = ref.round_bf16(rng.uniform(0.3, 2.0, HD))
+    k_norm = ref.round_bf16(rng.uniform(0.3, 2.0, HD))
+    ends = dict(mrope_h_end=3 * MROPE_SECTIONS[1], mrope_w_end=3 * MROPE_SECTIONS[2])
+    max_ctx = pos_base + rows + 1
+    q_out, k_out, kc, vc, _ = run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv,
+                                       rope_pos=positions, **ends)
+    want_q = mrope(rms_heads(q[..., :HD], q_norm, EPS), positions, theta, MROPE_SECTIONS)
+    want_k = mrope(rms_heads(k, k_norm, EPS), positions, theta, MROPE_SECTIONS)
+    ref.assert_close(q_out[:, :nq * 2 * HD].reshape(rows, nq, 2 * HD)[..., :HD], want_q, TOL_QK, "q (M-RoPE)")
+    ref.assert_close(k_out[:, :nkv * HD].reshape(rows, nkv, HD), want_k, TOL_QK, "k (M-RoPE)")
+    # The pair selection matters: plain RoPE at the time component is far off on the image rows.
+    assert np.abs(rope(rms_heads(k, k_norm, EPS), positions[:, 0], theta) - want_k)[2:8].max() > 1e-2
+    # Text rows given as rope_pos (all components equal) are the bits of rows at cache row +
+    # rope_delta: the text rows of an image prompt match the text path's.
+    delta = 5
+    text = np.repeat((pos_base + delta + np.arange(rows))[:, None], 3, 1)
+    a = run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv, rope_pos=text, **ends)
+    b = run_prep(dev, lib, kind, q, k, v, q_norm, k_norm, theta, pos_base, max_ctx, nq, nkv, rope_delta=delta, **ends)
+    for what, x, y in (("q", a[0], b[0]), ("k", a[1], b[1])):
+        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=what)
+    for what, x, y in (("K cache", a[2], b[2]), ("V cache", a[3], b[3])):
+        np.testing.assert_array_equal(x.numpy(np.uint8), y.numpy(np.uint8), err_msg=what)
+    want_k = rope(rms_heads(k, k_norm, EPS), pos_base + delta + np.arange(rows), theta)
+    ref.assert_close(b[1][:, :nkv * HD].reshape(rows, nkv, HD), want_k, TOL_QK, "k at cache row + rope_delta")
+
+
 # ---------------------------------------------------------------------------
 # Decode (flash-decode partials + combine)
 
@@ -245,7 +291,7 @@ def decode_inputs(rng, rows, nq, nkv, q_scale=1.0):
 
 
 def run_decode(dev, lib, kind, r, kraw, vraw, step, theta, pos_base, max_ctx, nq, nkv, split_len, out_pad=4,
-               heads=None, combine_threads=COMBINE_THREADS, wf32=False):
+               heads=None, combine_threads=COMBINE_THREADS, wf32=False, rope_delta=0):
     """attn_decode_<kind>_r<r> (+ attn_decode_combine when split) for the step's raw inputs
     `step` (decode_inputs) over caches holding positions < pos_base: returns (out [rows, nq, HD],
     out padding columns, part_o, part_ms, K cache bytes, V cache bytes after the step). A
@@ -261,7 +307,7 @@ def run_decode(dev, lib, kind, r, kraw, vraw, step, theta, pos_base, max_ctx, nq
     n_splits = cdiv(ctx, split_len)
     params = decode_params(nq=nq, nkv=nkv, q_stride=q_stride, k_stride=k_stride, v_stride=v_stride,
                            out_stride=out_stride, max_ctx=max_ctx, cache_slot_bytes=cache_bytes(kind, max_ctx, kv_dim),
-                           n_splits=n_splits, split_len=[split_len], eps=EPS)
+                           n_splits=n_splits, split_len=[split_len], eps=EPS, rope_delta=[rope_delta])
     segs = step_segments((0, rows, pos_base))
     kb = np.full((rows, k_stride), np.nan, np.float32)
     kb[:, :kv_dim] = k.reshape(rows, kv_dim)
@@ -308,14 +354,14 @@ def row_bytes(kind, max_ctx, kv_dim, first, end):
     return mask
 
 
-def check_appended(kind, kc_before, vc_before, kc_after, vc_after, step, theta, pos_base, max_ctx, nkv):
-    """The step's K/V rows in the caches: V exactly the format's rounding of v; K within half a
-    q8 step (f16: half an ulp) plus the f32 error of norm and RoPE of the float64 reference;
-    every other byte unchanged."""
+def check_appended(kind, kc_before, vc_before, kc_after, vc_after, step, theta, pos_base, max_ctx, nkv, rope_delta=0):
+    """The step's K/V rows in the caches: V exactly the format's rounding of v; K (rotated at
+    cache row + rope_delta) within half a q8 step (f16: half an ulp) plus the f32 error of norm
+    and RoPE of the float64 reference; every other byte unchanged."""
     _, _, k, v, _, k_norm = step
     rows, kv_dim = k.shape[0], nkv * HD
     written = slice(pos_base, pos_base + rows)
-    want_k = rope(rms_heads(k, k_norm, EPS), pos_base + np.arange(rows), theta).reshape(rows, kv_dim)
+    want_k = rope(rms_heads(k, k_norm, EPS), pos_base + rope_delta + np.arange(rows), theta).reshape(rows, kv_dim)
     _, kvals = read_cache_bytes(kc_after, kind, max_ctx, kv_dim)
     _, vvals = read_cache_bytes(vc_after, kind, max_ctx, kv_dim)
     v = v.reshape(rows, kv_dim)
@@ -335,15 +381,15 @@ def check_appended(kind, kc_before, vc_before, kc_after, vc_after, step, theta, 
     assert np.array_equal(vc_after[others], vc_before[others]), "V cache bytes outside the step's rows changed"
 
 
-def decode_reference(kind, kc_after, vc_after, step, theta, pos_base, max_ctx, nq, nkv):
-    """float64 attention of the normed, rotated queries over the cache as the step left it
-    (the kernel's own appended rows, checked by check_appended)."""
+def decode_reference(kind, kc_after, vc_after, step, theta, pos_base, max_ctx, nq, nkv, rope_delta=0):
+    """float64 attention of the normed, rotated queries (at cache row + rope_delta) over the
+    cache as the step left it (the kernel's own appended rows, checked by check_appended)."""
     q, gate, _, _, q_norm, _ = step
     rows, kv_dim = q.shape[0], nkv * HD
     ctx = pos_base + rows
     _, kd = read_cache_bytes(kc_after, kind, max_ctx, kv_dim)
     _, vd = read_cache_bytes(vc_after, kind, max_ctx, kv_dim)
-    want_q = rope(rms_heads(q, q_norm, EPS), pos_base + np.arange(rows), theta)
+    want_q = rope(rms_heads(q, q_norm, EPS), pos_base + rope_delta + np.arange(rows), theta)
     return want_q, attention(want_q, gate, kd[:ctx].reshape(ctx, nkv, HD), vd[:ctx].reshape(ctx, nkv, HD), pos_base,
                              nq, nkv)
 
@@ -369,7 +415,7 @@ DECODE_CASES = [
 ]
 
 
-def check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, theta=1e7, **threads):
+def check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, theta=1e7, rope_delta=0, **threads):
     rng = seeded("decode", kind, nq, nkv, ctx, rows, r)
     kv_dim = nkv * HD
     pos_base = ctx - rows
@@ -378,9 +424,9 @@ def check_decode(dev, lib, kind, nq, nkv, ctx, rows, r, split_len, theta=1e7, **
     vraw, _ = make_cache(rng, kind, pos_base, max_ctx, kv_dim)
     step = decode_inputs(rng, rows, nq, nkv)
     got, pad, _, _, kc, vc = run_decode(dev, lib, kind, r, kraw, vraw, step, theta, pos_base, max_ctx, nq, nkv,
-                                        split_len, **threads)
-    check_appended(kind, kraw, vraw, kc, vc, step, theta, pos_base, max_ctx, nkv)
-    _, want = decode_reference(kind, kc, vc, step, theta, pos_base, max_ctx, nq, nkv)
+                                        split_len, rope_delta=rope_delta, **threads)
+    check_appended(kind, kraw, vraw, kc, vc, step, theta, pos_base, max_ctx, nkv, rope_delta)
+    _, want = decode_reference(kind, kc, vc, step, theta, pos_base, max_ctx, nq, nkv, rope_delta)
     ref.assert_close(got, want, TOL_ATTN, f"decode {kind} ctx {ctx} rows {rows} {threads}")
     ref.assert_untouched(pad, "out row padding")
 
@@ -410,6 +456,13 @@ def test_decode_with_fewer_threads_than_heads(dev, lib, kind, nq, nkv, ctx, rows
 def test_decode_large_positions(dev, lib, kind):
     """RoPE of the step's q and k at position ~1e5 (float32 angles would be off by ~1e-2 rad)."""
     check_decode(dev, lib, kind, 2, 1, 100003, 3, 4, 40000, theta=1e6)
+
+
+@pytest.mark.parametrize("kind,rope_delta", [("q8", -45), ("f16", 7)])
+def test_decode_rotates_at_cache_row_plus_rope_delta(dev, lib, kind, rope_delta):
+    """Text rows after an image: q and the appended k rotate at cache row + the sequence's
+    rope_delta (negative after images), attention still over cache rows 0 .. row."""
+    check_decode(dev, lib, kind, 8, 2, 60, 3, 4, 16, rope_delta=rope_delta)
 
 
 @pytest.mark.parametrize("kind", ["q8", "f16"])
@@ -697,7 +750,7 @@ def test_prefill_then_decode_through_the_cache(dev, lib, kind):
             attn = attn_params(rows=rows, nq=nq, nkv=nkv, q_stride=q_stride, out_stride=nq * HD, pos_base=pos_base,
                                max_ctx=max_ctx)
             cb.dispatch(lib.kernel(f"attn_qk_norm_rope_append_{kind}"),
-                        {0: qbuf, 1: kbuf, 2: vbuf, **norms, 6: kc, 7: vc, 8: prep},
+                        {0: qbuf, 1: kbuf, 2: vbuf, **norms, 6: kc, 7: vc, 8: prep, 9: dev.buffer(np.zeros(3, np.int32))},
                         threadgroups=(cdiv(rows * (nq + 2 * nkv), PREP_SIMDGROUPS),), threads=(PREP_SIMDGROUPS * 32,))
             cb.barrier()
             cb.dispatch(lib.kernel(f"attn_prefill_{kind}"), {0: qbuf, 1: kc, 2: vc, 3: out, 4: attn},

@@ -31,3 +31,10 @@ def logit_tolerance(config, kv_bits: int) -> float:
     if kv_bits == 16:
         return 1e-3
     return 1.5 * sum(t == "full_attention" for t in config.layer_types) / 254
+
+
+def up_to_eos(tokens: list[int], eos_ids) -> list[int]:
+    """A reference's greedy tokens as generation returns them: up to and including the first eos
+    (the references go on past it)."""
+    eos = set(eos_ids)
+    return next((tokens[: i + 1] for i, t in enumerate(tokens) if t in eos), list(tokens))

@@ -19,10 +19,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import sampling
+from ..constraints import ConstraintError, tool_call_lark
 from ..errors import GpuError, MetalqwenError
+from ..images import flatten_messages, image_tokens
 from ..model import Model
 from ..prefix_cache import message_boundaries
 from . import access_log
+from .image_parts import ImagePolicy, ImageRefused, resolve
 from .logprobs import CompletionLogprobs, TokenTexts, chat_logprobs
 from .metrics import Metrics
 from .output_parser import Delta, OutputParser
@@ -63,11 +66,13 @@ def _validation_message(error: dict) -> tuple[str, str | None]:
 
 
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
-               max_queue: int = 16, public_metrics: bool = False, cors_origins: Sequence[str] = ()) -> FastAPI:
+               max_queue: int = 16, public_metrics: bool = False, cors_origins: Sequence[str] = (),
+               images: ImagePolicy = ImagePolicy()) -> FastAPI:
     """The server's ASGI app around a loaded model (one engine; requests take turns).
     ``app.state.drain()`` ends the unfinished requests, for a graceful shutdown. With ``api_key``
     every route but the page and /health (and /metrics with ``public_metrics``) needs it;
-    ``cors_origins``: the browser origins allowed to call the API (none by default)."""
+    ``cors_origins``: the browser origins allowed to call the API (none by default); ``images``:
+    which image_url parts chat requests may carry (data: URLs only by default)."""
     worker = Worker(model, max_queue)
 
     @contextlib.asynccontextmanager
@@ -136,14 +141,15 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     def models():
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "metalqwen"}]}
 
-    def options(req, prompt: list[int], max_tokens: int | None, boundaries: list[int] = (),
-                logprobs: int | None = None) -> dict:
-        """The generation options; a max_tokens past the room left is cut to it (finish_reason
-        "length"), one past the whole context is refused. ``logprobs``: top entries per token (None = off)."""
+    def options(req, length: int, max_tokens: int | None, boundaries: list[int] = (),
+                logprobs: int | None = None, grammar: str | None = None) -> dict:
+        """The generation options for a prompt of ``length`` tokens (its images' included); a max_tokens
+        past the room left is cut to it (finish_reason "length"), one past the whole context is refused.
+        ``logprobs``: top entries per token (None = off); ``grammar``: the Lark grammar of a forced tool call."""
         where = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
-        room = model.max_context - len(prompt)
+        room = model.max_context - length
         if room < 1:
-            raise _Refused(400, f"the prompt has {len(prompt)} tokens; max_context is {model.max_context}", where)
+            raise _Refused(400, f"the prompt has {length} tokens; max_context is {model.max_context}", where)
         if max_tokens is not None and max_tokens > model.max_context:
             raise _Refused(400, f"max_tokens {max_tokens} exceeds the context of {model.max_context} tokens",
                            "max_tokens")
@@ -151,10 +157,36 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                                         model.config.sampling_defaults, _TEMPERATURE)
         chosen["top_k"] = max(chosen["top_k"], 0)  # -1 is off too
         return dict(max_tokens=min(max_tokens or room, room), **chosen, seed=req.seed, stop=req.stop or None,
-                    boundaries=boundaries, logprobs=logprobs)
+                    boundaries=boundaries, logprobs=logprobs, **constraint_options(req, grammar))
 
-    def start(prompt: list[int], opts: dict, n: int, request: Request) -> list[Job]:
-        """The request's n jobs (choice i seeded seed + i), queued together or not at all."""
+    def constraint_options(req, grammar: str | None) -> dict:
+        """Model.stream's logit_bias and response_format (or ``grammar``, a forced tool call's),
+        compiled once here so that a bad schema is a 400 naming its field (each job then makes its own
+        grammar state)."""
+        out = {}
+        try:
+            out["logit_bias"] = dict(sampling.check_logit_bias(req.logit_bias, model.config.vocab_size)) or None
+        except (TypeError, ValueError) as e:
+            raise _Refused(400, str(e), "logit_bias") from None
+        structured = req.response_format if req.response_format and req.response_format["type"] != "text" else None
+        if grammar is not None and structured is not None:
+            raise _Refused(400, "response_format: a required or named tool_choice already fixes the answer's "
+                                "form (a tool call)", "response_format")
+        field = "tool_choice" if grammar is not None else "response_format"
+        try:
+            if grammar is not None:
+                model.grammars.lark(grammar)
+                out["grammar"] = grammar
+            elif structured is not None:
+                model.grammars.response_format(structured)
+                out["response_format"] = structured
+        except ConstraintError as e:
+            raise _Refused(400, f"{field}: {e}", field) from None
+        return out
+
+    def start(prompt: list[int], opts: dict, n: int, request: Request, pictures: list = ()) -> list[Job]:
+        """The request's n jobs (choice i seeded seed + i), queued together or not at all; ``pictures``:
+        the images of the prompt's image places, in order."""
         if n > 1 and n > max_queue:  # each choice is a job of the queue
             raise _Refused(400, f"n: {n} choices exceed the {max_queue} requests the server queues (--max-queue)",
                            "n")
@@ -162,7 +194,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         try:
             for i in range(n):
                 seed = opts["seed"] if opts["seed"] is None else opts["seed"] + i
-                jobs.append(worker.submit(Job(prompt, {**opts, "seed": seed}, asyncio.get_running_loop())))
+                jobs.append(worker.submit(Job(prompt, {**opts, "seed": seed}, asyncio.get_running_loop(),
+                                              images=list(pictures))))
         except (QueueFull, ShuttingDown) as e:
             for job in jobs:
                 job.cancelled = True
@@ -203,6 +236,36 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
     def sse(data: dict | str) -> str:
         return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
+    def forced_tool_call(req: ChatCompletionRequest, tools: list | None, max_calls: int | None) -> str | None:
+        """The Lark grammar of the answer when tool_choice is "required" or names a function (Qwen's
+        XML tool calls, the layout OutputParser reads back; after the reasoning when thinking), else None."""
+        forced, name = req.forced_tool()
+        if not forced:
+            return None
+        if not tools:
+            raise _Refused(400, f"tool_choice {req.tool_choice!r} needs tools", "tool_choice")
+        try:
+            return tool_call_lark(model.tokenizer, tools, name=name, max_calls=max_calls)
+        except ConstraintError as e:
+            raise _Refused(400, f"tool_choice: {e}", "tool_choice") from None
+
+    def chat_images(messages: list[dict]) -> tuple[list[dict], list]:
+        """(the messages with string contents, their pictures in prompt order): image_url parts are
+        resolved under the server's policy (a 400 naming the part at fault)."""
+        first = next((f"messages[{i}].content[{j}]" for i, m in enumerate(messages)
+                      if isinstance(m["content"], list) for j, p in enumerate(m["content"])
+                      if p.get("type") == "image_url"), None)
+        if first is None:
+            return messages, []
+        if model.vision is None:
+            raise _Refused(400, f"{first}: this model takes no images: {model.no_vision}", first)
+        try:
+            return flatten_messages(resolve(messages, images))
+        except ImageRefused as e:
+            raise _Refused(400, str(e), e.param) from None
+        except ValueError as e:
+            raise _Refused(400, str(e), "messages") from None
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
         if req.top_logprobs and not req.logprobs:
@@ -212,16 +275,25 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
         tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
         try:
             messages = [m.for_template() for m in req.messages]
+        except ValueError as e:
+            raise _Refused(400, str(e), "messages") from None
+        # Downloads and decoding off the event loop (the other requests' streams go on meanwhile).
+        messages, pictures = await asyncio.to_thread(chat_images, messages)
+        try:
             template_kwargs = req.template_kwargs()
             text = model.tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)
             prompt = model.tokenizer.encode(text)
-            boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools, **template_kwargs)
+            # The prefix cache is bypassed for image prompts (their pads do not say which picture).
+            boundaries = [] if pictures else message_boundaries(model.tokenizer, messages, prompt, tools=tools,
+                                                                **template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
-        jobs = start(prompt, options(req, prompt, req.max_completion_tokens or req.max_tokens, boundaries, logprobs),
-                     req.n, request)
-        in_reasoning = text.rfind("<think>") > text.rfind("</think>")
+        # Each image's one pad becomes a pad per feature row when the engine thread runs the tower.
+        length = len(prompt) + sum(image_tokens(p.height, p.width, model.vision.processor) - 1 for p in pictures)
         max_calls = 1 if req.parallel_tool_calls is False else None
+        jobs = start(prompt, options(req, length, req.max_completion_tokens or req.max_tokens, boundaries, logprobs,
+                                     forced_tool_call(req, tools, max_calls)), req.n, request, pictures)
+        in_reasoning = text.rfind("<think>") > text.rfind("</think>")
         parsers = [OutputParser(in_reasoning, tools, max_calls) for _ in jobs]
         head = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model_id}
 
@@ -255,7 +327,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 chunk = {**head, "object": "chat.completion.chunk"}
                 # The first chunk also says how long the prompt is (clients ignore the extra field;
                 # the chat page shows it until the first token).
-                yield sse({**chunk, "metalqwen": {"prompt_tokens": len(prompt)},
+                yield sse({**chunk, "metalqwen": {"prompt_tokens": length},
                            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                         "finish_reason": None} for i in range(len(jobs))]})
                 held = [[] for _ in jobs]  # tokens whose text the parser holds back: their logprobs go with the next delta
@@ -319,7 +391,7 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                       else model.prompt_ids(req.prompt))
         except (ValueError, TypeError) as e:
             raise _Refused(400, str(e), "prompt") from None
-        jobs = start(prompt, options(req, prompt, req.max_tokens or 16, logprobs=req.logprobs), req.n, request)
+        jobs = start(prompt, options(req, len(prompt), req.max_tokens or 16, logprobs=req.logprobs), req.n, request)
         legacy = [CompletionLogprobs(texts) for _ in jobs] if req.logprobs is not None else None
         head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
                 "model": model_id}

@@ -29,6 +29,8 @@ class Metrics:
             ("queue_depth", "gauge", "requests waiting for the engine", self.worker.queue_depth),
             ("engine_steps_total", "counter", "steps the engine committed", counters["steps"]),
             ("engine_command_buffers_total", "counter", "command buffers of those steps", counters["command_buffers"]),
+            ("engine_pipelined_steps_total", "counter", "shared steps committed while another was running",
+             counters["pipelined_steps"]),
             ("engine_failed_steps_total", "counter", "steps the GPU failed (their requests got the error)",
              counters["failed_steps"]),
             ("verify_steps_total", "counter", "speculative verify steps", counters["verify_steps"]),

@@ -55,19 +55,29 @@ class Message(_Body):
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, content):
+    def _parts(cls, content):
+        """Text parts are joined into one string; with image_url parts the list stays (text and image
+        parts in order; the app resolves the images)."""
         if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.get("type") != "text":
-                    raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
-                texts.append(TextPart(**part).text)
-            return "".join(texts)
+            parts = []
+            for j, part in enumerate(content):
+                kind = part.get("type")
+                if kind == "text":
+                    parts.append({"type": "text", "text": TextPart(**part).text})
+                elif kind == "image_url":
+                    parts.append(part)
+                else:
+                    raise ValueError(f"content[{j}]: content parts of type {kind!r} are not supported "
+                                     f"(text and image_url)")
+            if all(p["type"] == "text" for p in parts):
+                return "".join(p["text"] for p in parts)
+            return parts
         return content
 
     @model_validator(mode="after")
     def _has_content(self):
-        if not (self.content or "").strip() and not self.tool_calls and self.role != "assistant":
+        text = self.content if isinstance(self.content, str) or self.content is None else "image"
+        if not (text or "").strip() and not self.tool_calls and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs some content")
         return self
 
@@ -132,10 +142,13 @@ class _Sampling(_Body):
     n: int = Field(default=1, ge=1)  # choices: one job each (in shared steps with --max-sequences > 1)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
+    # Structured output: {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}};
+    # the schema itself is compiled (and refused when llguidance cannot) by the route.
+    response_format: Optional[dict[str, Any]] = None
+    # token id (a decimal string, as JSON keys are) -> bias in [-100, 100]; ids checked against the vocabulary by the route
+    logit_bias: Optional[dict[str, float]] = None
     # OpenAI fields that would change the output and that this server does not do yet: refused
     # (a 400 naming the field) unless absent or neutral, never silently ignored.
-    response_format: Optional[dict[str, Any]] = None
-    logit_bias: Optional[dict[str, float]] = None
     best_of: Optional[int] = None
 
     @field_validator(*sampling.FIELDS)
@@ -151,16 +164,25 @@ class _Sampling(_Body):
 
     @field_validator("response_format")
     @classmethod
-    def _text_format(cls, value):
-        if value is not None and value.get("type") != "text":
-            raise ValueError(f"type {value.get('type')!r} is not supported yet (only 'text')")
+    def _format(cls, value):
+        if value is None:
+            return value
+        kind = value.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
+        spec = value.get("json_schema")
+        if kind == "json_schema" and not (isinstance(spec, dict) and isinstance(spec.get("schema", {}), dict)):
+            raise ValueError("json_schema must be an object with a 'schema' object (the JSON schema)")
         return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value):
+    def _bias(cls, value):
         if value:
-            raise ValueError("logit_bias is not supported yet")
+            try:  # ids are checked against the vocabulary by the route (sampling.check_logit_bias again)
+                sampling.check_logit_bias(value, 2**32)
+            except TypeError as e:  # pydantic reports ValueErrors (a 400 naming the field)
+                raise ValueError(str(e)) from None
         return value
 
     @field_validator("best_of")
@@ -203,10 +225,20 @@ class ChatCompletionRequest(_Sampling):
 
     @field_validator("tool_choice")
     @classmethod
-    def _auto_or_none(cls, value):
-        if isinstance(value, dict) or value == "required":
-            raise ValueError("only 'auto' and 'none' are supported yet")
+    def _tool_choice(cls, value):
+        if isinstance(value, dict):
+            function = value.get("function")
+            if value.get("type") != "function" or not isinstance(function, dict) or \
+                    not isinstance(function.get("name"), str) or not function["name"]:
+                raise ValueError('a named tool_choice is {"type": "function", "function": {"name": "..."}}')
         return value
+
+    def forced_tool(self) -> tuple[bool, str | None]:
+        """(whether the answer must be a tool call, the tool it must call or None for any):
+        tool_choice "required" or a named function."""
+        if isinstance(self.tool_choice, dict):
+            return True, self.tool_choice["function"]["name"]
+        return self.tool_choice == "required", None
 
     @field_validator("functions", "function_call", "audio", "prediction")
     @classmethod

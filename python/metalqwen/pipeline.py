@@ -1,0 +1,255 @@
+"""Pipeline parallelism: one model over the ranks ``mlx.launch`` starts (several Macs, or
+processes on one machine), each rank's engine running a contiguous range of layers.
+
+Rank 0 embeds the tokens; each step's residual rows (hidden x 4 bytes per row) go from rank to
+rank; the last rank holds the final norm, lm_head and sampler, and shares its choice (and the
+logits ``score`` asks for) with every rank. Every rank makes the same calls in the same order
+(``load(..., distributed="pipeline")``, then ``generate``/``stream``/``score``) and gets the same
+result; each call's arguments are compared across ranks first (``model.PipelineModel``). See
+docs/distributed.md."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _core
+from .checkpoint import Checkpoint
+from .distributed import LOAD_TIMEOUT, Group
+from .errors import DistributedError
+from .generation import Runner
+
+# Shown when a call asks for what this stage does not run across ranks.
+NOT_YET = ("speculative decoding, several sequences at once (max_sequences, generate_batch), the prefix cache, "
+           "the MTP head, logprobs, structured output (grammars, json_schema, response_format) and images")
+
+Split = list[tuple[int, int]]  # per rank: layers [first, end)
+
+
+# ---- the layer split
+
+def format_split(split: Split) -> str:
+    return ",".join(f"{first}:{end}" for first, end in split)
+
+
+def parse_split(text: str, layers: int, ranks: int) -> Split:
+    """``"0:20,20:40"`` -> [(0, 20), (20, 40)]: one range per rank, in rank order, together
+    covering layers 0..layers-1 once. ValueError naming what is wrong."""
+    if not isinstance(text, str):
+        raise TypeError(f"layer_split must be a string such as '0:20,20:40', got {type(text).__name__}")
+    split: Split = []
+    for part in text.split(","):
+        bounds = part.strip().split(":")
+        if len(bounds) != 2 or not all(b.strip().isdigit() for b in bounds):
+            raise ValueError(f"[distributed] layer_split {text!r}: {part.strip()!r} is not first:end (e.g. 0:20)")
+        split.append((int(bounds[0]), int(bounds[1])))
+    if len(split) != ranks:
+        raise ValueError(f"[distributed] layer_split {text!r} has {len(split)} ranges for {ranks} ranks")
+    expected = 0
+    for rank, (first, end) in enumerate(split):
+        if first != expected or end <= first:
+            raise ValueError(f"[distributed] layer_split {text!r}: rank {rank}'s range {first}:{end} must start at "
+                             f"layer {expected} and hold at least one layer (the ranges cover the {layers} layers "
+                             "in order)")
+        expected = end
+    if expected != layers:
+        raise ValueError(f"[distributed] layer_split {text!r} ends at layer {expected}, but the model has {layers} "
+                         "layers")
+    return split
+
+
+def proportional_split(layer_bytes: Sequence[int], memory: Sequence[int]) -> Split:
+    """Contiguous ranges whose weight bytes are about proportional to each rank's ``memory``,
+    at least one layer each (equal memories: an even split by bytes)."""
+    layers, ranks = len(layer_bytes), len(memory)
+    if ranks > layers:
+        raise ValueError(f"[distributed] {ranks} ranks for {layers} layers: each rank needs at least one layer")
+    cumulative = np.concatenate([[0], np.cumsum(np.asarray(layer_bytes, dtype=np.float64))])
+    shares = np.cumsum(np.asarray(memory, dtype=np.float64)) / float(sum(memory))
+    bounds = [0]
+    for rank in range(1, ranks):
+        target = cumulative[-1] * shares[rank - 1]
+        low, high = bounds[-1] + 1, layers - (ranks - rank)
+        bounds.append(int(min(range(low, high + 1), key=lambda b: abs(cumulative[b] - target))))
+    bounds.append(layers)
+    return [(bounds[r], bounds[r + 1]) for r in range(ranks)]
+
+
+def layer_bytes(desc: dict) -> list[int]:
+    """Bytes of each layer's tensors in the checkpoint (``Checkpoint.describe``)."""
+    return [sum(entry[2] for entry in layer["tensors"].values()) for layer in desc["layers"]]
+
+
+def check_fits(split: Split, needs: Sequence[dict], memory: Sequence[int]) -> None:
+    """ValueError naming the first rank whose range (``needs``: _core.estimate_memory) exceeds its memory."""
+    for rank, ((first, end), need, limit) in enumerate(zip(split, needs, memory)):
+        if need["total"] > limit:
+            raise ValueError(
+                f"[distributed] layer split {format_split(split)}: rank {rank} (layers {first}:{end}) needs "
+                f"{need['total']} bytes (weights {need['weights']} + KV cache {need['kv_cache']} + workspace "
+                f"{need['workspace']}) but its GPU may use {limit} bytes: give it fewer layers (layer_split), "
+                "add a rank or lower max_context")
+
+
+# ---- agreeing across ranks
+
+def digest(*parts) -> bytes:
+    """sha256 of ``parts`` (JSON-able, else by repr)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).digest()
+
+
+def model_identity(ckpt: Checkpoint) -> bytes:
+    """A digest of the model a rank loads: its config and every tensor's place, type and shape
+    in shards of the same sizes (not the weights' bytes: reading 100s of GB would take minutes)."""
+    desc = ckpt.describe()
+    files = {f["path"]: f["size"] for f in desc["files"]}
+    tensors = {name: (os.path.basename(e[0]), files.get(e[0]), *e[1:]) for name, e in desc["tensors"].items()}
+    return digest(desc["dims"], tensors)
+
+
+def agree(group: Group, what: str, value: bytes) -> None:
+    """DistributedError on every rank unless all ranks give the same ``value`` (a digest) for ``what``."""
+    seen = group.all_gather(np.frombuffer(value, dtype=np.uint8), f"comparing {what}")
+    differ = [r for r in range(group.size) if not np.array_equal(seen[r], seen[0])]
+    if differ:
+        raise DistributedError(f"[distributed] rank {group.rank}: rank{'s' if len(differ) > 1 else ''} "
+                               f"{', '.join(map(str, differ))} differ from rank 0 in {what}")
+
+
+# ---- running steps across ranks
+
+class PipelineRunner(Runner):
+    """The Runner of one rank: each engine step takes its input rows from the rank before (or
+    embeds, on rank 0) and passes its output rows to the rank after; the last rank's choice is
+    then given to every rank. Prefill runs chunk by chunk, decoding one step at a time."""
+
+    def __init__(self, engine, group: Group, hidden: int, vocab: int, progress: bool = False):
+        super().__init__(engine, None, progress)
+        self.group = group
+        self._hidden, self._vocab = hidden, vocab
+        self._chunk = engine.residual_rows().shape[0]  # rows one step takes at most
+        self._last = group.size - 1
+
+    def _through(self, rows: int, step):
+        """step() (one engine step over ``rows`` rows) between the rows in and the rows out."""
+        engine, group = self._engine, self.group
+        if not engine.embeds:
+            rows_in = group.recv((rows, self._hidden), np.float32, group.rank - 1, "receiving residual rows")
+            engine.residual_rows()[:rows] = rows_in  # a fresh view: the buffer alternates between steps
+        result = step()
+        if not engine.has_head:
+            group.send(engine.residual_rows()[:rows], group.rank + 1, "sending residual rows")
+        return result
+
+    def _share_choice(self) -> int:
+        """The token the last rank chose, now ids[position] on every rank."""
+        engine = self._engine
+        mine = np.array([engine.chosen(0)], dtype=np.int32) if engine.has_head else None
+        token = int(self.group.share(mine, self._last, (1,), np.int32, "sharing the chosen token")[0])
+        if not engine.has_head:
+            engine.set_chosen(0, token)
+        return token
+
+    def _prefill(self, ids: list[int], sampling: dict, logits: str) -> list[np.ndarray]:
+        engine, chosen_by = self._engine, _core.Sampling(**sampling)
+        out = []
+        for start in range(0, len(ids), self._chunk):
+            part = ids[start:start + self._chunk]
+            asked = logits if engine.has_head else "none"
+            got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked))
+            if got is not None:
+                out.append(got)
+        self._share_choice()
+        return out
+
+    def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (), constraint=None,
+                    images=None) -> int:
+        # constraint and images never come here: PipelineModel refuses them (NOT_YET).
+        reuse, _ = self.resume(ids)
+        self._prefill(ids[reuse:], sampling, "none")
+        return reuse
+
+    def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
+        engine, chosen_by = self._engine, _core.Sampling(**sampling)
+
+        def decode_step():
+            engine.decode_begin(0, 2, chosen_by)  # the chosen token, fed by one step
+            try:
+                engine.decode_next()
+                engine.decode_next()
+            finally:
+                engine.decode_end()
+
+        token = engine.chosen(0)
+        for n in range(budget):
+            yield token
+            if n + 1 == budget:
+                return
+            self._through(1, decode_step)
+            token = self._share_choice()
+
+    def score(self, ids: list[int]) -> np.ndarray:
+        self._engine.reset(0)
+        parts = self._prefill(ids, {}, "all")
+        mine = np.concatenate(parts) if self._engine.has_head else None
+        return self.group.share(mine, self._last, (len(ids), self._vocab), np.float32, "sharing the logits")
+
+
+def package_identity() -> bytes:
+    """A digest of this metalqwen's Python sources (its version string among them): ranks running
+    different versions or edits disagree."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    sources = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            file = os.path.join(folder, name)
+            with open(file, "rb") as f:
+                sources.append((os.path.relpath(file, root), hashlib.sha256(f.read()).hexdigest()))
+    return digest(sources)
+
+
+def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: int, prefill_layers_per_buffer: int,
+              layer_split: str | None, timeout: float):
+    """This rank's part of the model (see ``metalqwen.load(distributed="pipeline")``): (checkpoint,
+    tokenizer, device, engine, group, split), once every rank has loaded."""
+    from . import gpu
+    from .checkpoint import load_checkpoint
+    from .tokenizer import Tokenizer
+
+    group = Group(timeout)
+    agree(group, "the metalqwen version (its Python sources)", package_identity())
+    ckpt = load_checkpoint(path)
+    agree(group, "the model (config and tensors)", model_identity(ckpt))
+    tokenizer = Tokenizer.from_folder(ckpt.path)
+    dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
+    desc = ckpt.describe()
+    layers = ckpt.config.num_hidden_layers
+    memory = [int(m) for m in group.all_gather(np.array([dev.recommended_working_set], dtype=np.int64),
+                                                "sharing each rank's GPU memory")[:, 0]]
+    split = parse_split(layer_split, layers, group.size) if layer_split else proportional_split(layer_bytes(desc),
+                                                                                                 memory)
+    needs = [_core.estimate_memory(desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
+                                   first_layer=first, end_layer=end) for first, end in split]
+    check_fits(split, needs, memory)
+    first, end = split[group.rank]
+    failure = None
+    try:
+        engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
+                              progress=None, max_sequences=1, prefill_layers_per_buffer=prefill_layers_per_buffer,
+                              first_layer=first, end_layer=end)
+    except Exception as e:
+        failure = e
+    loaded = group.all_gather(np.array([failure is None], dtype=np.uint8), "confirming every rank loaded",
+                              timeout=LOAD_TIMEOUT)[:, 0]
+    if failure is not None:
+        raise failure
+    if not loaded.all():
+        failed = ", ".join(str(r) for r in range(group.size) if not loaded[r])
+        raise DistributedError(f"[distributed] rank {group.rank}: rank {failed} could not load its layers "
+                               "(see its error)")
+    return ckpt, tokenizer, dev, engine, group, split

@@ -1,0 +1,86 @@
+"""What each rank runs under mlx.launch in tests/distributed (not a test file): load the tiny
+checkpoint with distributed="pipeline", run the scenario, write this rank's result to
+<out>/rank<N>.json (and .npy for logits), since mlx.launch's exit code says nothing.
+
+    rank_script.py CHECKPOINT OUT SCENARIO
+    run       greedy and sampled generations and score
+    badsplit  layer_split="0:3,2:4" (overlapping): refused at load
+    hang      rank 1 stops answering in the middle of a stream (sleeps)
+    kill      rank 1 dies (SIGKILL) in the middle of a stream
+    cli       metalqwen generate --distributed pipeline (its stdout and stderr kept)
+"""
+
+import contextlib
+import io
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import metalqwen
+from metalqwen import cli
+
+# The same options as the single-process reference in test_pipeline.py.
+OPTIONS = dict(device="cpu", max_context=64, kv_bits=16, prefill_chunk=4, progress=False)
+PROMPT = [5, 17, 300, 42, 8, 99, 123, 7, 64, 250]
+SAMPLED = dict(temperature=0.8, top_p=0.9, seed=7)
+TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (steps of this model take well under 1 s)
+
+
+def run(model, out: str) -> dict:
+    greedy = model.generate(PROMPT, max_tokens=5)
+    sampled = model.generate(PROMPT, max_tokens=5, **SAMPLED)
+    np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
+    return {"greedy": greedy.tokens, "sampled": sampled.tokens, "layers": list(model.layers),
+            "split": [list(r) for r in model.split], "weight_bytes": model.counters()["weight_bytes"]}
+
+
+def fail_mid_stream(model, scenario: str) -> dict:
+    """Rank 1 fails after the second token; the others must raise DistributedError."""
+    for n, _ in enumerate(model.stream(PROMPT, max_tokens=8)):
+        if n == 1 and model.rank == 1:
+            if scenario == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # mlx.launch SIGTERMs this rank once rank 0 has given up
+    return {}
+
+
+def cli_args(path: str) -> list[str]:
+    """``metalqwen generate`` as test_pipeline.py runs it alone (plus --distributed pipeline here)."""
+    return ["generate", "-m", path, "--device", "cpu", "--max-context", "64", "--kv-bits", "16", "--raw", "-p",
+            "Hello", "--max-tokens", "6", "--temperature", "0"]
+
+
+def run_cli(path: str, out: str) -> int:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(cli_args(path) + ["--distributed", "pipeline"])
+    with open(os.path.join(out, f"rank{os.environ['MLX_RANK']}.json"), "w") as f:
+        json.dump({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}, f)
+    return code
+
+
+def main(path: str, out: str, scenario: str) -> int:
+    if scenario == "cli":
+        return run_cli(path, out)
+    rank = int(os.environ.get("MLX_RANK", "-1"))
+    started = time.monotonic()
+    try:
+        model = metalqwen.load(path, **OPTIONS, distributed="pipeline", distributed_timeout=60 if scenario == "run" else TIMEOUT,
+                               layer_split="0:3,2:4" if scenario == "badsplit" else None)
+        rank = model.rank
+        started = time.monotonic()
+        result = run(model, out) if scenario == "run" else fail_mid_stream(model, scenario)
+    except Exception as e:  # reported in the result file
+        result = {"error": type(e).__name__, "message": str(e)}
+    result["seconds"] = time.monotonic() - started
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    return 1 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))

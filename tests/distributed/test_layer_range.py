@@ -1,0 +1,145 @@
+"""The engine's layer range and the layer split, in one process: two engines of layers [0, 2)
+and [2, 4), rows moved between them by hand, give the whole model's logits and tokens bit for
+bit; splits that do not cover the layers or do not fit are refused naming the rank."""
+
+import signal
+
+import numpy as np
+import pytest
+
+import metalqwen
+from metalqwen import _core, pipeline
+from metalqwen.errors import EngineError
+
+PROMPT = [5, 17, 300, 42, 8, 99, 123, 7, 64, 250]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny, device):
+    desc = metalqwen.load_checkpoint(tiny).describe()
+
+    def engine(first=0, end=-1, **options):
+        return _core.Engine(device._native, desc["dims"], desc["tensors"], 64, 16, 4, first_layer=first,
+                            end_layer=end, **options)
+
+    return engine(), engine(0, 2), engine(2, 4), engine
+
+
+def through(first, second, rows: int, step):
+    """step(engine) on the first engine, its residual rows into the second, step(second)."""
+    out = step(first)
+    second.residual_rows()[:rows] = first.residual_rows()[:rows]
+    return out, step(second)
+
+
+def test_two_ranges_give_the_whole_models_bits(engines):
+    whole, first, second, _ = engines
+    assert (first.embeds, first.has_head, second.embeds, second.has_head) == (True, False, False, True)
+    want = whole.prefill(0, PROMPT, logits="all")
+    got = []
+    for start in range(0, len(PROMPT), 4):  # a chunk per call on the engine that does not embed
+        part = PROMPT[start:start + 4]
+
+        def chunk(e, part=part):  # logits from the engine with the head only
+            return e.prefill(0, part, logits="all" if e.has_head else "none")
+
+        got.append(through(first, second, len(part), chunk)[1])
+    np.testing.assert_array_equal(np.concatenate(got).view(np.uint32), want.view(np.uint32))
+
+    sampling = _core.Sampling(temperature=0.8, seed=3)
+    whole.reset(0), first.reset(0), second.reset(0)
+    whole.prefill(0, PROMPT, sampling)
+    whole.decode_begin(0, 5, sampling)
+    want_tokens = [whole.decode_next() for _ in range(5)]
+    whole.decode_end()
+    for start in range(0, len(PROMPT), 4):
+        part = PROMPT[start:start + 4]
+        through(first, second, len(part), lambda e: e.prefill(0, part, sampling))
+    tokens = [second.chosen(0)]
+
+    def decode(e):
+        e.decode_begin(0, 2, sampling)
+        e.decode_next()
+        token = e.decode_next()
+        e.decode_end()
+        return token
+
+    for _ in range(4):
+        first.set_chosen(0, tokens[-1])
+        tokens.append(through(first, second, 1, decode)[1])
+    assert tokens == want_tokens
+    assert first.tokens(0) == second.tokens(0) == whole.tokens(0)[:len(first.tokens(0))]
+
+
+def test_each_range_holds_only_its_tensors(engines, tiny):
+    whole, first, second, _ = engines
+    desc = metalqwen.load_checkpoint(tiny).describe()
+    layer = [sum(e[2] for e in entry["tensors"].values()) for entry in desc["layers"]]
+    embed = sum(e[2] for n, e in desc["globals"].items() if "embed_tokens" in n)
+    norm = desc["globals"]["language_model.model.norm.weight"][2]
+    # Tied embeddings: the last range keeps the table as its lm_head.
+    assert first.counters()["weight_bytes"] == embed + layer[0] + layer[1]
+    assert second.counters()["weight_bytes"] == layer[2] + layer[3] + embed + norm
+    assert whole.counters()["weight_bytes"] == sum(layer) + embed + norm
+    needs = _core.estimate_memory(desc["dims"], desc["tensors"], 64, 16, 4, first_layer=0, end_layer=2)
+    assert needs["weights"] == first.counters()["weight_bytes"]
+    assert needs["total"] == first.counters()["memory_estimate"]
+
+
+def test_range_refusals(engines):
+    whole, first, second, engine = engines
+    with pytest.raises(EngineError, match=r"layers \[3, 3\) are not a non-empty range of the model's 4 layers"):
+        engine(3, 3)
+    with pytest.raises(EngineError, match=r"layers \[2, 5\)"):
+        engine(2, 5)
+    with pytest.raises(EngineError, match="one chunk of input rows per call"):
+        second.prefill(0, PROMPT)
+    with pytest.raises(EngineError, match="an engine up to layer 2 computes no logits"):
+        first.prefill(0, PROMPT[:4], logits="last")
+    with pytest.raises(EngineError, match="takes one step per decode"):
+        first.decode_begin(0, 3)
+    with pytest.raises(EngineError, match=r"a shared step needs the whole model; this engine runs layers \[0, 2\)"):
+        first.step([(0, [], _core.Sampling())])
+
+
+def test_split_parsing_and_fit():
+    assert pipeline.parse_split("0:1, 1:4", 4, 2) == [(0, 1), (1, 4)]
+    for text, message in [("0:2,2:3", "ends at layer 3, but the model has 4 layers"),
+                          ("0:2", "1 ranges for 2 ranks"), ("0:2,1:4", "rank 1's range 1:4 must start at layer 2"),
+                          ("0:2,x:4", "'x:4' is not first:end")]:
+        with pytest.raises(ValueError, match=message):
+            pipeline.parse_split(text, 4, 2)
+    # In proportion to memory, at least one layer each.
+    assert pipeline.proportional_split([10] * 4, [1, 1]) == [(0, 2), (2, 4)]
+    assert pipeline.proportional_split([10] * 4, [3, 1]) == [(0, 3), (3, 4)]
+    assert pipeline.proportional_split([10] * 4, [100, 1]) == [(0, 3), (3, 4)]
+    need = {"total": 300, "weights": 200, "kv_cache": 60, "workspace": 40}
+    pipeline.check_fits([(0, 2), (2, 4)], [need, need], [300, 300])
+    with pytest.raises(ValueError, match=r"rank 1 \(layers 2:4\) needs 300 bytes \(weights 200 \+ KV cache 60 "
+                                         r"\+ workspace 40\) but its GPU may use 299 bytes"):
+        pipeline.check_fits([(0, 2), (2, 4)], [need, need], [300, 299])
+
+
+def test_load_refuses_what_pipelines_do_not_run_yet(tiny):
+    with pytest.raises(ValueError, match="does not yet take speculative, max_sequences"):
+        metalqwen.load(tiny, distributed="pipeline", speculative="lookup", max_sequences=2)
+    with pytest.raises(ValueError, match="layer_split needs distributed='pipeline'"):
+        metalqwen.load(tiny, layer_split="0:2,2:4")
+
+
+def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, device):
+    """Outside mlx.launch the group has one rank: the whole model, the same tokens as load()."""
+    previous = signal.getsignal(signal.SIGTERM)  # load(distributed=...) turns SIGTERM into an error
+    options = dict(device=device, max_context=64, kv_bits=16, prefill_chunk=4, progress=False)
+    try:
+        model = metalqwen.load(tiny, **options, distributed="pipeline")
+        assert model.split == [(0, 4)] and model.rank == 0
+        assert model.generate(PROMPT, max_tokens=3).tokens == metalqwen.load(tiny, **options).generate(
+            PROMPT, max_tokens=3).tokens
+        for what, call in [("logprobs", lambda: model.generate(PROMPT, logprobs=1)),
+                           ("speculative decoding", lambda: model.generate(PROMPT, speculative="lookup")),
+                           ("generate_batch", lambda: model.generate_batch([PROMPT]))]:
+            with pytest.raises(EngineError, match=f"{what} is not yet supported with distributed='pipeline'"):
+                call()
+    finally:
+        signal.signal(signal.SIGTERM, previous)

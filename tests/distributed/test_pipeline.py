@@ -1,0 +1,84 @@
+"""Pipeline parallelism across 2 and 3 ranks started by mlx.launch: the same tokens and logits as one
+process, each rank mapping only its layers, and clear errors for a bad split or a rank that
+dies or hangs. Few launches, on a tiny checkpoint (each launch loads the model per rank)."""
+
+import contextlib
+import io
+import os
+
+import numpy as np
+import pytest
+
+import metalqwen
+from metalqwen import cli, pipeline
+
+from . import rank_script
+
+
+@pytest.fixture(scope="module")
+def single(tiny):
+    """The single-process run of rank_script's "run" scenario."""
+    model = metalqwen.load(tiny, **rank_script.OPTIONS)
+    return {"greedy": model.generate(rank_script.PROMPT, max_tokens=5).tokens,
+            "sampled": model.generate(rank_script.PROMPT, max_tokens=5, **rank_script.SAMPLED).tokens,
+            "logits": model.score(rank_script.PROMPT), "weight_bytes": model.counters()["weight_bytes"]}
+
+
+def range_bytes(checkpoint: str, first: int, end: int) -> int:
+    """Bytes of the tensors an engine of layers [first, end) of the 4 should hold (tied embeddings)."""
+    desc = metalqwen.load_checkpoint(checkpoint).describe()
+    total = sum(entry[2] for layer in desc["layers"][first:end] for entry in layer["tensors"].values())
+    for name, entry in desc["globals"].items():
+        embed = name.startswith("language_model.model.embed_tokens.")
+        if (embed and (first == 0 or end == 4)) or (not embed and end == 4):
+            total += entry[2]
+    return total
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_match_one_process(tiny, launch, single, ranks):
+    desc = metalqwen.load_checkpoint(tiny).describe()
+    even = [list(r) for r in pipeline.proportional_split(pipeline.layer_bytes(desc), [1] * ranks)]
+    for rank, got in enumerate(launch(tiny, "run", ranks)):
+        assert "error" not in got, got
+        assert got["greedy"] == single["greedy"]
+        assert got["sampled"] == single["sampled"]
+        logits = np.load(os.path.join(got["dir"], f"rank{rank}.npy"))
+        np.testing.assert_array_equal(logits.view(np.uint32), single["logits"].view(np.uint32))
+        # Equal memories: the split is even by weight bytes (2 ranks: 2 + 2 layers; 3: a middle rank
+        # that neither embeds nor holds the head).
+        assert got["split"] == even == ([[0, 2], [2, 4]] if ranks == 2 else [[0, 2], [2, 3], [3, 4]])
+        first, end = got["layers"]
+        assert got["weight_bytes"] == range_bytes(tiny, first, end) < single["weight_bytes"]
+
+
+def test_overlapping_split_refused_on_every_rank(tiny, launch):
+    for got in launch(tiny, "badsplit"):
+        assert got["error"] == "ValueError"
+        assert "rank 1's range 2:4 must start at layer 3" in got["message"]
+
+
+@pytest.mark.parametrize("scenario", ["kill", "hang"])
+def test_rank_failing_mid_stream_stops_rank_0(tiny, launch, scenario):
+    got = launch(tiny, scenario)[0]
+    assert got["error"] == "DistributedError"
+    assert got["message"].startswith("[distributed] rank 0: ")
+    if scenario == "hang":
+        assert f"no answer from rank 1 within {rank_script.TIMEOUT:g} s" in got["message"]
+    else:
+        # Whichever comes first: the ring's lost connection, or mlx.launch's SIGTERM once rank 1 is gone.
+        lost = "with rank 1 failed: [ring] connection to a peer was lost" in got["message"]
+        assert lost or "stopped by SIGTERM (mlx.launch sends it when another rank exits" in got["message"]
+    # The bound: the timeout, plus the steps before rank 1 failed.
+    assert got["seconds"] < rank_script.TIMEOUT + 10
+
+
+def test_cli_generate_prints_on_rank_0_only(tiny, launch):
+    alone = io.StringIO()
+    with contextlib.redirect_stdout(alone), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(rank_script.cli_args(tiny)) == 0
+    first, second = launch(tiny, "cli")
+    assert first["code"] == second["code"] == 0, (first, second)
+    assert first["stdout"] == alone.getvalue() != ""
+    assert "decode: 6 tokens" in first["stderr"]  # the report
+    assert second["stdout"] == second["stderr"] == ""

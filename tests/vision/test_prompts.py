@@ -1,0 +1,236 @@
+"""Prompts with images through metalqwen.load on the tiny VLM folder, against mlx-vlm 0.7.10's
+Qwen3.5 model run on the same ids and patches: logits at every position for one image and for two
+images with text between them, greedy tokens, a text-only prompt on the VLM folder; and what is
+refused. The reference runs every parameter in float32 (as the text path's mlx-lm reference,
+tests/support/model_fixtures.reference_logits), so the tolerance is the text path's f16-cache one."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import metalqwen
+from metalqwen.images import IMAGE_TEXT
+
+from ..support.model_checks import assert_logits_close, logit_tolerance, up_to_eos
+from .conftest import TOKEN_IDS, picture
+
+PAD, START = TOKEN_IDS["image_token_id"], TOKEN_IDS["vision_start_token_id"]
+
+
+@pytest.fixture(scope="module")
+def folder(vlm):
+    return vlm()
+
+
+@pytest.fixture(scope="module")
+def model(folder, device):
+    return metalqwen.load(folder, device=device, max_context=256, kv_bits=16, progress=False,
+                          prefix_cache_bytes=64 << 20, speculative="lookup", draft_depth=2)
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    """mlx-vlm's model of the folder with float32 parameters."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_vlm.utils import load_model
+
+    m = load_model(Path(folder))
+    m.update(tree_map(lambda p: p.astype(mx.float32), m.parameters()))
+    return m
+
+
+def patches_of(model, images):
+    rows, grids = zip(*(model.vision.patches(i) for i in images))
+    return np.concatenate(rows), [list(g) for g in grids]
+
+
+def reference_logits(reference, ids, rows, grids, cache=None):
+    import mlx.core as mx
+
+    out = reference(mx.array([ids]), pixel_values=mx.array(rows), image_grid_thw=mx.array(grids), cache=cache)
+    return out.logits[0].astype(mx.float32)
+
+
+def reference_greedy(reference, ids, rows, grids, n):
+    """mlx-vlm's greedy tokens and the logits that chose them ([n, vocab]): the prompt with its
+    images, then the language model token by token through its caches (as mlx-vlm's generate
+    does: positions continue from its rope delta)."""
+    import mlx.core as mx
+
+    cache = reference.language_model.make_cache()
+    logits = reference_logits(reference, ids, rows, grids, cache)
+    out, rows_seen = [], []
+    for _ in range(n):
+        rows_seen.append(np.array(logits[-1]))
+        out.append(int(mx.argmax(logits[-1]).item()))
+        logits = reference.language_model(mx.array([[out[-1]]]), cache=cache).logits[0].astype(mx.float32)
+    return out, np.stack(rows_seen)
+
+
+ONE = dict(messages=None, text="Describe the picture.", images=[(64, 128)])
+TWO = dict(messages=[{"role": "user", "content": [
+    {"type": "image"}, {"type": "text", "text": "and then"}, {"type": "image"}, {"type": "text", "text": "compare."}]}],
+    images=[(96, 64), (64, 64)])
+
+
+def case(c):
+    images = [picture(h, w, seed=h * w) for h, w in c["images"]]
+    return (c["messages"] or c["text"]), images
+
+
+@pytest.mark.parametrize("c", [ONE, TWO], ids=["one image first", "text between two images"])
+def test_logits_equal_mlx_vlm(model, reference, c):
+    prompt, images = case(c)
+    ids = model.prompt_ids(prompt, chat=True, images=images)
+    rows, grids = patches_of(model, images)
+    assert ids.count(PAD) == sum(h * w // 4 for _, h, w in grids)
+    got = model.score(prompt, images=images, chat=True)
+    want = np.array(reference_logits(reference, ids, rows, grids))
+    assert_logits_close(got, want, logit_tolerance(model.config, 16))
+
+
+def test_two_images_render_in_message_order(model):
+    prompt, images = case(TWO)
+    text = model.tokenizer.decode(model.prompt_ids(prompt, chat=True, images=images))
+    assert text.index("and then") < text.index("compare.")
+    assert text.count("<|vision_start|>") == 2 and text.index("<|vision_end|>") < text.index("and then")
+
+
+def test_greedy_tokens_and_logprobs_equal_mlx_vlm(model, reference):
+    """Decode steps after the image rotate at cache row + rope_delta: the tokens, and each one's
+    log-probability against the reference's log-softmax (a decode at the cache row alone, delta
+    0, is ~1e-2 of the logits off)."""
+    prompt, images = case(ONE)
+    ids = model.prompt_ids(prompt, chat=True, images=images)
+    rows, grids = patches_of(model, images)
+    chunks = list(model.stream(prompt, max_tokens=6, chat=True, images=images, logprobs=0))
+    got = model.last_tokens
+    want, logits = reference_greedy(reference, ids, rows, grids, 6)
+    want = up_to_eos(want, model.eos_token_ids)
+    assert got == want
+    logprobs = [c.logprob for c in chunks if c.token is not None]
+    shifted = logits - logits.max(1, keepdims=True)
+    want_lp = (shifted - np.log(np.exp(shifted).sum(1, keepdims=True)))[np.arange(len(got)), got]
+    # log-softmax moves by at most twice the largest logit error.
+    bound = 2 * logit_tolerance(model.config, 16) * np.abs(logits).max()
+    assert np.abs(np.array(logprobs) - want_lp).max() <= bound
+    # The same picture again is fed whole (no prefix-cache hit) and gives the same tokens.
+    again = model.generate(prompt, max_tokens=6, chat=True, images=images)
+    assert again.tokens == got and again.stats.prompt_tokens_reused == 0
+
+
+class RepeatLast:
+    """Drafts the last token k times: every step is a verify step, most drafts refused."""
+
+    def draft(self, history, k):
+        return [history[-1]] * k
+
+
+def test_chunked_prefill(model, folder, device):
+    """Prefill chunks of 16 rows (the second image straddles rows 15 | 16) bind each chunk's
+    positions and features and give the one-chunk logits."""
+    chunked = metalqwen.load(folder, device=device, max_context=64, kv_bits=16, progress=False, prefill_chunk=16)
+    prompt, images = case(TWO)
+    ids = chunked.prompt_ids(prompt, images=images)
+    assert ids[15] == ids[16] == PAD and ids[14] == START  # an image across the chunk boundary
+    want = model.score(prompt, images=images)
+    np.testing.assert_allclose(chunked.score(prompt, images=images), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_speculation_after_an_image(model):
+    """Verify steps rotate at cache row + rope_delta: plain greedy's tokens."""
+    prompt, images = case(TWO)
+    plain = model.generate(prompt, max_tokens=5, images=images, speculative="off").tokens
+    spec = model.generate(prompt, max_tokens=5, images=images, speculative=RepeatLast())
+    assert spec.tokens == plain and spec.stats.verify_steps > 0
+
+
+def test_a_text_prompt_on_the_vlm_folder_is_the_text_path(model, reference):
+    import mlx.core as mx
+
+    ids = model.prompt_ids("Just text, no picture.", chat=True)
+    want = np.array(reference(mx.array([ids])).logits[0].astype(mx.float32))
+    assert_logits_close(model.score(ids), want, logit_tolerance(model.config, 16))
+
+
+def test_images_in_ids_and_content_parts(model, tmp_path):
+    """An image_url part with a data: URL, and an ids prompt (one image per
+    <|vision_start|><|image_pad|><|vision_end|>) with the picture as a path, give the logits of the
+    same picture passed as an array."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    img = picture(64, 64, seed=3)
+    png = io.BytesIO()
+    Image.fromarray(img).save(png, format="PNG")
+    path = tmp_path / "p.png"
+    path.write_bytes(png.getvalue())
+    want = model.score("What is it?", images=[img], chat=True)
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is it?"}]}]
+    assert np.array_equal(model.score(messages), want)
+    ids = model.tokenizer.encode_chat([{"role": "user", "content": IMAGE_TEXT + "What is it?"}])
+    assert np.array_equal(model.score(ids, images=[str(path)]), want)
+
+
+def test_what_is_refused(model, demo, device):
+    img = picture(64, 64)
+    with pytest.raises(ValueError, match="2 images given but the prompt has places for 1"):
+        model.score(model.tokenizer.encode(IMAGE_TEXT + "x"), images=[img, img])
+    with pytest.raises(ValueError, match="image places .* but no images"):
+        model.score(model.tokenizer.encode(IMAGE_TEXT + "x"))
+    with pytest.raises(ValueError, match="fetching URLs is not supported"):
+        model.score([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}])
+    with pytest.raises(ValueError, match="cannot be batched yet"):
+        model.generate_batch(["a"], 2, images=[img])
+    text_only = metalqwen.load(demo, device=device, max_context=64, progress=False)
+    assert text_only.vision is None
+    with pytest.raises(ValueError, match="takes no images: .*has no vision tower"):
+        text_only.generate("What is it?", max_tokens=2, images=[img])
+
+
+def test_cli_generate_with_images_answers_as_the_python_api(model, folder, device, tmp_path):
+    from PIL import Image
+
+    from ..support.cli import run
+
+    paths = []
+    for seed in (3, 4):
+        paths.append(str(tmp_path / f"p{seed}.png"))
+        Image.fromarray(picture(64, 64, seed=seed)).save(paths[-1])
+    want = model.generate("What differs?", max_tokens=3, images=paths, chat=True, enable_thinking=False)
+    out = run("generate", "-m", folder, "--device", device.kind, "--image", paths[0], "--image", paths[1],
+              "-p", "What differs?", "--max-tokens", "3", "--temperature", "0", "--no-think", "--speculative", "off")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == want.text + "\n"
+    missing = run("generate", "-m", folder, "--image", str(tmp_path / "none.png"), "-p", "x")
+    assert missing.returncode == 1 and "--image" in missing.stderr and "none.png: no such file" in missing.stderr
+
+
+def test_cli_chat_attaches_an_image_to_the_next_message(model, folder, device, tmp_path):
+    """/image PATH goes with the next message; the second turn reads the picture again (its prompt
+    holds the image tokens), and both answers are the Python API's on the same conversation."""
+    from PIL import Image
+
+    from ..support.cli import run
+
+    path = str(tmp_path / "chat.png")
+    Image.fromarray(picture(64, 96, seed=5)).save(path)
+    first = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
+    one = model.generate(first, max_tokens=3, images=[path], enable_thinking=False)
+    second = first + [{"role": "assistant", "content": one.text.lstrip("\n"), "reasoning_content": None},
+                      {"role": "user", "content": "And now?"}]
+    two = model.generate(second, max_tokens=3, images=[path], enable_thinking=False)
+    out = run("chat", "-m", folder, "--device", device.kind, "--max-tokens", "3", "--temperature", "0", "--no-think",
+              "--speculative", "off", stdin=f"/help\n/image {tmp_path}/none.png\n/image {path}\nWhat is it?\nAnd now?\n")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "/image PATH attaches a picture" in out.stderr and "(cannot attach" in out.stderr and "none.png" in out.stderr
+    assert f"(attached {path}: 96 x 64, 6 prompt tokens" in out.stderr
+    assert f"> {one.text}\n> {two.text}\n" in out.stdout, out.stdout
+    reports = [line for line in out.stderr.splitlines() if line.startswith("prompt: ")]
+    assert [int(r.split()[1]) for r in reports] == [one.stats.prompt_tokens, two.stats.prompt_tokens]
