@@ -6,8 +6,11 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -63,14 +66,34 @@ def _load(args: argparse.Namespace):
     from .model import load
 
     distributed = getattr(args, "distributed", None)
-    # Pipelines do not speculate yet: "auto" means off there; an explicit mode is refused by load.
+    # Pipelines do not speculate, batch or cache prefixes yet: their defaults are off there (an
+    # explicit mode, --cache-gb or --max-sequences is refused by load).
     speculative = "off" if distributed and args.speculative == "auto" else args.speculative
+    cache_gb = getattr(args, "cache_gb", None)
+    cache_gb = cache_gb if cache_gb is not None else 0.0 if distributed else _CACHE_GB.get(args.command, 0.0)
+    max_sequences = getattr(args, "max_sequences", None)
+    max_sequences = max_sequences if max_sequences is not None else 1 if distributed else _MAX_SEQUENCES.get(
+        args.command, 1)
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
-                progress=True if args.progress else None,
-                prefix_cache_bytes=int(getattr(args, "cache_gb", 0) * 2**30),
-                speculative=speculative, draft_depth=args.draft_depth,
-                max_sequences=getattr(args, "max_sequences", 1), distributed=distributed,
-                layer_split=getattr(args, "layer_split", None))
+                progress=True if args.progress else None, prefix_cache_bytes=int(cache_gb * 2**30),
+                speculative=speculative, draft_depth=args.draft_depth, max_sequences=max_sequences,
+                distributed=distributed, layer_split=getattr(args, "layer_split", None),
+                distributed_timeout=getattr(args, "distributed_timeout", 60.0))
+
+
+# Per command: --cache-gb and --max-sequences when not given (pipelines: 0 and 1).
+_CACHE_GB = {"chat": 1.0, "serve": 2.0}
+_MAX_SEQUENCES = {"serve": 4}
+
+
+def _on_ranks(model, work: Callable[[], int]) -> int:
+    """The command's ``work()``: alone, or on rank 0 of a pipeline with the other ranks following
+    its calls (silent: they print only errors)."""
+    if getattr(model, "group", None) is None:
+        return work()
+    with _follower(model):
+        code = model.lead_with(work)
+    return 0 if code is None else code
 
 
 def _follower(model) -> contextlib.AbstractContextManager:
@@ -183,14 +206,31 @@ def _print_stream(model, prompt, options: dict, opens_thinking: bool, hide_think
     stops it (the engine's state keeps what was fed) and propagates once the line is ended."""
     text = []
     printer = _AnswerPrinter(opens_thinking, hide_thinking, sys.stdout.isatty())
-    with contextlib.closing(model.stream(prompt, **options)) as chunks:
+    with contextlib.closing(model.stream(prompt, **options)) as chunks, _between_tokens(model) as interrupted:
         try:
             for chunk in chunks:
                 printer.feed(chunk.text)
                 text.append(chunk.text)
+                if interrupted:
+                    raise KeyboardInterrupt
         finally:
             printer.finish()
     return "".join(text)
+
+
+@contextlib.contextmanager
+def _between_tokens(model):
+    """On a pipeline's rank 0, a Ctrl-C is held until the next chunk (a list that is then not
+    empty), so that the ranks stop together between two steps; elsewhere it interrupts at once."""
+    caught: list[int] = []
+    if getattr(model, "group", None) is None or threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _conversation(args: argparse.Namespace, model, system: str | None = None):
@@ -313,6 +353,11 @@ def _chat(args: argparse.Namespace) -> int:
     options = _options(args)
     model = _load(args)
     options = _with_folder_sampling(options, model)
+    return _on_ranks(model, lambda: _chat_turns(args, model, options))
+
+
+def _chat_turns(args: argparse.Namespace, model, options: dict) -> int:
+    """Reads messages and prints answers until Ctrl-D or /exit."""
     conversation = _conversation(args, model, system=args.system)
     # A new turn wants room for an answer: max_tokens, or half the context when that is less.
     answer_room = min(args.max_tokens, model.max_context // 2)
@@ -420,8 +465,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import access_log, create_app
-    from .server.graceful import GracefulServer, listening_socket
+    from .server.graceful import listening_socket
     from .server.image_parts import ImagePolicy
 
     _check_max_sequences(args.max_sequences)
@@ -434,20 +478,44 @@ def _serve(args: argparse.Namespace) -> int:
         if value <= 0:
             raise ValueError(f"{flags[name]} must be positive, got {value}")
     images = ImagePolicy(allowed_dir=args.allowed_image_dir, fetch=args.fetch_images, **limits)
-    sock = listening_socket(args.host, args.port)
-    with sock:
+    if args.distributed:  # only rank 0 listens: its port is known once the ranks are up
         model = _load(args)
+        return _on_ranks(model, lambda: _serve_http(args, model, images, listening_socket(args.host, args.port)))
+    sock = listening_socket(args.host, args.port)  # before the (possibly long) load: a busy port fails at once
+    with sock:
+        return _serve_http(args, _load(args), images, sock)
+
+
+def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
+    """Serves until SIGINT/SIGTERM (exit 0) or a pipeline rank fails (every request then gets 503,
+    and the error is raised once the server has stopped)."""
+    from .server import access_log, create_app
+    from .server.graceful import GracefulServer
+
+    failed = []
+
+    def rank_failed(error: Exception) -> None:  # called by the engine thread
+        failed.append(error)
+        server.should_exit = True
+
+    with sock:
         access_log.configure(args.log_level)
         app = create_app(model, api_key=args.api_key, max_queue=args.max_queue, public_metrics=args.public_metrics,
-                         cors_origins=args.cors_origin, images=images)
+                         cors_origins=args.cors_origin, images=images, on_fatal=rank_failed)
         memory = model.counters()["memory_estimate"] / 2**30
+
+        ranks = f" on rank 0 of {model.group.size} (layers {model.layers[0]}:{model.layers[1]})" if args.distributed \
+            else ""
 
         def say_serving() -> None:
             print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "
                   f"{model.max_sequences} sequence slot(s) of {model.max_context} tokens, {memory:.2f} GiB of GPU "
-                  "memory", file=sys.stderr, flush=True)
+                  f"memory{ranks}", file=sys.stderr, flush=True)
 
-        GracefulServer(app, sock, say_serving, log_level="warning").serve_until_signal()
+        server = GracefulServer(app, sock, say_serving, log_level="warning")
+        server.serve_until_signal()
+    if failed:
+        raise failed[0]
     return 0
 
 
@@ -510,6 +578,18 @@ def _add_speculative_options(p: argparse.ArgumentParser) -> None:
                         "each reserves a copy of the recurrent state")
 
 
+def _add_distributed_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--distributed", choices=["pipeline"], default=None,
+                   help="under mlx.launch: the layers spread over its ranks, rank 0 printing, reading the terminal "
+                        "or serving (docs/distributed.md; every rank gets the same arguments)")
+    p.add_argument("--layer-split", metavar="RANGES", default=None,
+                   help="with --distributed: each rank's layers, e.g. 0:20,20:40 (default: in proportion to each "
+                        "rank's GPU memory)")
+    p.add_argument("--distributed-timeout", metavar="SECONDS", type=float, default=60.0,
+                   help="with --distributed: how long a rank waits for another within a step before it stops "
+                        "with an error (default 60)")
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     _add_common_options(p)
@@ -564,19 +644,15 @@ def parser() -> argparse.ArgumentParser:
     generate.add_argument("--image", metavar="PATH", action="append", default=[],
                           help="an image before the prompt's text (repeat for several; folders with a vision tower, "
                                "as mlx_vlm.convert writes them)")
-    generate.add_argument("--distributed", choices=["pipeline"], default=None,
-                          help="under mlx.launch: the layers spread over its ranks, rank 0 printing "
-                               "(docs/distributed.md; every rank gets the same arguments)")
-    generate.add_argument("--layer-split", metavar="RANGES", default=None,
-                          help="with --distributed: each rank's layers, e.g. 0:20,20:40 (default: in proportion "
-                               "to each rank's GPU memory)")
+    _add_distributed_options(generate)
     generate.set_defaults(run=_generate)
     chat = commands.add_parser("chat", help="multi-turn chat in the terminal")
     _add_model_options(chat)
     chat.add_argument("--system", default=None, help="a system message for the conversation")
-    chat.add_argument("--cache-gb", type=float, default=1.0,
-                      help="device memory for the states saved at message ends, GiB (default 1; 0 = off: each "
-                           "turn re-reads the whole conversation)")
+    chat.add_argument("--cache-gb", type=float, default=None,
+                      help="device memory for the states saved at message ends, GiB (default 1, with --distributed "
+                           "0; 0 = off: a turn that does not extend the last one re-reads the whole conversation)")
+    _add_distributed_options(chat)
     chat.set_defaults(run=_chat)
     demo = commands.add_parser("demo", help="write a tiny random checkpoint and generate from it (works anywhere)")
     _add_common_options(demo)
@@ -608,10 +684,12 @@ def parser() -> argparse.ArgumentParser:
                        help="info (default): one line per request on stderr (status, tokens, time to first token, "
                             "tok/s); warning: errors only")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
-    serve.add_argument("--cache-gb", type=float, default=2.0,
-                       help="device memory for the prefix cache's saved states, GiB (default 2; 0 = off)")
-    serve.add_argument("--max-sequences", type=int, default=4,
-                       help="requests decoded together, sharing each step's weight stream, 1..8 (default 4; 1 = one "
+    serve.add_argument("--cache-gb", type=float, default=None,
+                       help="device memory for the prefix cache's saved states, GiB (default 2, with --distributed "
+                            "0; 0 = off)")
+    serve.add_argument("--max-sequences", type=int, default=None,
+                       help="requests decoded together, sharing each step's weight stream, 1..8 (default 4, with "
+                            "--distributed 1; 1 = one "
                             "at a time, the others wait); each reserves a KV cache of --max-context tokens and a "
                             "DeltaNet state (counted in the memory checked at load)")
     serve.add_argument("--allowed-image-dir", metavar="DIR", default=None,
@@ -629,6 +707,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-image-pixels", dest="max_pixels", metavar="N", type=int, default=None,
                        help="largest image as sent, width x height (default 40000000); the model's processor then "
                             "resizes it within its own pixel bounds")
+    _add_distributed_options(serve)
     serve.set_defaults(run=_serve)
     bench = commands.add_parser("bench", help="prefill, time to first token and decode tok/s of a checkpoint "
                                 "(--compare mlx-lm: side by side)")
@@ -658,6 +737,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE", default=None,
                        help="draw decode tok/s against context (and, with --concurrency, aggregate tok/s against "
                             "the streams) to FILE (.png; needs matplotlib)")
+    _add_distributed_options(bench)
     bench.set_defaults(run=_bench)
     convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head kept")
     convert.add_argument("hf_dir", help="the original's folder (config.json, *.safetensors, tokenizer)")

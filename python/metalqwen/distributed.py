@@ -6,6 +6,7 @@ DistributedError naming it, never hang."""
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import threading
@@ -85,13 +86,18 @@ class Group:
 
         signal.signal(signal.SIGTERM, stop)
 
-    def _transfer(self, job: Callable, what: str, peer: str, timeout: float | None = None):
+    @property
+    def broken(self) -> bool:
+        """Whether a transfer failed (every later one is refused)."""
+        return self._broken is not None
+
+    def _transfer(self, job: Callable, what: str, peer: str, timeout: float | None = None, forever: bool = False):
         if self._broken:
             raise DistributedError(self._broken)
         timeout = max(self.timeout, timeout or 0.0)
         start = time.perf_counter()
         try:
-            return self._worker.run(job, timeout)
+            return self._worker.run(job, None if forever else timeout)
         except TimeoutError:
             self._broken = (f"[distributed] rank {self.rank}: {what}: no answer from {peer} within {timeout:g} s "
                             "(it exited, hangs or cannot be reached; a larger distributed_timeout allows slower "
@@ -111,8 +117,9 @@ class Group:
         self._transfer(lambda: mx.eval(mx.distributed.send(mx.array(data), dst, group=self._group, stream=mx.cpu)),
                        what, f"rank {dst}")
 
-    def recv(self, shape: tuple, dtype, src: int, what: str) -> np.ndarray:
-        """The array rank ``src`` sends, exactly."""
+    def recv(self, shape: tuple, dtype, src: int, what: str, forever: bool = False) -> np.ndarray:
+        """The array rank ``src`` sends, exactly; ``forever``: no time bound (a follower idle until
+        rank 0's next request: a lost connection or mlx.launch's SIGTERM still ends the wait)."""
         mx, kind = self._mx, _mx_dtype(self._mx, dtype)
 
         def job():
@@ -120,7 +127,7 @@ class Group:
             mx.eval(got)
             return np.array(got, copy=True)
 
-        return self._transfer(job, what, f"rank {src}")
+        return self._transfer(job, what, f"rank {src}", forever=forever)
 
     def all_gather(self, array: np.ndarray, what: str, timeout: float | None = None) -> np.ndarray:
         """[size, *array.shape]: every rank's ``array`` (each rank gives the same shape and dtype);
@@ -142,6 +149,17 @@ class Group:
                     self.send(array, dst, what)
             return array
         return self.recv(shape, dtype, src, what)
+
+    def share_message(self, message: dict | None, what: str, forever: bool = False) -> dict:
+        """Rank 0's ``message`` (JSON) on every rank (the others pass None; ``forever``: they wait
+        without a bound for it, see ``recv``)."""
+        if self.rank == 0:
+            data = np.frombuffer(json.dumps(message).encode(), dtype=np.uint8)
+            self.share(np.array([data.size], dtype=np.int64), 0, (1,), np.int64, what)
+            self.share(data, 0, data.shape, np.uint8, what)
+            return message
+        size = self.recv((1,), np.int64, 0, what, forever=forever)
+        return json.loads(self.recv((int(size[0]),), np.uint8, 0, what).tobytes())
 
 
 def _mx_dtype(mx, dtype):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -122,10 +123,20 @@ def agree(group: Group, what: str, value: bytes) -> None:
 
 # ---- running steps across ranks
 
+# The last float of a rows message: go on with the step, or stop (rank 0 ended the generation).
+_GO, _STOP = 1.0, 0.0
+
+
+class _Stopped(Exception):
+    """Rank 0 ended the generation before this step (its rows message said stop)."""
+
+
 class PipelineRunner(Runner):
     """The Runner of one rank: each engine step takes its input rows from the rank before (or
     embeds, on rank 0) and passes its output rows to the rank after; the last rank's choice is
-    then given to every rank. Prefill runs chunk by chunk, decoding one step at a time."""
+    then given to every rank. Prefill runs chunk by chunk, decoding one step at a time. A rows
+    message is float32 [rows * hidden + 1]: the rows, then _GO (or _STOP with no step: rank 0
+    ended the generation early, which a follower cannot see for itself)."""
 
     def __init__(self, engine, group: Group, hidden: int, vocab: int, progress: bool = False):
         super().__init__(engine, None, progress)
@@ -134,16 +145,47 @@ class PipelineRunner(Runner):
         self._chunk = engine.residual_rows().shape[0]  # rows one step takes at most
         self._last = group.size - 1
 
+    def _send_rows(self, rows: np.ndarray, flag: float) -> None:
+        message = np.empty(rows.size + 1, dtype=np.float32)
+        message[:-1], message[-1] = rows.reshape(-1), flag
+        self.group.send(message, self.group.rank + 1, "sending residual rows")
+
+    def _receive_rows(self, rows: int) -> np.ndarray:
+        group = self.group
+        return group.recv((rows * self._hidden + 1,), np.float32, group.rank - 1, "receiving residual rows")
+
     def _through(self, rows: int, step):
-        """step() (one engine step over ``rows`` rows) between the rows in and the rows out."""
-        engine, group = self._engine, self.group
+        """step() (one engine step over ``rows`` rows) between the rows in and the rows out;
+        _Stopped (passed on, no step) when rank 0 ended the generation instead."""
+        engine = self._engine
         if not engine.embeds:
-            rows_in = group.recv((rows, self._hidden), np.float32, group.rank - 1, "receiving residual rows")
-            engine.residual_rows()[:rows] = rows_in  # a fresh view: the buffer alternates between steps
+            message = self._receive_rows(rows)
+            if message[-1] == _STOP:
+                if not engine.has_head:
+                    self._send_rows(message[:-1], _STOP)
+                raise _Stopped
+            # A fresh view: the buffer alternates between steps.
+            engine.residual_rows()[:rows] = message[:-1].reshape(rows, self._hidden)
         result = step()
         if not engine.has_head:
-            group.send(engine.residual_rows()[:rows], group.rank + 1, "sending residual rows")
+            self._send_rows(engine.residual_rows()[:rows], _GO)
         return result
+
+    def _stop_here(self) -> None:
+        """The generation ends before its next decode step: rank 0 says so down the chain, the
+        others take its word (a rank that would go on finds it in _through instead)."""
+        group, engine = self.group, self._engine
+        if group.size == 1:
+            return
+        if engine.embeds:
+            self._send_rows(np.zeros(self._hidden, dtype=np.float32), _STOP)
+            return
+        message = self._receive_rows(1)
+        if message[-1] != _STOP:
+            raise DistributedError(f"[distributed] rank {group.rank}: rank 0 went on generating where this rank "
+                                   "stopped (the ranks' calls differ: every rank must consume the same tokens)")
+        if not engine.has_head:
+            self._send_rows(message[:-1], _STOP)
 
     def _share_choice(self) -> int:
         """The token the last rank chose, now ids[position] on every rank."""
@@ -186,11 +228,48 @@ class PipelineRunner(Runner):
 
         token = engine.chosen(0)
         for n in range(budget):
-            yield token
+            try:
+                yield token
+            except GeneratorExit:  # the consumer stopped (eos, a stop string, a client gone, Ctrl-C)
+                if n + 1 < budget:
+                    self._stop_here()
+                raise
             if n + 1 == budget:
                 return
-            self._through(1, decode_step)
+            try:
+                self._through(1, decode_step)
+            except _Stopped:
+                return
             token = self._share_choice()
+
+    def hop_seconds(self, repeats: int) -> list[float]:
+        """Every rank together: the time of one decode step's rows message from rank r to r + 1
+        (for each r), then of the chosen token from the last rank to rank 0; each the mean of
+        ``repeats`` round trips, halved (the Macs share no clock). The same list on every rank."""
+        group = self.group
+        if group.size == 1:
+            return []
+        mine = np.full(group.size, np.nan, dtype=np.float32)
+        rows = np.zeros(self._hidden + 1, dtype=np.float32)  # a decode step's message
+        for first in range(group.size - 1):
+            mine[first] = self._round_trips(first, first + 1, rows, repeats)
+        mine[-1] = self._round_trips(self._last, 0, np.zeros(1, dtype=np.int32), repeats)
+        seen = group.all_gather(mine, "sharing the hop times")
+        return [float(seen[np.isfinite(seen[:, hop]), hop][0]) for hop in range(group.size)]
+
+    def _round_trips(self, src: int, dst: int, message: np.ndarray, repeats: int) -> float:
+        """Seconds per one-way trip of ``message`` between ``src`` and ``dst`` (NaN on the others)."""
+        group, what = self.group, "timing a hop"
+        if group.rank == src:
+            start = time.perf_counter()
+            for _ in range(repeats):
+                group.send(message, dst, what)
+                group.recv(message.shape, message.dtype, dst, what)
+            return (time.perf_counter() - start) / (2 * repeats)
+        if group.rank == dst:
+            for _ in range(repeats):
+                group.send(group.recv(message.shape, message.dtype, src, what), src, what)
+        return float("nan")
 
     def score(self, ids: list[int]) -> np.ndarray:
         self._engine.reset(0)

@@ -4,8 +4,10 @@ mlx.launch exits 0 whatever its ranks do, and its default ports (32323 + rank) c
 launches run at once: each launch gets free ports, an open stdin pipe, its own TMPDIR (each
 rank leaves a pidfile and hostfile there), and each rank writes its result to a file."""
 
+import contextlib
 import json
 import os
+import signal
 import shutil
 import socket
 import subprocess
@@ -52,29 +54,66 @@ def tiny(ckpt_root):
                                  full_attention_interval=2, group_size=32)
 
 
-@pytest.fixture
-def launch(tmp_path):
-    """launch(checkpoint, scenario, ranks=2) -> [each rank's result dict] (rank_script.py; a rank that
-    wrote none gets {"error": "no result", "message": what mlx.launch printed})."""
-    require("mlx")
-    launcher = shutil.which("mlx.launch")
-    if launcher is None:
-        pytest.fail("mlx.launch is not on PATH (pip install mlx[cpu])")
+class Launch:
+    """One mlx.launch of rank_script.py running ``scenario`` (its ranks' results once it ends)."""
 
-    def run(checkpoint: str, scenario: str, ranks: int = 2) -> list[dict]:
-        out = tmp_path / scenario
+    def __init__(self, out, checkpoint: str, scenario: str, ranks: int, extra: list[str]):
+        launcher = shutil.which("mlx.launch")
+        if launcher is None:
+            pytest.fail("mlx.launch is not on PATH (pip install mlx[cpu])")
         (out / "tmp").mkdir(parents=True)
+        self.out, self.ranks = out, ranks
         cmd = [launcher, "-n", str(ranks), "--backend", "ring", "--starting-port", str(free_ports(ranks)),
-               "--python", sys.executable, "--", SCRIPT, checkpoint, str(out), scenario]
+               "--python", sys.executable, "--", SCRIPT, checkpoint, str(out), scenario, *extra]
         env = {**os.environ, "TMPDIR": str(out / "tmp")}
-        proc = subprocess.run(cmd, stdin=subprocess.PIPE, capture_output=True, text=True, timeout=120, env=env)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+
+    def results(self, stdin: str = "", timeout: float = 120) -> list[dict]:
+        """Waits for the ranks (``stdin``: what mlx.launch gives every rank) -> each rank's result
+        dict (a rank that wrote none: {"error": "no result", "message": what mlx.launch printed})."""
+        try:
+            stdout, stderr = self.proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            stdout, stderr = self.proc.communicate()
         results = []
-        for rank in range(ranks):
-            file = out / f"rank{rank}.json"
+        for rank in range(self.ranks):
+            file = self.out / f"rank{rank}.json"
             if file.exists():
-                results.append({**json.loads(file.read_text()), "dir": str(out)})
+                results.append({**json.loads(file.read_text()), "dir": str(self.out)})
             else:  # a rank that was killed
-                results.append({"error": "no result", "message": f"mlx.launch said:\n{proc.stdout}\n{proc.stderr}"})
+                results.append({"error": "no result", "message": f"mlx.launch said:\n{stdout}\n{stderr}"})
         return results
+
+
+@pytest.fixture
+def start(tmp_path):
+    """start(checkpoint, scenario, ranks=2, extra=[]) -> a running Launch (rank_script.py
+    CHECKPOINT OUT SCENARIO *extra); killed at the end of the test if still running."""
+    require("mlx")
+    launches = []
+
+    def run(checkpoint: str, scenario: str, ranks: int = 2, extra: list[str] = ()) -> Launch:
+        launches.append(Launch(tmp_path / f"{scenario}{len(launches)}", checkpoint, scenario, ranks, list(extra)))
+        return launches[-1]
+
+    yield run
+    for launch in launches:
+        if launch.proc.poll() is None:  # its ranks too: mlx.launch killed leaves them running
+            for pidfile in launch.out.glob("rank*.pid"):
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            launch.proc.kill()
+            launch.proc.communicate()
+
+
+@pytest.fixture
+def launch(start):
+    """launch(checkpoint, scenario, ranks=2, stdin="") -> [each rank's result dict] (rank_script.py;
+    see Launch.results)."""
+
+    def run(checkpoint: str, scenario: str, ranks: int = 2, stdin: str = "") -> list[dict]:
+        return start(checkpoint, scenario, ranks).results(stdin)
 
     return run

@@ -8,6 +8,12 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
     cli       metalqwen generate --distributed pipeline (its stdout and stderr kept)
+    chat      metalqwen chat --distributed pipeline, reading what mlx.launch passes on
+    bench     metalqwen bench --quick --distributed pipeline --json OUT/bench.json
+    serve     metalqwen serve --distributed pipeline --port PORT (the extra argument)
+    serve-hang  as serve, with rank 1 hanging in the second request it follows
+
+Each rank writes its pid to OUT/rank<N>.pid first (the test kills what is left).
 """
 
 import contextlib
@@ -54,18 +60,59 @@ def cli_args(path: str) -> list[str]:
             "Hello", "--max-tokens", "6", "--temperature", "0"]
 
 
-def run_cli(path: str, out: str) -> int:
+def chat_args(path: str) -> list[str]:
+    """``metalqwen chat`` as test_commands.py runs it alone (plus --distributed pipeline here)."""
+    return ["chat", "-m", path, "--device", "cpu", "--max-context", "64", "--kv-bits", "16", "--max-tokens", "4",
+            "--temperature", "0", "--no-think"]
+
+
+def serve_args(path: str, port: str) -> list[str]:
+    return ["serve", "-m", path, "--device", "cpu", "--max-context", "64", "--kv-bits", "16", "--port", port,
+            "--log-level", "warning", "--distributed", "pipeline", "--distributed-timeout", str(TIMEOUT)]
+
+
+def hang_in_second_request() -> None:
+    """Rank 1 of serve-hang: the second call it follows sleeps (mlx.launch SIGTERMs it once rank 0 exits)."""
+    from metalqwen.model import PipelineModel
+
+    follow, calls = PipelineModel._follow_stream, []
+
+    def hanging(self, message):
+        calls.append(message)
+        if len(calls) == 2:
+            time.sleep(60)
+        follow(self, message)
+
+    PipelineModel._follow_stream = hanging
+
+
+def command(path: str, out: str, scenario: str, extra: list[str]) -> list[str]:
+    if scenario == "cli":
+        return cli_args(path) + ["--distributed", "pipeline"]
+    if scenario == "chat":
+        return chat_args(path) + ["--distributed", "pipeline"]
+    if scenario == "bench":
+        return ["bench", "-m", path, "--device", "cpu", "--kv-bits", "16", "--quick", "--decode-tokens", "4",
+                "--distributed", "pipeline", "--json", os.path.join(out, "bench.json")]
+    if scenario == "serve-hang" and os.environ["MLX_RANK"] == "1":
+        hang_in_second_request()
+    return serve_args(path, extra[0])
+
+
+def run_cli(path: str, out: str, scenario: str, extra: list[str]) -> int:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = cli.main(cli_args(path) + ["--distributed", "pipeline"])
+        code = cli.main(command(path, out, scenario, extra))
     with open(os.path.join(out, f"rank{os.environ['MLX_RANK']}.json"), "w") as f:
         json.dump({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}, f)
     return code
 
 
-def main(path: str, out: str, scenario: str) -> int:
-    if scenario == "cli":
-        return run_cli(path, out)
+def main(path: str, out: str, scenario: str, *extra: str) -> int:
+    with open(os.path.join(out, f"rank{os.environ['MLX_RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    if scenario in ("cli", "chat", "bench", "serve", "serve-hang"):
+        return run_cli(path, out, scenario, list(extra))
     rank = int(os.environ.get("MLX_RANK", "-1"))
     started = time.monotonic()
     try:
@@ -83,4 +130,4 @@ def main(path: str, out: str, scenario: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:]))

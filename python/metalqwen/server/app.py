@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import sampling
 from ..constraints import ConstraintError, tool_call_lark
-from ..errors import GpuError, MetalqwenError
+from ..errors import DistributedError, GpuError, MetalqwenError
 from ..images import flatten_messages, image_tokens
 from ..model import Model
 from ..prefix_cache import message_boundaries
@@ -67,13 +67,14 @@ def _validation_message(error: dict) -> tuple[str, str | None]:
 
 def create_app(model: Model, *, model_id: str | None = None, api_key: str | None = None,
                max_queue: int = 16, public_metrics: bool = False, cors_origins: Sequence[str] = (),
-               images: ImagePolicy = ImagePolicy()) -> FastAPI:
+               images: ImagePolicy = ImagePolicy(), on_fatal=None) -> FastAPI:
     """The server's ASGI app around a loaded model (one engine; requests take turns).
     ``app.state.drain()`` ends the unfinished requests, for a graceful shutdown. With ``api_key``
     every route but the page and /health (and /metrics with ``public_metrics``) needs it;
     ``cors_origins``: the browser origins allowed to call the API (none by default); ``images``:
-    which image_url parts chat requests may carry (data: URLs only by default)."""
-    worker = Worker(model, max_queue)
+    which image_url parts chat requests may carry (data: URLs only by default); ``on_fatal(error)``:
+    called (on the engine thread) when a pipeline rank failed, after which every request gets 503."""
+    worker = Worker(model, max_queue, on_fatal=on_fatal)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -215,6 +216,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
                 yield chunk
         except GpuError as e:  # the engine reset that sequence and serves the next request
             raise _Refused(500, str(e), None, "server_error") from None
+        except DistributedError as e:  # a pipeline rank failed: the server stops
+            raise _Refused(503, str(e), None, "server_error") from None
         except (MetalqwenError, ValueError, TypeError) as e:
             raise _Refused(400, str(e)) from None
         except ShuttingDown as e:

@@ -9,7 +9,8 @@ its chunks back to the asyncio loop that waits for them; a cancelled job (client
 before its next step and frees its slot.
 A step the GPU fails ends the jobs it ran for with the GpuError (the engine reset their
 sequences); the next jobs run as usual. On shutdown every job not yet finished ends with
-ShuttingDown, so its stream closes with an error chunk.
+ShuttingDown, so its stream closes with an error chunk. A pipeline rank that fails
+(DistributedError) ends every unfinished job with that error and stops the server.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..batching import Scheduler, Sequence
+from ..errors import DistributedError
 from ..model import Model
 
 _DONE = object()
@@ -63,10 +65,11 @@ class _Stop(Exception):
 
 
 class Worker:
-    def __init__(self, model: Model, max_queue: int, on_done=None):
+    def __init__(self, model: Model, max_queue: int, on_done=None, on_fatal=None):
         """``on_done(job)`` is called on the engine thread as each job ends: finished, failed,
-        cancelled or disconnected (its stats hold what it generated)."""
-        self.model, self.max_queue, self.on_done = model, max_queue, on_done
+        cancelled or disconnected (its stats hold what it generated); ``on_fatal(error)`` once a
+        pipeline rank failed (DistributedError: every unfinished job ended with it, new ones refused)."""
+        self.model, self.max_queue, self.on_done, self.on_fatal = model, max_queue, on_done, on_fatal
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
         self._unfinished: dict[int, Job] = {}  # the jobs submitted and not done, by id()
@@ -93,12 +96,12 @@ class Worker:
         self._jobs.put(job)
         return job
 
-    def drain(self) -> None:
-        """Ends every unfinished job with ShuttingDown and refuses new ones (thread-safe)."""
+    def drain(self, error: Exception | None = None) -> None:
+        """Ends every unfinished job with ``error`` (default ShuttingDown) and refuses new ones (thread-safe)."""
         with self._lock:
             self._closing = True
             for job in self._unfinished.values():
-                job.error, job.cancelled = ShuttingDown("the server is shutting down"), True
+                job.error, job.cancelled = job.error or error or ShuttingDown("the server is shutting down"), True
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -201,5 +204,10 @@ class Worker:
             finally:
                 stream.close()
             job.stats, job.finish_reason = self.model.last_stats, self.model.last_finish_reason
+        except DistributedError as e:  # a rank is gone: no request can run any more
+            job.error = e
+            self.drain(e)
+            if self.on_fatal:
+                self.on_fatal(e)
         except Exception as e:  # handed to the request that asked (the engine stays usable)
             job.error = e
