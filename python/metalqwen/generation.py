@@ -193,6 +193,10 @@ class Runner:
         """The engine's counters (see ``Model.counters``)."""
         return dict(self._engine.counters())
 
+    def last_logprobs(self, slot: int = 0):
+        """(logprob, [(id, logprob), ...]) of the token decoded last for ``slot`` when asked for, else None."""
+        return self._engine.last_logprobs(slot)
+
     def resume(self, ids: list[int], boundaries: Sequence[int] = (), slot: int = 0) -> tuple[int, list[int]]:
         """Sets ``slot`` at the longest start of ``ids`` it can resume from: its live
         state, the prefix cache's longest match, else nothing. Returns (tokens reused, the

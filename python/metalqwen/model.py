@@ -365,7 +365,7 @@ class Model:
             tokens = self.runner.speculative_tokens(ids, budget, sampling, request.drafter, self.draft_depth)
         try:
             for token in tokens:
-                chunk = out.add(token, self._engine.last_logprobs(0))
+                chunk = out.add(token, self.runner.last_logprobs(0))
                 if chunk is not None:
                     yield chunk
                 if out.done:
@@ -516,8 +516,6 @@ class PipelineModel(Model):
 
     def request(self, *args, **kwargs) -> Request:
         request = super().request(*args, **kwargs)
-        if request.sampling["logprobs"] >= 0:
-            self._refuse("logprobs")
         if request.constraint is not None:
             self._refuse("structured output")
         return request

@@ -26,7 +26,7 @@ from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
 NOT_YET = ("speculative decoding, several sequences at once (max_sequences, generate_batch), the prefix cache, "
-           "the MTP head, logprobs, structured output (grammars, json_schema, response_format) and images")
+           "the MTP head, structured output (grammars, json_schema, response_format) and images")
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
 
@@ -144,6 +144,7 @@ class PipelineRunner(Runner):
         self._hidden, self._vocab = hidden, vocab
         self._chunk = engine.residual_rows().shape[0]  # rows one step takes at most
         self._last = group.size - 1
+        self._logprobs = None  # of the token shared last, when asked for (see _share_choice)
 
     def _send_rows(self, rows: np.ndarray, flag: float) -> None:
         message = np.empty(rows.size + 1, dtype=np.float32)
@@ -187,14 +188,35 @@ class PipelineRunner(Runner):
         if not engine.has_head:
             self._send_rows(message[:-1], _STOP)
 
-    def _share_choice(self) -> int:
-        """The token the last rank chose, now ids[position] on every rank."""
+    def _share_choice(self, top: int = -1) -> int:
+        """The token the last rank chose, now ids[position] on every rank; with ``top`` >= 0
+        (Sampling.logprobs) its log-probabilities too, for ``last_logprobs``. The message:
+        int32 [1] (the token), or [3 + 2 * top]: the token, its logprob, the count n of top
+        entries, then their ids and logprobs (n of top used; logprobs as their float32 bits)."""
         engine = self._engine
-        mine = np.array([engine.chosen(0)], dtype=np.int32) if engine.has_head else None
-        token = int(self.group.share(mine, self._last, (1,), np.int32, "sharing the chosen token")[0])
+        size = 1 if top < 0 else 3 + 2 * top
+        mine = np.zeros(size, dtype=np.int32) if engine.has_head else None
+        if engine.has_head:
+            mine[0] = engine.chosen(0)
+            if top >= 0:
+                logprob, entries = engine.last_logprobs(0)
+                n = len(entries)
+                mine[1] = np.array([logprob], dtype=np.float32).view(np.int32)[0]
+                mine[2] = n
+                mine[3:3 + n] = [i for i, _ in entries]
+                mine[3 + top:3 + top + n] = np.array([v for _, v in entries], dtype=np.float32).view(np.int32)
+        got = self.group.share(mine, self._last, (size,), np.int32, "sharing the chosen token")
+        self._logprobs = None
+        if top >= 0:
+            n, values = int(got[2]), got.view(np.float32)
+            self._logprobs = (float(values[1]), [(int(i), float(v)) for i, v in zip(got[3:3 + n], values[3 + top:3 + top + n])])
+        token = int(got[0])
         if not engine.has_head:
             engine.set_chosen(0, token)
         return token
+
+    def last_logprobs(self, slot: int = 0):
+        return self._logprobs
 
     def _prefill(self, ids: list[int], sampling: dict, logits: str) -> list[np.ndarray]:
         engine, chosen_by = self._engine, _core.Sampling(**sampling)
@@ -205,7 +227,7 @@ class PipelineRunner(Runner):
             got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked))
             if got is not None:
                 out.append(got)
-        self._share_choice()
+        self._share_choice(sampling.get("logprobs", -1))
         return out
 
     def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (), constraint=None,
@@ -240,7 +262,7 @@ class PipelineRunner(Runner):
                 self._through(1, decode_step)
             except _Stopped:
                 return
-            token = self._share_choice()
+            token = self._share_choice(sampling["logprobs"])
 
     def hop_seconds(self, repeats: int) -> list[float]:
         """Every rank together: the time of one decode step's rows message from rank r to r + 1

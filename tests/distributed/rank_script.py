@@ -3,7 +3,7 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
 <out>/rank<N>.json (and .npy for logits), since mlx.launch's exit code says nothing.
 
     rank_script.py CHECKPOINT OUT SCENARIO
-    run       greedy and sampled generations and score
+    run       greedy and sampled generations, logprobs and score
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
@@ -40,8 +40,15 @@ def run(model, out: str) -> dict:
     greedy = model.generate(PROMPT, max_tokens=5)
     sampled = model.generate(PROMPT, max_tokens=5, **SAMPLED)
     np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
-    return {"greedy": greedy.tokens, "sampled": sampled.tokens, "layers": list(model.layers),
+    return {"greedy": greedy.tokens, "sampled": sampled.tokens, "logprobs": logprobs(model),
+            "layers": list(model.layers),
             "split": [list(r) for r in model.split], "weight_bytes": model.counters()["weight_bytes"]}
+
+
+def logprobs(model) -> list:
+    """[token, logprob, top 3] of each chunk of a seeded sampled stream (JSON keeps the floats exactly)."""
+    return [[c.token, c.logprob, [list(e) for e in c.top_logprobs]]
+            for c in model.stream(PROMPT, max_tokens=5, logprobs=3, **SAMPLED) if c.token is not None]
 
 
 def fail_mid_stream(model, scenario: str) -> dict:

@@ -101,10 +101,12 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     wait_for_server(port, launch)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
 
-    want = reference.post("/v1/chat/completions", json=CHAT).json()
-    got = client.chat.completions.create(**CHAT)
+    asked = {**CHAT, "logprobs": True, "top_logprobs": 2}
+    want = reference.post("/v1/chat/completions", json=asked).json()
+    got = client.chat.completions.create(**asked)
     assert got.choices[0].message.content == want["choices"][0]["message"]["content"]
     assert got.usage.completion_tokens == want["usage"]["completion_tokens"]
+    assert got.choices[0].logprobs.model_dump()["content"] == want["choices"][0]["logprobs"]["content"]
 
     early = stopping_early(reference)
     want = reference.post("/v1/completions", json=early).json()

@@ -1,4 +1,4 @@
-"""Pipeline parallelism across 2 and 3 ranks started by mlx.launch: the same tokens and logits as one
+"""Pipeline parallelism across 2 and 3 ranks started by mlx.launch: the same tokens, logprobs and logits as one
 process, each rank mapping only its layers, and clear errors for a bad split or a rank that
 dies or hangs. Few launches, on a tiny checkpoint (each launch loads the model per rank)."""
 
@@ -21,7 +21,8 @@ def single(tiny):
     model = metalqwen.load(tiny, **rank_script.OPTIONS)
     return {"greedy": model.generate(rank_script.PROMPT, max_tokens=5).tokens,
             "sampled": model.generate(rank_script.PROMPT, max_tokens=5, **rank_script.SAMPLED).tokens,
-            "logits": model.score(rank_script.PROMPT), "weight_bytes": model.counters()["weight_bytes"]}
+            "logprobs": rank_script.logprobs(model), "logits": model.score(rank_script.PROMPT),
+            "weight_bytes": model.counters()["weight_bytes"]}
 
 
 def range_bytes(checkpoint: str, first: int, end: int) -> int:
@@ -43,6 +44,8 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
         assert "error" not in got, got
         assert got["greedy"] == single["greedy"]
         assert got["sampled"] == single["sampled"]
+        assert got["logprobs"] == single["logprobs"]
+        assert len(single["logprobs"]) == 5 and all(lp is not None and len(top) == 3 for _, lp, top in got["logprobs"])
         logits = np.load(os.path.join(got["dir"], f"rank{rank}.npy"))
         np.testing.assert_array_equal(logits.view(np.uint32), single["logits"].view(np.uint32))
         # Equal memories: the split is even by weight bytes (2 ranks: 2 + 2 layers; 3: a middle rank
