@@ -476,11 +476,6 @@ def run(args) -> int:
     from . import gpu
     from .checkpoint import load_checkpoint
 
-    if getattr(args, "distributed", None):
-        from . import bench_pipeline
-
-        ckpt = load_checkpoint(args.model)
-        return bench_pipeline.run(args, ckpt, args.device or gpu.Device().kind)
     if args.plot and (missing := plot_missing()):
         raise ValueError(missing)
     p = plan(args.quick, args.decode_tokens, args.max_context, concurrency_levels(args.concurrency))

@@ -71,14 +71,18 @@ def lines(data: dict) -> list[str]:
     return out
 
 
-def run(args, ckpt, device: str) -> int:
+def run(args) -> int:
     """The bench of a pipeline (arguments from cli.py): every rank loads its layers; rank 0 measures
     and prints, the others follow."""
+    from . import gpu
+    from .checkpoint import load_checkpoint
     from .model import load
 
     if (names := refused(args)):
         raise ValueError(f"bench --distributed pipeline does not take {names} yet (docs/distributed.md)")
     p = plan(args.quick, args.decode_tokens, args.max_context)
+    ckpt = load_checkpoint(args.model)  # a Hub id resolves here, once, to its snapshot folder
+    device = args.device or gpu.Device().kind
     model = load(ckpt.path, device=device, max_context=p.max_context, kv_bits=args.kv_bits, progress=False,
                  distributed="pipeline", layer_split=args.layer_split,
                  distributed_timeout=args.distributed_timeout)

@@ -536,13 +536,14 @@ def _add_mtp(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run
+    from .bench_pipeline import run as run_pipeline
 
     if args.max_context is not None:
         arguments.integer("--max-context", args.max_context, low=2, allowed="an integer >= 2")
     if args.decode_tokens is not None:
         arguments.integer("--decode-tokens", args.decode_tokens, low=1, allowed="an integer >= 1")
     _check_max_sequences(args.max_sequences)
-    return run(args)
+    return run_pipeline(args) if args.distributed else run(args)
 
 
 def _json_object(text: str) -> dict:

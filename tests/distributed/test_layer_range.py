@@ -134,10 +134,12 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
     try:
         model = metalqwen.load(tiny, **options, distributed="pipeline")
         assert model.split == [(0, 4)] and model.rank == 0
-        assert model.generate(PROMPT, max_tokens=3).tokens == metalqwen.load(tiny, **options).generate(
-            PROMPT, max_tokens=3).tokens
-        for what, call in [("logprobs", lambda: model.generate(PROMPT, logprobs=1)),
-                           ("speculative decoding", lambda: model.generate(PROMPT, speculative="lookup")),
+        alone = metalqwen.load(tiny, **options)
+        assert model.generate(PROMPT, max_tokens=3).tokens == alone.generate(PROMPT, max_tokens=3).tokens
+        mine = [(c.logprob, c.top_logprobs) for c in model.stream(PROMPT, max_tokens=3, logprobs=2)]
+        theirs = [(c.logprob, c.top_logprobs) for c in alone.stream(PROMPT, max_tokens=3, logprobs=2)]
+        assert mine == theirs and theirs[0][0] is not None
+        for what, call in [("speculative decoding", lambda: model.generate(PROMPT, speculative="lookup")),
                            ("generate_batch", lambda: model.generate_batch([PROMPT]))]:
             with pytest.raises(EngineError, match=f"{what} is not yet supported with distributed='pipeline'"):
                 call()
