@@ -116,10 +116,11 @@ void bind_engine(py::module_& m) {
   m.def(
       "estimate_memory",
       [](py::dict dims, py::dict tensors, int max_context, int kv_bits, int prefill_chunk, int max_sequences,
-         int first_layer, int end_layer) {
+         int first_layer, int end_layer, int max_draft) {
         const EngineOptions options{.max_context = max_context,
                                     .kv_bits = kv_bits,
                                     .prefill_chunk = prefill_chunk,
+                                    .max_draft = max_draft,
                                     .max_sequences = max_sequences,
                                     .first_layer = first_layer,
                                     .end_layer = end_layer};
@@ -132,7 +133,7 @@ void bind_engine(py::module_& m) {
         return out;
       },
       py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"), py::arg("prefill_chunk"),
-      py::arg("max_sequences") = 1, py::arg("first_layer") = 0, py::arg("end_layer") = -1);
+      py::arg("max_sequences") = 1, py::arg("first_layer") = 0, py::arg("end_layer") = -1, py::arg("max_draft") = 0);
   // Device memory holding a sequence state (see engine.h); Engine.restore puts it back.
   py::class_<Snapshot, std::shared_ptr<Snapshot>>(m, "Snapshot")
       .def_readonly("position", &Snapshot::position)
@@ -280,6 +281,10 @@ void bind_engine(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("verify_mtp", &Engine::verify_mtp, py::arg("slot"), py::arg("drafts"), py::arg("sampling") = Sampling{},
            py::call_guard<py::gil_scoped_release>())
+      .def("verify_rows", &Engine::verify_rows, py::arg("slot"), py::arg("drafts"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("verify_accept", &Engine::verify_accept, py::arg("slot"), py::arg("drafts"), py::arg("accepted"),
+           py::arg("next"), py::call_guard<py::gil_scoped_release>())
       .def(
           "step",
           // entries: [(slot, drafts, Sampling[, mtp_drafts])]; before_choice(): called (GIL held) while the GPU runs

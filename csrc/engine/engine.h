@@ -234,6 +234,12 @@ class Engine {
   // verify step also runs it over its rows, which is how that state exists; after a plain
   // decode step or a restore it does not, and this step drafts nothing.
   std::vector<uint32_t> verify_mtp(int slot, uint32_t drafts, const Sampling& sampling);
+  // Pipeline parallelism: the head's engine runs verify (its input rows in residual_rows());
+  // the others run verify_rows (the same rows over their layers, DeltaNet states snapshotted,
+  // the residual rows left for the next engine), then verify_accept with the head's result:
+  // their states rolled back to `accepted` drafts, `next` at ids[position()] after them.
+  void verify_rows(int slot, const std::vector<uint32_t>& drafts);
+  void verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_t next);
   // Several slots in one step: slot `slot` feeds its chosen token (ids[position()]) and `drafts`
   // (at most max_draft; none with penalties or logprobs) as rows of one matvec step, all slots'
   // rows together at most kMaxVerifyRows, each at its own position. Each slot then chooses,

@@ -86,9 +86,70 @@ std::vector<uint32_t> Engine::verify_mtp(int slot, uint32_t drafts, const Sampli
   return run_verify(slot, drafts, sampling, nullptr);
 }
 
+void Engine::verify_rows(int slot, const std::vector<uint32_t>& drafts) {
+  if (has_head()) throw EngineError("[engine] verify_rows: the engine with the head verifies (verify)");
+  Sequence& q = sequence(slot);
+  const auto k = uint32_t(drafts.size());
+  if (k > uint32_t(options_.max_draft))
+    throw EngineError("[engine] " + std::to_string(k) + " drafts exceed max_draft " +
+                      std::to_string(options_.max_draft) + " (set at load)");
+  for (uint32_t t : drafts)
+    if (t >= uint32_t(model_.dims.vocab))
+      throw EngineError("[engine] draft id " + std::to_string(t) + " is outside the vocabulary");
+  decode_end();
+  check_room(size_t(k) + 2, q);
+  std::memcpy(host_ids(slot) + q.position + 1, drafts.data(), size_t(k) * 4);
+  Encoder enc(*device_, kernels_, "verify rows");
+  ForwardPass pass = ForwardPass::one_slot(slot, q.position, k + 1, true);
+  pass.snapshot_rows = k;
+  encode_forward(enc, pass);
+  Submitted step = commit(enc);
+  try {
+    wait(step);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed("verify rows", {slot}, e);
+  }
+}
+
+void Engine::verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_t next) {
+  if (has_head()) throw EngineError("[engine] verify_accept: the engine with the head accepts by itself (verify)");
+  Sequence& q = sequence(slot);
+  if (accepted > drafts || drafts > uint32_t(options_.max_draft))
+    throw EngineError("[engine] verify_accept: " + std::to_string(accepted) + " of " + std::to_string(drafts) +
+                      " drafts accepted (max_draft " + std::to_string(options_.max_draft) + ")");
+  if (drafts > 0) {
+    // The rollback of encode_verification, with the head's accepted count written by the host.
+    *static_cast<uint32_t*>(ws_->accepted->contents()) = accepted;
+    const ModelDims& d = model_.dims;
+    const DeltaRestoreParams rp{
+        .state_floats = uint32_t(state_words(d)), .state_snap_stride = uint32_t(state_words(d)), .planes = drafts};
+    Encoder enc(*device_, kernels_, "verify rollback");
+    bool overlap = false;
+    for (const LayerWeights& l : layers_) {
+      if (!l.delta) continue;
+      enc.dispatch_threads(*k_.delta_restore,
+                           {l.state.part(slot), l.state_snaps.part(slot), Arg(ws_->accepted), Arg::value(rp)},
+                           {rp.state_floats / 4}, overlap);
+      overlap = true;
+    }
+    Submitted step = commit(enc);
+    try {
+      wait(step);
+    } catch (const gpu::GpuError& e) {
+      throw step_failed("verify rollback", {slot}, e);
+    }
+  }
+  q.position += int(accepted) + 1;
+  host_ids(slot)[q.position] = next;
+  q.logprob_position = -1;
+  counters_.verify_steps += 1;
+  count_verified(drafts, accepted);
+}
+
 std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& sampling,
                                          const std::vector<uint32_t>* host_drafts) {
-  check_whole("a verify step");
+  // A range's engine with the head verifies host drafts; the MTP head needs the whole model.
+  if (!host_drafts || !has_head()) check_whole("a verify step");
   Sequence& q = sequence(slot);
   if (k > uint32_t(options_.max_draft))
     throw EngineError("[engine] " + std::to_string(k) + " drafts exceed max_draft " +

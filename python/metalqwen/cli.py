@@ -66,9 +66,8 @@ def _load(args: argparse.Namespace):
     from .model import load
 
     distributed = getattr(args, "distributed", None)
-    # Pipelines do not speculate, batch or cache prefixes yet: their defaults are off there (an
-    # explicit mode, --cache-gb or --max-sequences is refused by load).
-    speculative = "off" if distributed and args.speculative == "auto" else args.speculative
+    # Pipelines do not batch or cache prefixes yet: their defaults are off there (an explicit
+    # --cache-gb or --max-sequences is refused by load); "auto" speculation means lookup there.
     cache_gb = getattr(args, "cache_gb", None)
     cache_gb = cache_gb if cache_gb is not None else 0.0 if distributed else _CACHE_GB.get(args.command, 0.0)
     max_sequences = getattr(args, "max_sequences", None)
@@ -76,7 +75,7 @@ def _load(args: argparse.Namespace):
         args.command, 1)
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
                 progress=True if args.progress else None, prefix_cache_bytes=int(cache_gb * 2**30),
-                speculative=speculative, draft_depth=args.draft_depth, max_sequences=max_sequences,
+                speculative=args.speculative, draft_depth=args.draft_depth, max_sequences=max_sequences,
                 distributed=distributed, layer_split=getattr(args, "layer_split", None),
                 distributed_timeout=getattr(args, "distributed_timeout", 60.0))
 

@@ -416,8 +416,9 @@ class PipelineModel(Model):
     yet is refused (``pipeline.NOT_YET``)."""
 
     def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool,
-                 group, split: pipeline.Split):
-        super().__init__(checkpoint, tokenizer, device, engine, progress,
+                 group, split: pipeline.Split, speculative: str = "off", draft_depth: int = 0):
+        super().__init__(checkpoint, tokenizer, device, engine, progress, speculative=speculative,
+                         draft_depth=draft_depth,
                          no_vision=f"not yet with distributed='pipeline' (not yet: {pipeline.NOT_YET})")
         self.group, self.split = group, split
         c = checkpoint.config
@@ -494,7 +495,12 @@ class PipelineModel(Model):
         """Rank 0's generation, step for step: its prompt, then decode steps until its budget or its stop."""
         sampling = {**message["sampling"], "logit_bias": [tuple(p) for p in message["sampling"]["logit_bias"]]}
         self.runner.feed_prompt(message["ids"], sampling)
-        for _ in self.runner.plain_tokens(message["budget"], sampling):
+        if message["speculative"]:  # rank 0 drafts: its drafts come with each step's rows
+            tokens = self.runner.speculative_tokens(message["ids"], message["budget"], sampling, None,
+                                                    self.draft_depth)
+        else:
+            tokens = self.runner.plain_tokens(message["budget"], sampling)
+        for _ in tokens:
             pass
 
     def reset(self) -> None:
@@ -521,18 +527,19 @@ class PipelineModel(Model):
         return request
 
     def _drafter(self, speculative, sampling: dict):
-        if speculative not in (None, "off"):
-            self._refuse("speculative decoding")
-        return None
+        if speculative == "mtp":
+            self._refuse("speculative decoding with the MTP head")
+        return super()._drafter(speculative, sampling)
 
     def _run(self, request: Request) -> Iterator[Chunk]:
         if self._leading:  # the followers take rank 0's sampling, seed included
             budget = min(request.max_tokens, self.max_context - len(request.ids))
-            self._call("stream", ids=request.ids, budget=budget, sampling=request.sampling)
+            self._call("stream", ids=request.ids, budget=budget, sampling=request.sampling,
+                       speculative=request.drafter is not None)
         else:  # only the last rank samples: a seed left to chance may differ
             sampling = {k: v for k, v in request.sampling.items() if k != "seed"}
             self._call("generate/stream", ids=request.ids, max_tokens=request.max_tokens, sampling=sampling,
-                       stop=request.stop)
+                       stop=request.stop, speculative=request.drafter is not None)
         yield from super()._run(request)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
@@ -612,15 +619,19 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     if distributed is not None:
         if distributed != "pipeline":
             raise ValueError(f"distributed must be None or 'pipeline', got {distributed!r}")
-        asked = {"prefix_cache_bytes": prefix_cache_bytes > 0, "speculative": speculative != "off",
+        asked = {"prefix_cache_bytes": prefix_cache_bytes > 0, "speculative='mtp'": speculative == "mtp",
                  "mtp": bool(mtp), "max_sequences": max_sequences > 1}
         if any(asked.values()):
             names = ", ".join(name for name, on in asked.items() if on)
             raise ValueError(f"distributed='pipeline' does not yet take {names} (not yet: {pipeline.NOT_YET})")
+        # Prompt lookup only: the MTP head is not split across ranks yet ("auto" means lookup).
+        depth = (draft_depth or spec.DEFAULT_DEPTH) if speculative != "off" else 0
         ckpt, tokenizer, dev, engine, group, split = pipeline.load_rank(
             path, device=device, max_context=max_context, kv_bits=kv_bits, prefill_chunk=prefill_chunk,
-            prefill_layers_per_buffer=prefill_layers_per_buffer, layer_split=layer_split, timeout=distributed_timeout)
-        return PipelineModel(ckpt, tokenizer, dev, engine, show, group, split)
+            prefill_layers_per_buffer=prefill_layers_per_buffer, layer_split=layer_split, timeout=distributed_timeout,
+            max_draft=depth)
+        return PipelineModel(ckpt, tokenizer, dev, engine, show, group, split,
+                             speculative="lookup" if depth else "off", draft_depth=depth)
     if layer_split is not None:
         raise ValueError("layer_split needs distributed='pipeline'")
     started = time.perf_counter()

@@ -22,10 +22,11 @@ from . import _core
 from .checkpoint import Checkpoint
 from .distributed import LOAD_TIMEOUT, Group
 from .errors import DistributedError
+from . import speculative as spec
 from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = ("speculative decoding, several sequences at once (max_sequences, generate_batch), the prefix cache, "
+NOT_YET = ("speculative decoding with the MTP head, several sequences at once (max_sequences, generate_batch), the prefix cache, "
            "the MTP head, structured output (grammars, json_schema, response_format) and images")
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
@@ -146,14 +147,18 @@ class PipelineRunner(Runner):
         self._last = group.size - 1
         self._logprobs = None  # of the token shared last, when asked for (see _share_choice)
 
-    def _send_rows(self, rows: np.ndarray, flag: float) -> None:
-        message = np.empty(rows.size + 1, dtype=np.float32)
-        message[:-1], message[-1] = rows.reshape(-1), flag
+    def _send_rows(self, rows: np.ndarray, flag: float, trailer: np.ndarray | None = None) -> None:
+        """float32 [rows.size + 1 (+ trailer)]: the rows, the flag (and a verify step's drafts)."""
+        extra = 0 if trailer is None else trailer.size
+        message = np.empty(rows.size + 1 + extra, dtype=np.float32)
+        message[:rows.size], message[rows.size] = rows.reshape(-1), flag
+        if extra:
+            message[rows.size + 1:] = trailer
         self.group.send(message, self.group.rank + 1, "sending residual rows")
 
-    def _receive_rows(self, rows: int) -> np.ndarray:
+    def _receive_rows(self, rows: int, extra: int = 0) -> np.ndarray:
         group = self.group
-        return group.recv((rows * self._hidden + 1,), np.float32, group.rank - 1, "receiving residual rows")
+        return group.recv((rows * self._hidden + 1 + extra,), np.float32, group.rank - 1, "receiving residual rows")
 
     def _through(self, rows: int, step):
         """step() (one engine step over ``rows`` rows) between the rows in and the rows out;
@@ -172,21 +177,23 @@ class PipelineRunner(Runner):
             self._send_rows(engine.residual_rows()[:rows], _GO)
         return result
 
-    def _stop_here(self) -> None:
-        """The generation ends before its next decode step: rank 0 says so down the chain, the
-        others take its word (a rank that would go on finds it in _through instead)."""
+    def _stop_here(self, rows: int = 1, extra: int = 0) -> None:
+        """The generation ends before its next step (whose messages hold ``rows`` rows and ``extra``
+        floats after the flag): rank 0 says so down the chain, the others take its word (a rank
+        that would go on finds it in _through or _verify_through instead)."""
         group, engine = self.group, self._engine
         if group.size == 1:
             return
+        size = rows * self._hidden
         if engine.embeds:
-            self._send_rows(np.zeros(self._hidden, dtype=np.float32), _STOP)
+            self._send_rows(np.zeros(size, dtype=np.float32), _STOP, np.zeros(extra, dtype=np.float32))
             return
-        message = self._receive_rows(1)
-        if message[-1] != _STOP:
+        message = self._receive_rows(rows, extra)
+        if message[size] != _STOP:
             raise DistributedError(f"[distributed] rank {group.rank}: rank 0 went on generating where this rank "
                                    "stopped (the ranks' calls differ: every rank must consume the same tokens)")
         if not engine.has_head:
-            self._send_rows(message[:-1], _STOP)
+            self._send_rows(message[:size], _STOP, message[size + 1:])
 
     def _share_choice(self, top: int = -1) -> int:
         """The token the last rank chose, now ids[position] on every rank; with ``top`` >= 0
@@ -293,6 +300,103 @@ class PipelineRunner(Runner):
                 group.send(group.recv(message.shape, message.dtype, src, what), src, what)
         return float("nan")
 
+    def speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter, draft_depth: int):
+        """spec.generate across the ranks: rank 0 drafts (``drafter``; the others pass None) and
+        decides each step, as spec.generate would alone; a step's message holds draft_depth + 1
+        rows (the chosen token's and the drafts', the rest unused) and, after the flag, the
+        number of drafts and the drafts (padded to draft_depth), so that every rank runs the
+        same step; the last rank verifies and shares (accepted drafts, next token), the others
+        roll back to it (Engine.verify_accept). Greedy output is plain decoding's."""
+        engine = self._engine
+        verify = _core.Sampling(**{k: sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")})
+        policy = spec.DepthPolicy(draft_depth) if engine.embeds else None
+        history, left, shape = list(ids), budget, (draft_depth + 1, 1 + draft_depth)
+        pending, plain = [engine.chosen(0)], 0  # tokens to yield; plain steps left in a pause (rank 0)
+        while True:
+            for token in pending:
+                history.append(token)
+                left -= 1
+                try:
+                    yield token
+                except GeneratorExit:  # the consumer stopped: see plain_tokens
+                    if left > 0:
+                        self._stop_here(*shape)
+                    raise
+            if left <= 0:
+                return
+            drafts = None
+            if policy is not None:
+                drafts = []
+                if plain == 0:
+                    k = min(policy.depth(), left - 1)
+                    drafts = drafter.draft(history, k)[:k] if k > 0 else []
+                    plain = 0 if drafts else min(policy.plain_tokens(), left)
+            start = time.perf_counter()
+            try:
+                pending = self._verify_through(drafts, verify, draft_depth)
+            except _Stopped:
+                return
+            if policy is None:
+                continue
+            if plain:
+                policy.observe_plain(1, time.perf_counter() - start)
+                plain -= 1
+            else:
+                policy.observe_verify(len(drafts), time.perf_counter() - start)
+                policy.update(len(drafts), len(pending) - 1)
+
+    def _verify_through(self, drafts: list[int] | None, sampling, depth: int) -> list[int]:
+        """One step of a speculative generation on this rank: ``drafts`` (rank 0's; None on the
+        others, which read them from the rows message) verified, or with none a plain decode
+        step; returns the accepted drafts and the next token (the last rank's)."""
+        engine, group, hidden = self._engine, self.group, self._hidden
+        rows = depth + 1
+        if engine.embeds:
+            trailer = np.zeros(1 + depth, dtype=np.float32)
+            trailer[0], trailer[1:1 + len(drafts)] = len(drafts), drafts  # ids < 2**24: exact as float32
+        else:
+            message = self._receive_rows(rows, 1 + depth)
+            if message[rows * hidden] == _STOP:
+                if not engine.has_head:
+                    self._send_rows(message[:rows * hidden], _STOP, message[rows * hidden + 1:])
+                raise _Stopped
+            trailer = message[rows * hidden + 1:]
+            drafts = [int(t) for t in trailer[1:1 + int(trailer[0])]]
+            engine.residual_rows()[:len(drafts) + 1] = message[:(len(drafts) + 1) * hidden].reshape(-1, hidden)
+        if engine.has_head:
+            if drafts:
+                tokens = engine.verify(0, drafts, sampling)
+            else:
+                self._decode_step(sampling)
+                tokens = [engine.chosen(0)]
+            mine = np.array([len(tokens) - 1, tokens[-1]], dtype=np.int32)
+        else:
+            if drafts:
+                engine.verify_rows(0, drafts)
+            else:
+                self._decode_step(sampling)
+            out = np.zeros((rows, hidden), dtype=np.float32)
+            out[:len(drafts) + 1] = engine.residual_rows()[:len(drafts) + 1]
+            self._send_rows(out, _GO, trailer)
+            mine = None
+        accepted, token = (int(v) for v in group.share(mine, self._last, (2,), np.int32, "sharing the verified tokens"))
+        if not engine.has_head:
+            if drafts:
+                engine.verify_accept(0, len(drafts), accepted, token)
+            else:
+                engine.set_chosen(0, token)
+        return drafts[:accepted] + [token]
+
+    def _decode_step(self, sampling) -> None:
+        """One decode step feeding the chosen token (the head's engine chooses the next)."""
+        engine = self._engine
+        engine.decode_begin(0, 2, sampling)
+        try:
+            engine.decode_next()
+            engine.decode_next()
+        finally:
+            engine.decode_end()
+
     def score(self, ids: list[int]) -> np.ndarray:
         self._engine.reset(0)
         parts = self._prefill(ids, {}, "all")
@@ -315,7 +419,7 @@ def package_identity() -> bytes:
 
 
 def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: int, prefill_layers_per_buffer: int,
-              layer_split: str | None, timeout: float):
+              layer_split: str | None, timeout: float, max_draft: int = 0):
     """This rank's part of the model (see ``metalqwen.load(distributed="pipeline")``): (checkpoint,
     tokenizer, device, engine, group, split), once every rank has loaded."""
     from . import gpu
@@ -335,14 +439,14 @@ def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: in
     split = parse_split(layer_split, layers, group.size) if layer_split else proportional_split(layer_bytes(desc),
                                                                                                  memory)
     needs = [_core.estimate_memory(desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
-                                   first_layer=first, end_layer=end) for first, end in split]
+                                   first_layer=first, end_layer=end, max_draft=max_draft) for first, end in split]
     check_fits(split, needs, memory)
     first, end = split[group.rank]
     failure = None
     try:
         engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
-                              progress=None, max_sequences=1, prefill_layers_per_buffer=prefill_layers_per_buffer,
-                              first_layer=first, end_layer=end)
+                              max_draft=max_draft, progress=None, max_sequences=1,
+                              prefill_layers_per_buffer=prefill_layers_per_buffer, first_layer=first, end_layer=end)
     except Exception as e:
         failure = e
     loaded = group.all_gather(np.array([failure is None], dtype=np.uint8), "confirming every rank loaded",

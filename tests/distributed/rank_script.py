@@ -3,7 +3,7 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
 <out>/rank<N>.json (and .npy for logits), since mlx.launch's exit code says nothing.
 
     rank_script.py CHECKPOINT OUT SCENARIO
-    run       greedy and sampled generations, logprobs and score
+    run       greedy and sampled generations, logprobs, score and speculative decoding
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
@@ -30,19 +30,40 @@ import metalqwen
 from metalqwen import cli
 
 # The same options as the single-process reference in test_pipeline.py.
-OPTIONS = dict(device="cpu", max_context=64, kv_bits=16, prefill_chunk=4, progress=False)
+OPTIONS = dict(device="cpu", max_context=64, kv_bits=16, prefill_chunk=4, progress=False, speculative="lookup")
 PROMPT = [5, 17, 300, 42, 8, 99, 123, 7, 64, 250]
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=7)
 TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (steps of this model take well under 1 s)
 
 
 def run(model, out: str) -> dict:
-    greedy = model.generate(PROMPT, max_tokens=5)
-    sampled = model.generate(PROMPT, max_tokens=5, **SAMPLED)
+    greedy = model.generate(PROMPT, max_tokens=5, speculative="off")
+    sampled = model.generate(PROMPT, max_tokens=5, speculative="off", **SAMPLED)
     np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
+    plain = model.generate(PROMPT, max_tokens=16, speculative="off").tokens
+    before = model.counters()
+    drafted = model.generate(PROMPT, max_tokens=16, speculative=HalfRight(len(PROMPT), plain))
+    after = model.counters()
     return {"greedy": greedy.tokens, "sampled": sampled.tokens, "logprobs": logprobs(model),
+            "speculative": drafted.tokens, "drafted": after["drafted"] - before["drafted"],
+            "accepted": after["accepted"] - before["accepted"],
             "layers": list(model.layers),
             "split": [list(r) for r in model.split], "weight_bytes": model.counters()["weight_bytes"]}
+
+
+class HalfRight:
+    """A drafter that knows the greedy answer (``plain``, after a prompt of ``prompt`` tokens) and
+    gets its second draft wrong: each verify step of k >= 2 drafts accepts one (the random tiny
+    model repeats nothing prompt lookup could draft from)."""
+
+    def __init__(self, prompt: int, plain: list[int]):
+        self.prompt, self.plain = prompt, plain
+
+    def draft(self, history, k):
+        drafts = list(self.plain[len(history) - self.prompt:][:k])
+        if len(drafts) >= 2:
+            drafts[1] = (drafts[1] + 1) % 1000
+        return drafts
 
 
 def logprobs(model) -> list:

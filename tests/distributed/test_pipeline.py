@@ -19,8 +19,10 @@ from . import rank_script
 def single(tiny):
     """The single-process run of rank_script's "run" scenario."""
     model = metalqwen.load(tiny, **rank_script.OPTIONS)
-    return {"greedy": model.generate(rank_script.PROMPT, max_tokens=5).tokens,
-            "sampled": model.generate(rank_script.PROMPT, max_tokens=5, **rank_script.SAMPLED).tokens,
+    return {"greedy": model.generate(rank_script.PROMPT, max_tokens=5, speculative="off").tokens,
+            "sampled": model.generate(rank_script.PROMPT, max_tokens=5, speculative="off",
+                                      **rank_script.SAMPLED).tokens,
+            "plain": model.generate(rank_script.PROMPT, max_tokens=16, speculative="off").tokens,
             "logprobs": rank_script.logprobs(model), "logits": model.score(rank_script.PROMPT),
             "weight_bytes": model.counters()["weight_bytes"]}
 
@@ -45,6 +47,9 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
         assert got["greedy"] == single["greedy"]
         assert got["sampled"] == single["sampled"]
         assert got["logprobs"] == single["logprobs"]
+        # Speculative decoding across the ranks: plain decoding's tokens, drafts accepted and refused.
+        assert got["speculative"] == single["plain"]
+        assert 0 < got["accepted"] < got["drafted"], got
         assert len(single["logprobs"]) == 5 and all(lp is not None and len(top) == 3 for _, lp, top in got["logprobs"])
         logits = np.load(os.path.join(got["dir"], f"rank{rank}.npy"))
         np.testing.assert_array_equal(logits.view(np.uint32), single["logits"].view(np.uint32))
