@@ -314,7 +314,8 @@ class Engine {
   // residual stream after its last layer there (x + that layer's MLP output, as the next layer's
   // input norm would add them) and chooses nothing: the host gives every such engine the head's
   // choice with set_chosen. Prefill takes at most max_rows() tokens per call and decode_begin
-  // one step (max_tokens 2) then, since each step waits for rows from another engine; verify,
+  // one step (max_tokens 2) then, since each step waits for rows from another engine; verify
+  // with host drafts runs on the head's engine (verify_rows and verify_accept on the others);
   // step and the MTP head need the whole model.
   bool embeds() const { return range_.first == 0; }
   bool has_head() const { return range_.end == model_.dims.layers; }

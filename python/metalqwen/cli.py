@@ -481,13 +481,17 @@ def _serve(args: argparse.Namespace) -> int:
         model = _load(args)
         return _on_ranks(model, lambda: _serve_http(args, model, images, listening_socket(args.host, args.port)))
     sock = listening_socket(args.host, args.port)  # before the (possibly long) load: a busy port fails at once
-    with sock:
-        return _serve_http(args, _load(args), images, sock)
+    try:
+        model = _load(args)
+    except BaseException:
+        sock.close()
+        raise
+    return _serve_http(args, model, images, sock)
 
 
 def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
-    """Serves until SIGINT/SIGTERM (exit 0) or a pipeline rank fails (every request then gets 503,
-    and the error is raised once the server has stopped)."""
+    """Serves on ``sock`` (closed at the end) until SIGINT/SIGTERM (exit 0) or a pipeline rank
+    fails (every request then gets 503, and the error is raised once the server has stopped)."""
     from .server import access_log, create_app
     from .server.graceful import GracefulServer
 
@@ -503,8 +507,8 @@ def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
                          cors_origins=args.cors_origin, images=images, on_fatal=rank_failed)
         memory = model.counters()["memory_estimate"] / 2**30
 
-        ranks = f" on rank 0 of {model.group.size} (layers {model.layers[0]}:{model.layers[1]})" if args.distributed \
-            else ""
+        first, end = model.layers if args.distributed else (0, 0)
+        ranks = f" on rank 0 of {model.group.size} (layers {first}:{end})" if args.distributed else ""
 
         def say_serving() -> None:
             print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "

@@ -480,11 +480,15 @@ class PipelineModel(Model):
         if self.rank == 0:
             raise ValueError("[distributed] rank 0 leads: follow() is for the other ranks")
         handlers = {"stream": self._follow_stream, "score": lambda m: self.runner.score(m["ids"]),
-                    "reset": lambda m: self._engine.reset(0), "hop_seconds": lambda m: self.runner.hop_seconds(m["repeats"])}
+                    "reset": lambda m: self._engine.reset(0),
+                    "hop_seconds": lambda m: self.runner.hop_seconds(m["repeats"])}
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
-            while (message := self.group.share_message(None, "waiting for rank 0's next call", forever=True))["call"] != "done":
+            while True:
+                message = self.group.share_message(None, "waiting for rank 0's next call", forever=True)
+                if message["call"] == "done":
+                    break
                 handlers[message["call"]](message)
         finally:
             if main:

@@ -26,8 +26,8 @@ from . import speculative as spec
 from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = ("speculative decoding with the MTP head, several sequences at once (max_sequences, generate_batch), the prefix cache, "
-           "the MTP head, structured output (grammars, json_schema, response_format) and images")
+NOT_YET = ("several sequences at once (max_sequences, generate_batch), the prefix cache, the MTP head "
+           "(speculative='mtp', mtp_logits), structured output (grammars, json_schema, response_format) and images")
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
 
@@ -216,7 +216,8 @@ class PipelineRunner(Runner):
         self._logprobs = None
         if top >= 0:
             n, values = int(got[2]), got.view(np.float32)
-            self._logprobs = (float(values[1]), [(int(i), float(v)) for i, v in zip(got[3:3 + n], values[3 + top:3 + top + n])])
+            top_entries = zip(got[3:3 + n], values[3 + top:3 + top + n])
+            self._logprobs = (float(values[1]), [(int(i), float(v)) for i, v in top_entries])
         token = int(got[0])
         if not engine.has_head:
             engine.set_chosen(0, token)
@@ -247,14 +248,6 @@ class PipelineRunner(Runner):
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
         engine, chosen_by = self._engine, _core.Sampling(**sampling)
 
-        def decode_step():
-            engine.decode_begin(0, 2, chosen_by)  # the chosen token, fed by one step
-            try:
-                engine.decode_next()
-                engine.decode_next()
-            finally:
-                engine.decode_end()
-
         token = engine.chosen(0)
         for n in range(budget):
             try:
@@ -266,7 +259,7 @@ class PipelineRunner(Runner):
             if n + 1 == budget:
                 return
             try:
-                self._through(1, decode_step)
+                self._through(1, lambda: self._decode_step(chosen_by))
             except _Stopped:
                 return
             token = self._share_choice(sampling["logprobs"])
@@ -388,7 +381,8 @@ class PipelineRunner(Runner):
         return drafts[:accepted] + [token]
 
     def _decode_step(self, sampling) -> None:
-        """One decode step feeding the chosen token (the head's engine chooses the next)."""
+        """One decode step feeding the chosen token (the head's engine chooses the next; the
+        others take it with set_chosen)."""
         engine = self._engine
         engine.decode_begin(0, 2, sampling)
         try:

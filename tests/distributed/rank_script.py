@@ -144,7 +144,8 @@ def main(path: str, out: str, scenario: str, *extra: str) -> int:
     rank = int(os.environ.get("MLX_RANK", "-1"))
     started = time.monotonic()
     try:
-        model = metalqwen.load(path, **OPTIONS, distributed="pipeline", distributed_timeout=60 if scenario == "run" else TIMEOUT,
+        model = metalqwen.load(path, **OPTIONS, distributed="pipeline",
+                               distributed_timeout=60 if scenario == "run" else TIMEOUT,
                                layer_split="0:3,2:4" if scenario == "badsplit" else None)
         rank = model.rank
         started = time.monotonic()

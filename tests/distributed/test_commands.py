@@ -1,6 +1,7 @@
 """`metalqwen chat|bench|serve --distributed pipeline` on 2 ranks started by mlx.launch: rank 0
-reads the terminal, measures or serves, rank 1 follows its calls; the answers are the single
-process's, and a rank that hangs makes the server answer 503 and exit non-zero."""
+reads the terminal, measures or serves, rank 1 follows its calls (prompt-lookup speculation on,
+as by default); the answers are the single process's, and a rank that hangs makes the server
+answer 503 and exit non-zero."""
 
 import contextlib
 import io

@@ -121,8 +121,8 @@ def test_split_parsing_and_fit():
 
 
 def test_load_refuses_what_pipelines_do_not_run_yet(tiny):
-    with pytest.raises(ValueError, match="does not yet take speculative, max_sequences"):
-        metalqwen.load(tiny, distributed="pipeline", speculative="lookup", max_sequences=2)
+    with pytest.raises(ValueError, match="does not yet take speculative='mtp', max_sequences"):
+        metalqwen.load(tiny, distributed="pipeline", speculative="mtp", max_sequences=2)
     with pytest.raises(ValueError, match="layer_split needs distributed='pipeline'"):
         metalqwen.load(tiny, layer_split="0:2,2:4")
 
@@ -139,7 +139,8 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
         mine = [(c.logprob, c.top_logprobs) for c in model.stream(PROMPT, max_tokens=3, logprobs=2)]
         theirs = [(c.logprob, c.top_logprobs) for c in alone.stream(PROMPT, max_tokens=3, logprobs=2)]
         assert mine == theirs and theirs[0][0] is not None
-        for what, call in [("speculative decoding", lambda: model.generate(PROMPT, speculative="lookup")),
+        for what, call in [("speculative decoding with the MTP head",
+                            lambda: model.generate(PROMPT, speculative="mtp")),
                            ("generate_batch", lambda: model.generate_batch([PROMPT]))]:
             with pytest.raises(EngineError, match=f"{what} is not yet supported with distributed='pipeline'"):
                 call()
