@@ -20,6 +20,8 @@ from metalqwen import cli
 from ..support.require import require
 from . import conftest, rank_script
 
+pytestmark = pytest.mark.spread  # independent launches: any worker may take each
+
 CHAT_INPUT = "Hello\nWhat next?\n/exit\n"
 
 
