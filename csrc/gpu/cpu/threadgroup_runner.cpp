@@ -95,10 +95,8 @@ void ThreadgroupRunner::yield_current(State state) {
   Thread& t = *threads_[current_];
   t.state = state;
   const uint32_t next = next_in_step(step_position_ + 1);
-  if (next == kNone)
-    Fiber::switch_to(t.fiber, scheduler_);
-  else
-    switch_to_step(t.fiber, next);
+  if (next != kNone) return switch_to_step(t.fiber, next);
+  Fiber::switch_to(t.fiber, scheduler_);
 }
 
 void ThreadgroupRunner::fail(const std::string& message) {
