@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <new>
 #include <stdexcept>
@@ -25,6 +26,10 @@ FiberStack::FiberStack(size_t size) {
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
   size_ = (size + page - 1) / page * page;
   mapping_size_ = size_ + page;
+  // Page-aligned tops would put every fiber's hot frames in the same L1 sets, which a switch
+  // between 32 lanes then thrashes: each new stack ends 9 cache lines further into its page.
+  static std::atomic<uint32_t> stacks_made{0};
+  size_ -= (stacks_made++ * 9 * 64) % page;
   void* p = mmap(nullptr, mapping_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   mapping_ = static_cast<char*>(p);

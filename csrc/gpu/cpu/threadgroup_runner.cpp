@@ -67,17 +67,35 @@ void ThreadgroupRunner::thread_main(void* arg) {
   __builtin_unreachable();
 }
 
-void ThreadgroupRunner::resume(uint32_t index) {
-  current_ = index;
-  if (checker_) checker_->set_thread(index);
+// The runnable lane of the step after position `from` in its order, or none.
+uint32_t ThreadgroupRunner::next_in_step(uint32_t from) const {
+  for (uint32_t k = from; k < step_count_; ++k)
+    if (threads_[step_order_[k]]->state == State::runnable) return k;
+  return kNone;
+}
+
+void ThreadgroupRunner::switch_to_step(Fiber& from, uint32_t position) {
+  step_position_ = position;
+  current_ = step_order_[position];
+  if (checker_) checker_->set_thread(current_);
+  Fiber::switch_to(from, threads_[current_]->fiber);
+}
+
+// Runs the step's lanes in order, each switching straight to the next when it waits or ends
+// (one switch per lane, not two through the scheduler); the last returns to the scheduler.
+void ThreadgroupRunner::run_step() {
+  const uint32_t first = next_in_step(0);
+  if (first == kNone) return;
   in_fiber_ = true;
-  Fiber::switch_to(scheduler_, threads_[index]->fiber);
+  switch_to_step(scheduler_, first);
   in_fiber_ = false;
 }
 
 void ThreadgroupRunner::yield_current(State state) {
   Thread& t = *threads_[current_];
   t.state = state;
+  const uint32_t next = next_in_step(step_position_ + 1);
+  if (next != kNone) return switch_to_step(t.fiber, next);
   Fiber::switch_to(t.fiber, scheduler_);
 }
 
@@ -160,15 +178,11 @@ void ThreadgroupRunner::check_lane_ops(uint32_t first, uint32_t end, uint32_t si
 bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
   const uint32_t first = simdgroup * mq_abi::kSimdWidth;
   const uint32_t end = std::min(thread_count_, first + mq_abi::kSimdWidth);
-  uint32_t lanes_in_order[mq_abi::kSimdWidth];
-  order_->permute(first, end - first, lanes_in_order);
-  bool failed = false;
-  for (uint32_t k = 0; k < end - first; ++k) {
-    const uint32_t i = lanes_in_order[k];
-    if (threads_[i]->state == State::runnable) resume(i);
-    failed |= threads_[i]->state == State::failed;
-  }
-  if (failed) throw gpu::GpuError(error_);
+  step_count_ = end - first;
+  order_->permute(first, step_count_, step_order_);
+  run_step();
+  for (uint32_t i = first; i < end; ++i)
+    if (threads_[i]->state == State::failed) throw gpu::GpuError(error_);
   check_lane_ops(first, end, simdgroup);
   const Thread* collective = nullptr;
   const Thread* at_barrier = nullptr;

@@ -49,8 +49,11 @@ class ThreadgroupRunner {
     mq_abi::Site first_lane_op_site{}, last_lane_op_site{};
   };
 
+  static constexpr uint32_t kNone = ~0u;
   static void thread_main(void* thread);
-  void resume(uint32_t index);
+  uint32_t next_in_step(uint32_t from) const;
+  void switch_to_step(Fiber& from, uint32_t position);
+  void run_step();
   void yield_current(State state);
   void advance_to_barrier(uint32_t simdgroups);
   bool step_simdgroup(uint32_t simdgroup);
@@ -68,6 +71,9 @@ class ThreadgroupRunner {
   std::vector<std::unique_ptr<FiberStack>> stacks_;
   uint32_t thread_count_ = 0;
   uint32_t current_ = 0;
+  // The SIMD-group step running: its lanes in schedule order, and the position of current_.
+  uint32_t step_order_[mq_abi::kSimdWidth] = {};
+  uint32_t step_count_ = 0, step_position_ = 0;
   bool in_fiber_ = false;  // a kernel thread is running (not the scheduler)
   const GroupLaunch* work_ = nullptr;
   mq_abi::Launch group_launch_{};  // the dispatch's launch plus this group's threadgroup arguments

@@ -94,23 +94,22 @@ void mq_gather(void* const* lanes, const simdgroup_matrix<T, 8, 8>* L::*which, f
 }
 // D = A * B + C in float: acc = C[r][c], then acc = acc + A[r][k] * B[k][c] for k = 0..7,
 // rounded to D's type at the end. Products of half or bfloat values are exact in float,
-// so for them this equals a chain of fused multiply-adds.
+// so for them this equals a chain of fused multiply-adds. The loops run k outside c, so a
+// row's 8 sums advance together as vectors, each still in that order.
 template <class Td, class Ta, class Tb, class Tc>
 void mq_multiply_fn(void* const* lanes) {
   using L = mq_multiply_lane<Td, Ta, Tb, Tc>;
   if (!mq_all_lanes_present<L>(lanes)) return;
-  float a[8][8], b[8][8], c[8][8] = {};
+  float a[8][8], b[8][8], acc[8][8] = {};
   mq_gather(lanes, &L::a, a);
   mq_gather(lanes, &L::b, b);
-  if (mq_lane_at<L>(lanes, 0)->c) mq_gather(lanes, &L::c, c);
-  for (int i = 0; i < 32; i++) {
-    for (int k = 0; k < 2; k++) {
-      const int r = mq_fragment_row(i), col = mq_fragment_col(i) + k;
-      float acc = c[r][col];
-      for (int j = 0; j < 8; j++) acc = acc + a[r][j] * b[j][col];
-      mq_lane_at<L>(lanes, i)->d->mq_fragment.e[k] = Td(acc);
-    }
-  }
+  if (mq_lane_at<L>(lanes, 0)->c) mq_gather(lanes, &L::c, acc);
+  for (int r = 0; r < 8; r++)
+    for (int k = 0; k < 8; k++)
+      for (int col = 0; col < 8; col++) acc[r][col] = acc[r][col] + a[r][k] * b[k][col];
+  for (int i = 0; i < 32; i++)
+    for (int k = 0; k < 2; k++)
+      mq_lane_at<L>(lanes, i)->d->mq_fragment.e[k] = Td(acc[mq_fragment_row(i)][mq_fragment_col(i) + k]);
 }
 
 template <class Td, class Ta, class Tb, class Tc>
