@@ -176,10 +176,12 @@ void bind_engine(py::module_& m) {
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
                        const std::string& mtp_hidden, int max_sequences, int prefill_layers_per_buffer, int first_layer,
-                       int end_layer) {
+                       int end_layer, const py::dict& beside) {
              if (mtp_hidden != "post_norm" && mtp_hidden != "pre_norm")
                throw py::value_error("mtp_hidden must be 'post_norm' or 'pre_norm'");
              ModelDesc desc = to_model_desc(dims, tensors);
+             uint64_t beside_bytes = 0;
+             for (const auto& entry : to_tensor_descs(beside)) beside_bytes += placed_bytes(entry.second);
              // progress(stage, done, total, note): stage "weights" (bytes) or "kernels" (pipelines).
              LoadProgress report;
              if (!progress.is_none()) {
@@ -203,14 +205,15 @@ void bind_engine(py::module_& m) {
                  .max_sequences = max_sequences,
                  .prefill_layers_per_buffer = prefill_layers_per_buffer,
                  .first_layer = first_layer,
-                 .end_layer = end_layer};
+                 .end_layer = end_layer,
+                 .beside_weight_bytes = beside_bytes};
              return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
            py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(), py::arg("mtp") = false,
            py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
            py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer, py::arg("first_layer") = 0,
-           py::arg("end_layer") = -1)
+           py::arg("end_layer") = -1, py::arg("beside") = py::dict())
       .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def_property_readonly("max_context", &Engine::max_context)
       .def_property_readonly("max_rows", &Engine::max_rows)  // rows of one prefill chunk (prefill_chunk)

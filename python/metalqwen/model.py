@@ -73,10 +73,10 @@ class Model:
         """Engine counters: steps (prefill chunks, decode, verify and shared steps) and their command buffers
         (a prefill chunk takes one per ``prefill_layers_per_buffer`` layers), steps the GPU failed, dispatches
         and barriers (dependent dispatch boundaries), host encode µs, CPU waits, decoded tokens, weight bytes
-        per token, weight bytes placed (``weight_bytes``: a pipeline rank's own), memory estimate, the load's
-        weight buffers, bytes read into arenas and resident-set peak (``load_peak_rss``, from
-        ``load_rss_before``), the compiled library's kernels and source bytes; ``*_last_step`` for the
-        latest step."""
+        per token, weight bytes placed (``weight_bytes``: a pipeline rank's own; the vision tower's too),
+        memory estimate (the tower's weights in it), the load's weight buffers, bytes read into arenas and
+        resident-set peak (``load_peak_rss``, from ``load_rss_before``), the compiled library's kernels and
+        source bytes; ``*_last_step`` for the latest step."""
         return self.runner.counters()
 
     def reset(self) -> None:
@@ -564,7 +564,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     try:
         engine = _core.Engine(dev._native, desc["dims"], tensors, max_context, kv_bits, prefill_chunk,
                               max_draft=max_draft, progress=shown, mtp=with_mtp, mtp_hidden=mtp_hidden,
-                              max_sequences=max_sequences, prefill_layers_per_buffer=prefill_layers_per_buffer)
+                              max_sequences=max_sequences, prefill_layers_per_buffer=prefill_layers_per_buffer,
+                              beside=desc["vision"]["tensors"] if desc["vision"] else {})
     finally:
         if shown:
             shown.close()
