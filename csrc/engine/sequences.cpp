@@ -62,6 +62,9 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
   auto next_snapshot = snapshot_at.begin();
   // The prompt's rotary positions on the device, kept until every chunk has been waited for.
   std::shared_ptr<gpu::Buffer> rope_positions;
+  // The largest rotary position of the rows so far: a snapshot at p carries high + 1 - p, the
+  // delta of text after its prefix (0 before any image), not the whole prompt's.
+  int high = q.position - 1 + q.rope_delta;
   if (images) {
     rope_positions = device_->new_buffer(images->rope_positions.size() * 4);
     std::memcpy(rope_positions->contents(), images->rope_positions.data(), images->rope_positions.size() * 4);
@@ -101,8 +104,13 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
     }
     Encoder enc(*device_, kernels_, "prefill chunk");
     encode_prefill_rows(enc, pass, head, last, sampling);
+    if (images)
+      for (size_t i = done * 3; i < (done + rows) * 3; ++i) high = std::max(high, images->rope_positions[i]);
     if (next_snapshot != snapshot_at.end() && *next_snapshot == q.position + int(rows)) {
-      if (snapshots) snapshots->push_back(encode_snapshot(enc, slot, *next_snapshot));
+      if (snapshots) {
+        snapshots->push_back(encode_snapshot(enc, slot, *next_snapshot));
+        if (images) snapshots->back()->rope_delta = high + 1 - *next_snapshot;
+      }
       ++next_snapshot;
     }
     in_flight.push_back(commit(enc));

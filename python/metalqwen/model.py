@@ -281,6 +281,8 @@ class Model:
         constraint = self._constraint(ids, json_schema, grammar, response_format)
         sampling["token_mask"] = constraint is not None
         drafter = self._drafter(speculative, sampling)
+        if prepared is not None:  # positions in the prompt as given, one pad per image
+            boundaries = [prepared.expanded_position(int(b)) for b in boundaries]
         return Request(ids, max_tokens, sampling, stop, boundaries, drafter, constraint, prepared)
 
     @property
