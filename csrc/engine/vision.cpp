@@ -259,8 +259,8 @@ std::shared_ptr<gpu::Buffer> VisionTower::features_buffer(const std::vector<floa
     for (uint32_t i = 0; i < rows_of.size(); ++i) rows_of[i] = i;
     auto gathered = dev.new_buffer(index.size() * H * 4), seq = upload(dev, rows_of.data(), rows_of.size() * 4);
     const QuantEmbedParams ep{.dim = H, .vocab = pos_quant_.out, .first = 0, .rows = uint32_t(index.size())};
-    enc.dispatch(*pos_gather_, {at(pos_quant_.weight), scales_of(pos_quant_), biases_of(pos_quant_), idx, gathered,
-                                Arg::value(ep)},
+    enc.dispatch(*pos_gather_,
+                 {at(pos_quant_.weight), scales_of(pos_quant_), biases_of(pos_quant_), idx, gathered, Arg::value(ep)},
                  {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), uint32_t(index.size())}, {MQ_EMBED_THREADS});
     enc.dispatch(*pos_embed_kernel_, {gathered, seq, wts, x, Arg::value(pp)}, {ceil_div(H, MQ_SIMD_WIDTH), n},
                  {MQ_SIMD_WIDTH});

@@ -199,13 +199,12 @@ class Runner:
         state, the prefix cache's longest match, else nothing. Returns (tokens reused, the
         positions where feeding the rest should snapshot for the prefix cache). A prompt with
         ``images`` (images.PreparedImages) resumes from the prefix cache only, by its cache_key
-        (the live state's ids do not say which pictures it holds), never inside an image."""
+        (the live state's ids do not say which pictures it holds)."""
         cached = self._engine.tokens(slot)
         reuse = len(cached) if images is None and 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
         snapshot_at = []
         if self.prefix_cache is not None:
-            saved = (self.prefix_cache.longest(ids) if images is None else
-                     self.prefix_cache.longest(images.cache_key(), lambda p: not images.splits_an_image(p)))
+            saved = self.prefix_cache.longest(ids if images is None else images.cache_key())
             if saved is not None and saved.position > reuse:
                 self._engine.restore(slot, saved)
                 reuse = saved.position
@@ -225,7 +224,7 @@ class Runner:
             constraint.mask(self._engine.token_masks()[0])
         bar = PrefillProgress() if self.progress else None
         taken = []
-        extra = {} if images is None else images.after(reuse)
+        extra = {} if images is None else images.engine_args()
         try:
             self._engine.prefill(0, ids[reuse:], _core.Sampling(**sampling), logits="none", progress=bar,
                                  snapshot_at=snapshot_at, snapshots=taken, **extra)

@@ -69,15 +69,9 @@ class PreparedImages:
             key[first:first + rows] = ["image:" + digest] * rows
         return key
 
-    def splits_an_image(self, position: int) -> bool:
-        """Whether ``position`` lies inside an image's rows (a resume there would split its features)."""
-        return any(first < position < first + rows for first, rows, _ in self.features)
-
-    def after(self, reuse: int) -> dict:
-        """The prefill's image arguments for the prompt's rows from ``reuse`` on (the images before it
-        are in the resumed state)."""
-        return dict(rope_positions=self.rope_positions[reuse:], rope_delta=self.rope_delta,
-                    features=[(first - reuse, rows, b) for first, rows, b in self.features if first >= reuse])
+    def engine_args(self) -> dict:
+        """The engine's prefill arguments (the whole prompt's: a call feeds some of its rows)."""
+        return dict(rope_positions=self.rope_positions, features=self.features)
 
 
 def _part_image(part: Mapping[str, Any], given: list, used: list[int]):

@@ -118,8 +118,7 @@ class Model:
         self._engine.reset(0)
         if prepared is None:
             return self._engine.prefill(0, ids, logits="all")
-        return self._engine.prefill(0, ids, logits="all", rope_positions=prepared.rope_positions,
-                                    rope_delta=prepared.rope_delta, features=prepared.features)
+        return self._engine.prefill(0, ids, logits="all", **prepared.engine_args())
 
     def prompt_ids(self, prompt: Prompt, chat: bool = False, enable_thinking: bool | None = None,
                    images: Sequence = ()) -> list[int]:
@@ -213,7 +212,8 @@ class Model:
         ``chat`` (mlx-vlm's order); with messages they fill the ``{"type": "image"}`` parts that
         carry none, the rest going first in the last user message; with ids each
         ``<|vision_start|><|image_pad|><|vision_end|>`` takes the next image. A prompt with images
-        is fed from a fresh state (no prefix cache) and cannot be batched yet.
+        resumes from the prefix cache by its pictures' content (never the live state; ``boundaries``
+        count one pad per image).
 
         Greedy when temperature is 0; else sampling with top-k (0 = off), top-p (1 = off) and
         min-p (0 = off), in that order after the temperature, reproducible for a given seed.

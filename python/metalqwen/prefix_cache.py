@@ -44,12 +44,12 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, ids: Sequence, usable=lambda position: True):
-        """The snapshot of the longest proper prefix of ``ids`` held here (whose length ``usable``
-        accepts), or None. ``ids``: token ids, or a prompt's images.PreparedImages.cache_key()."""
+    def longest(self, ids: Sequence):
+        """The snapshot of the longest proper prefix of ``ids`` held here, or None. ``ids``: token ids,
+        or a prompt's images.PreparedImages.cache_key()."""
         for position in sorted({len(k) for k in self._entries if len(k) < len(ids)}, reverse=True):
             key = tuple(ids[:position])
-            if key in self._entries and usable(position):
+            if key in self._entries:
                 self._entries.move_to_end(key)
                 return self._entries[key]
         return None

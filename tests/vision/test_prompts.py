@@ -211,6 +211,25 @@ def test_the_tower_is_in_the_memory_estimate(model, folder):
     assert counters["memory_estimate"] > counters["weight_bytes"]
 
 
+def test_image_prompts_batch_as_each_alone(folder, device):
+    """generate_batch over two slots with prompts of one and two pictures and a text one, in prefill
+    chunks of 8 rows (images straddle chunks; later prompts join running steps): each answer equals
+    that prompt's alone."""
+    batched = metalqwen.load(folder, device=device, max_context=128, kv_bits=16, progress=False, max_sequences=2,
+                             prefill_chunk=8)
+
+    def user(*parts):
+        return [{"role": "user", "content": [{"type": "image", "image": p} if isinstance(p, np.ndarray) else
+                                             {"type": "text", "text": p} for p in parts]}]
+
+    prompts = [user(picture(64, 96, seed=21), "What is it?"),
+               user("Compare", picture(96, 64, seed=22), "with", picture(64, 64, seed=23)),
+               user("No picture here."), user(picture(64, 64, seed=24), "And this?")]
+    alone = [batched.generate(p, max_tokens=5, enable_thinking=False).tokens for p in prompts]
+    together = batched.generate_batch(prompts, 5, enable_thinking=False)
+    assert [g.tokens for g in together] == alone
+
+
 class RepeatLast:
     """Drafts the last token k times: every step is a verify step, most drafts refused."""
 
@@ -276,8 +295,6 @@ def test_what_is_refused(model, demo, device):
         model.score(model.tokenizer.encode(IMAGE_TEXT + "x"))
     with pytest.raises(ValueError, match="fetching URLs is not supported"):
         model.score([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}])
-    with pytest.raises(ValueError, match="cannot be batched yet"):
-        model.generate_batch(["a"], 2, images=[img])
     text_only = metalqwen.load(demo, device=device, max_context=64, progress=False)
     assert text_only.vision is None
     with pytest.raises(ValueError, match="takes no images: .*has no vision tower"):
