@@ -84,9 +84,17 @@
   K("vision_linear_gelu_tanh_" #F, vision_linear, W, B, 1, false)                                 \
   K("vision_linear_gelu_erf_" #F, vision_linear, W, B, 2, false)                                  \
   K("vision_linear_residual_" #F, vision_linear, W, B, 0, true)
+// Quantized linears run the projections' qmm, then these per bias type B (f16 biases are
+// widened to f32 at load).
+#define MQ_VISION_BIAS_KERNELS(K, F, B)                              \
+  K("vision_bias_" #F, vision_bias, B, 0, false)                     \
+  K("vision_bias_gelu_tanh_" #F, vision_bias, B, 1, false)           \
+  K("vision_bias_gelu_erf_" #F, vision_bias, B, 2, false)            \
+  K("vision_bias_residual_" #F, vision_bias, B, 0, true)
 #define MQ_VISION_KERNELS(K, P)                                                                   \
   MQ_VISION_LINEAR_KERNELS(K, bf16, bfloat, bfloat) MQ_VISION_LINEAR_KERNELS(K, f16, half, float) \
   MQ_VISION_LINEAR_KERNELS(K, f32, float, float)                                                  \
+  MQ_VISION_BIAS_KERNELS(K, bf16, bfloat) MQ_VISION_BIAS_KERNELS(K, f32, float)                     \
   K("vision_layer_norm", vision_layer_norm, bfloat) K("vision_layer_norm_wf32", vision_layer_norm, float) \
   K("vision_pos_embed_bf16", vision_pos_embed, bfloat) K("vision_pos_embed_f16", vision_pos_embed, half)  \
   K("vision_pos_embed_f32", vision_pos_embed, float) P(vision_rope) P(vision_attention)

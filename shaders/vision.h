@@ -94,6 +94,22 @@ template <typename W, typename B, int ACT, bool RESIDUAL>
   }
 }
 
+// The bias and epilogue of a quantized linear, whose product t = x W^T the projections' qmm
+// wrote (VisionBiasParams): y = act(t + b), or y += t + b (RESIDUAL); t may be y itself when
+// not RESIDUAL. t, y f32 [rows][stride]; b [out] B (bfloat or float). Grid of threads (out, rows).
+template <typename B, int ACT, bool RESIDUAL>
+[[kernel]] void vision_bias(device const float* t [[buffer(0)]],
+                            device const B* b [[buffer(1)]],
+                            device float* y [[buffer(2)]],
+                            constant VisionBiasParams& p [[buffer(3)]],
+                            uint2 gid [[thread_position_in_grid]]) {
+  const uint o = gid.x, r = gid.y;
+  if (o >= p.out || r >= p.rows) return;
+  const float v = t[ulong(r) * p.t_stride + o] + float(b[o]);
+  device float* yo = y + ulong(r) * p.y_stride + o;
+  *yo = RESIDUAL ? *yo + v : mq_vision::activate<ACT>(v);
+}
+
 // y = (x - mean) * rsqrt(var + eps) * w + b per row (VisionNormParams); x, y [rows][stride] f32
 // (y may not alias x), w, b [dim] B. Grid: one threadgroup per row, threads a multiple of 32.
 template <typename B>

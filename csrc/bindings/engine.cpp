@@ -108,6 +108,23 @@ std::vector<Engine::SlotStep> slot_steps(const py::list& entries) {
   return steps;
 }
 
+// A prompt's image features as Python gives them: (first prompt row, rows, Buffer f32 [rows][hidden]).
+using ImageFeatures = std::vector<std::tuple<uint32_t, uint32_t, std::shared_ptr<mq::gpu::Buffer>>>;
+
+// The PromptImages of prefill's / a prompt chunk's rope_positions (None: no images) and features.
+std::optional<PromptImages> prompt_images(const char* where, const py::object& rope_positions,
+                                          const ImageFeatures& features) {
+  if (rope_positions.is_none()) {
+    if (!features.empty()) throw py::value_error(std::string(where) + ": image features need rope_positions");
+    return std::nullopt;
+  }
+  auto pos = rope_positions.cast<py::array_t<int32_t, py::array::c_style | py::array::forcecast>>();
+  PromptImages images;
+  images.rope_positions.assign(pos.data(), pos.data() + pos.size());
+  for (auto& [first, rows, buffer] : features) images.features.push_back({first, rows, buffer, 0});
+  return images;
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -177,10 +194,12 @@ void bind_engine(py::module_& m) {
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
                        const std::string& mtp_hidden, int max_sequences, int prefill_layers_per_buffer, int first_layer,
-                       int end_layer) {
+                       int end_layer, const py::dict& beside) {
              if (mtp_hidden != "post_norm" && mtp_hidden != "pre_norm")
                throw py::value_error("mtp_hidden must be 'post_norm' or 'pre_norm'");
              ModelDesc desc = to_model_desc(dims, tensors);
+             uint64_t beside_bytes = 0;
+             for (const auto& entry : to_tensor_descs(beside)) beside_bytes += placed_bytes(entry.second);
              // progress(stage, done, total, note): stage "weights" (bytes) or "kernels" (pipelines).
              LoadProgress report;
              if (!progress.is_none()) {
@@ -204,14 +223,15 @@ void bind_engine(py::module_& m) {
                  .max_sequences = max_sequences,
                  .prefill_layers_per_buffer = prefill_layers_per_buffer,
                  .first_layer = first_layer,
-                 .end_layer = end_layer};
+                 .end_layer = end_layer,
+                 .beside_weight_bytes = beside_bytes};
              return std::make_unique<Engine>(std::move(device), std::move(desc), options, report);
            }),
            py::arg("device"), py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"),
            py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(), py::arg("mtp") = false,
            py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
            py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer, py::arg("first_layer") = 0,
-           py::arg("end_layer") = -1)
+           py::arg("end_layer") = -1, py::arg("beside") = py::dict())
       .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def_property_readonly("max_context", &Engine::max_context)
       .def_property_readonly("max_rows", &Engine::max_rows)  // rows of one prefill chunk (prefill_chunk)
@@ -223,8 +243,7 @@ void bind_engine(py::module_& m) {
           "prefill",
           [](Engine& e, int slot, std::vector<uint32_t> tokens, const Sampling& sampling, const std::string& logits,
              py::object progress, std::vector<int> snapshot_at, py::object snapshots, py::object rope_positions,
-             int rope_delta,
-             std::vector<std::tuple<uint32_t, uint32_t, std::shared_ptr<mq::gpu::Buffer>>> features) -> py::object {
+             const ImageFeatures& features) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
             // Between chunks: a pending Ctrl-C raises KeyboardInterrupt here (the chunks
@@ -234,16 +253,7 @@ void bind_engine(py::module_& m) {
               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
               if (!progress.is_none()) progress(done, total);
             };
-            std::optional<PromptImages> images;
-            if (!rope_positions.is_none()) {
-              auto pos = rope_positions.cast<py::array_t<int32_t, py::array::c_style | py::array::forcecast>>();
-              images.emplace();
-              images->rope_positions.assign(pos.data(), pos.data() + pos.size());
-              images->rope_delta = rope_delta;
-              for (auto& [first, rows, buffer] : features) images->features.push_back({first, rows, buffer, 0});
-            } else if (!features.empty()) {
-              throw py::value_error("prefill: image features need rope_positions");
-            }
+            const std::optional<PromptImages> images = prompt_images("prefill", rope_positions, features);
             std::vector<float> out;
             std::vector<std::shared_ptr<Snapshot>> taken;
             {
@@ -258,10 +268,11 @@ void bind_engine(py::module_& m) {
           },
           py::arg("slot"), py::arg("tokens"), py::arg("sampling") = Sampling{}, py::arg("logits") = "none",
           py::arg("progress") = py::none(), py::arg("snapshot_at") = std::vector<int>{},
-          py::arg("snapshots") = py::none(), py::arg("rope_positions") = py::none(), py::arg("rope_delta") = 0,
-          py::arg("features") = std::vector<std::tuple<uint32_t, uint32_t, std::shared_ptr<mq::gpu::Buffer>>>{},
-          "rope_positions: int32 [tokens][3] (time, height, width) of a prompt with images, rope_delta the rows "
-          "after it; features: (first prompt row, rows, Buffer of f32 [rows][hidden]) replacing those embeddings")
+          py::arg("snapshots") = py::none(), py::arg("rope_positions") = py::none(),
+          py::arg("features") = ImageFeatures{},
+          "rope_positions: int32 [prompt rows][3] (time, height, width) of a prompt with images, from the slot's "
+          "row 0 (tokens are its rows from position(); the slot's rope_delta follows from them); features: (first "
+          "prompt row, rows, Buffer of f32 [rows][hidden]) replacing those embeddings")
       .def("rope_delta", &Engine::rope_delta, py::arg("slot"))
       .def("restore", &Engine::restore, py::arg("slot"), py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin", &Engine::decode_begin, py::arg("slot"), py::arg("max_tokens"),
@@ -289,7 +300,8 @@ void bind_engine(py::module_& m) {
           "step",
           // entries: [(slot, drafts, Sampling[, mtp_drafts])]; before_choice(): called (GIL held) while the GPU runs
           // the forward pass of a step with masked slots, to write their token_masks rows. prompt: a joining
-          // prompt's chunk (slot, token ids, Sampling, last, snapshot) whose rows join the step (Engine::PromptChunk;
+          // prompt's chunk (slot, token ids, Sampling, last, snapshot[, rope_positions, features] as prefill's)
+          // whose rows join the step (Engine::PromptChunk;
           // one more result entry after the slots'); snapshots: a list the chunk's snapshot is appended to.
           [](Engine& e, const py::list& entries, py::object before_choice, py::object prompt, py::object snapshots) {
             const std::vector<Engine::SlotStep> steps = slot_steps(entries);
@@ -300,16 +312,21 @@ void bind_engine(py::module_& m) {
                 before_choice();
               };
             std::optional<Engine::PromptChunk> chunk;
+            std::optional<PromptImages> images;
             if (!prompt.is_none()) {
               const auto t = prompt.cast<py::tuple>();
-              if (t.size() != 5)
-                throw py::value_error("a prompt chunk is (slot, token ids, Sampling, last, snapshot), got " +
-                                      std::to_string(t.size()) + " fields");
+              if (t.size() != 5 && t.size() != 7)
+                throw py::value_error(
+                    "a prompt chunk is (slot, token ids, Sampling, last, snapshot[, rope_positions, "
+                    "features]), got " +
+                    std::to_string(t.size()) + " fields");
+              if (t.size() == 7) images = prompt_images("step", t[5], t[6].cast<ImageFeatures>());
               chunk = Engine::PromptChunk{.slot = t[0].cast<int>(),
                                           .tokens = t[1].cast<std::vector<uint32_t>>(),
                                           .sampling = t[2].cast<Sampling>(),
                                           .last = t[3].cast<bool>(),
-                                          .snapshot = t[4].cast<bool>()};
+                                          .snapshot = t[4].cast<bool>(),
+                                          .images = images ? &*images : nullptr};
             }
             std::vector<std::vector<uint32_t>> out;
             std::vector<std::shared_ptr<Snapshot>> taken;

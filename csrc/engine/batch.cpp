@@ -97,6 +97,7 @@ void Engine::check_prompt_chunk(const PromptChunk& p, const std::vector<SlotStep
       throw EngineError(where + ": token id " + std::to_string(t) + " is outside the vocabulary");
   check_room(p.tokens.size() + 1, q, "step: prompt chunk of slot " + std::to_string(p.slot) + ": ");
   check_sampling(p.sampling);
+  if (p.images) check_images(*p.images, q, p.tokens.size(), "step: prompt chunk of slot " + std::to_string(p.slot));
 }
 
 void Engine::encode_prompt_chunk(Encoder& enc, const PromptChunk& p, InFlight& f) {
@@ -108,7 +109,9 @@ void Engine::encode_prompt_chunk(Encoder& enc, const PromptChunk& p, InFlight& f
   ForwardPass pass = ForwardPass::one_slot(p.slot, q.position, rows, false);
   pass.logit_row0 = p.last ? rows - 1 : rows;  // the last row's logits, for the last chunk's choice
   pass.split_layers = true;  // as prefill's: the last buffer holds the rest of the step (the slots' rows)
-  encode_prefill_rows(enc, pass, ForwardPass{}, p.last, p.sampling);
+  ForwardPass head;  // the MTP head's rows, as prefill's
+  if (p.images) f.rope_positions = bind_images(*p.images, q, uint32_t(q.position), rows, pass, head);
+  encode_prefill_rows(enc, pass, head, p.last, p.sampling);
   const int end = q.position + int(rows);
   if (p.snapshot) f.snapshot = encode_snapshot(enc, p.slot, end);
   f.prompt_slot = p.slot;

@@ -111,11 +111,10 @@ struct LoadProgress {
 // A prompt's images (docs/images.md): the rotary positions of its rows and the rows whose
 // embeddings are the vision tower's features instead of the image-pad token's.
 struct PromptImages {
-  // int32 [tokens][3]: (time, height, width) rotary position of each prompt row (text rows all
-  // three equal); Qwen3.5's interleaved M-RoPE picks a component per rotary pair.
+  // int32 [tokens][3]: (time, height, width) rotary position of each row of the whole prompt, from
+  // the sequence's row 0 (text rows all three equal); Qwen3.5's interleaved M-RoPE picks a
+  // component per rotary pair. A prefill or prompt chunk feeds some of these rows, in order.
   std::vector<int32_t> rope_positions;
-  // Rotary position - cache row of every row after the prompt (text): largest position + 1 - end.
-  int rope_delta = 0;
   // Rows [first, first + rows) of the prompt (0 = its first token) take f32 [rows][hidden]
   // from `features` (at byte `offset`, e.g. the tower's output buffer) as their embeddings.
   struct Features {
@@ -191,8 +190,10 @@ class Engine {
   // submitted stay fed (position() tells). `snapshot_at`: absolute positions in (position(),
   // position() + tokens.size()], ascending, after which the state is saved into `snapshots` by
   // the chunk that ends there. A chunk the GPU fails resets the slot (see GPU failures) and takes
-  // this call's snapshots back out. `images`: the prompt's rotary positions and image features;
-  // the slot's rows after the prompt then rotate at cache row + images->rope_delta (until reset).
+  // this call's snapshots back out. `images`: the whole prompt's rotary positions and image
+  // features (rows from 0: `tokens` are its rows [position(), position() + tokens.size())). The
+  // slot's rope_delta becomes that of its rows so far, largest rotary position + 1 - position()
+  // (a snapshot's too); text rows after the prompt rotate at cache row + it (until reset).
   std::vector<float> prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
                              bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
@@ -285,13 +286,15 @@ class Engine {
   // first token (step's result gets one more entry after the slots': that token, or nothing for
   // an earlier chunk). `snapshot`: the state at the chunk's end is copied for the prefix cache
   // (into step's `snapshots` once waited for). At most max_rows() tokens; step only (a host
-  // decision: nothing is in flight around it).
+  // decision: nothing is in flight around it). `images`: a prompt with images' rotary positions
+  // and features, as prefill takes them (the whole prompt's).
   struct PromptChunk {
     int slot = 0;
     std::vector<uint32_t> tokens;
     Sampling sampling;
     bool last = false;
     bool snapshot = false;
+    const PromptImages* images = nullptr;
   };
   std::vector<std::vector<uint32_t>> step(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice = {},
                                           const PromptChunk* prompt = nullptr,
@@ -368,7 +371,11 @@ class Engine {
   // The drafts a step entry feeds: its host drafts, or its MTP drafts when the head's state exists.
   uint32_t step_drafts(const SlotStep& s) const;
   // EngineError unless `images` fits a prompt of `tokens` tokens and this model's hidden size.
-  void check_images(const PromptImages& images, size_t tokens) const;
+  void check_images(const PromptImages& images, const Sequence& q, size_t tokens, const std::string& where) const;
+  // Binds the image rows [first, first + rows) of a prompt's pass (and its MTP head's) and uploads
+  // their rotary positions; sets q's rope_delta to that of its rows up to first + rows.
+  std::shared_ptr<gpu::Buffer> bind_images(const PromptImages& images, Sequence& q, uint32_t first, uint32_t rows,
+                                           ForwardPass& pass, ForwardPass& head);
   // The embed rows of pass rows [0, rows) = prompt rows [first, first + rows) that hold image features.
   std::vector<ForwardPass::EmbedRows> image_rows(const PromptImages& images, uint32_t first, uint32_t rows);
   // A slot's token ids (uint [max_context + 1]) on the device and for the host.
@@ -387,6 +394,7 @@ class Engine {
     bool speculative = false;  // with drafts: positions advance by the accepted ones when waited for
     int prompt_slot = -1;  // a prompt chunk's slot (Engine::PromptChunk), else -1
     std::shared_ptr<Snapshot> snapshot;  // the state at the chunk's end, when asked
+    std::shared_ptr<gpu::Buffer> rope_positions;  // a prompt chunk's with images, int32 [rows][3]
     // Every slot whose rows it holds.
     std::vector<int> slots() const;
   };

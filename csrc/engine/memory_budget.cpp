@@ -33,6 +33,7 @@ int64_t largest_fitting_context(const ModelDesc& model, EngineOptions options, u
 
 MemoryNeeds estimate_memory(const ModelDesc& model, const EngineOptions& options) {
   MemoryNeeds needs;
+  needs.weights = options.beside_weight_bytes;
   for (const auto& entry : model.tensors) needs.weights += placed_bytes(entry.second);
   uint64_t attention_layers = options.mtp ? 1 : 0;  // the MTP head's layer keeps its own cache
   const LayerRange range = layer_range(model.dims, options);

@@ -10,8 +10,8 @@
 namespace mq::engine {
 
 struct MemoryNeeds {
-  uint64_t weights = 0;    // every tensor the engine holds (its layer range's: keep_layer_range)
-  uint64_t kv_cache = 0;   // K and V caches of the attention layers (and the MTP layer's) at max_context
+  uint64_t weights = 0;  // every tensor the engine holds (its layer range's: keep_layer_range), and those beside it
+  uint64_t kv_cache = 0;  // K and V caches of the attention layers (and the MTP layer's) at max_context
   uint64_t workspace = 0;  // activations and DeltaNet state
   uint64_t total() const { return weights + kv_cache + workspace; }
 };

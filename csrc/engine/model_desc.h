@@ -65,6 +65,9 @@ struct EngineOptions {
   // norm, lm_head and choice (Engine::embeds, Engine::has_head).
   int first_layer = 0;
   int end_layer = -1;
+  // Bytes of weights placed beside the engine on its device (the vision tower's, vision.h): not
+  // placed by the engine, but counted in its memory estimate and weight_bytes.
+  uint64_t beside_weight_bytes = 0;
 };
 
 // [first, end) of the layers `options` asks for, end resolved.

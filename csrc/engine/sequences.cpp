@@ -42,7 +42,7 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
     throw EngineError("[engine] prefill of " + std::to_string(tokens.size()) + " tokens: an engine from layer " +
                       std::to_string(range_.first) + " takes one chunk of input rows per call (at most " +
                       std::to_string(ws_->max_rows) + ")");
-  if (images) check_images(*images, tokens.size());
+  if (images) check_images(*images, q, tokens.size(), "prefill");
   check_sampling(sampling);
   write_logit_bias(slot, sampling);
   // One slot past the last token receives the chosen next token.
@@ -60,13 +60,8 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
       throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(q.position) + ", " +
                         std::to_string(end) + "]");
   auto next_snapshot = snapshot_at.begin();
-  // The prompt's rotary positions on the device, kept until every chunk has been waited for.
-  std::shared_ptr<gpu::Buffer> rope_positions;
-  if (images) {
-    rope_positions = device_->new_buffer(images->rope_positions.size() * 4);
-    std::memcpy(rope_positions->contents(), images->rope_positions.data(), images->rope_positions.size() * 4);
-    q.rope_delta = images->rope_delta;
-  }
+  // The chunks' rotary positions on the device, kept until every chunk has been waited for.
+  std::vector<std::shared_ptr<gpu::Buffer>> rope_positions;
 
   std::vector<float> logits;
   if (all_logits) logits.reserve(tokens.size() * vocab);
@@ -94,11 +89,7 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
     pass.logit_row0 = all_logits ? 0 : last ? rows - 1 : rows;
     pass.split_layers = true;
     ForwardPass head;  // the MTP head's rows: the same positions, features of the tokens one further
-    if (images) {
-      pass.rope_positions = head.rope_positions = Arg(rope_positions, done * 3 * 4);
-      pass.embed_rows = image_rows(*images, uint32_t(done), rows);
-      head.embed_rows = image_rows(*images, uint32_t(done) + 1, rows);
-    }
+    if (images) rope_positions.push_back(bind_images(*images, q, uint32_t(q.position), rows, pass, head));
     Encoder enc(*device_, kernels_, "prefill chunk");
     encode_prefill_rows(enc, pass, head, last, sampling);
     if (next_snapshot != snapshot_at.end() && *next_snapshot == q.position + int(rows)) {
@@ -142,21 +133,39 @@ void Engine::encode_prefill_rows(Encoder& enc, const ForwardPass& pass, const Fo
   }
 }
 
-void Engine::check_images(const PromptImages& images, size_t tokens) const {
-  if (images.rope_positions.size() != tokens * 3)
-    throw EngineError("[engine] prefill: " + std::to_string(images.rope_positions.size()) +
-                      " rotary position components for " + std::to_string(tokens) + " tokens (3 per token)");
+void Engine::check_images(const PromptImages& images, const Sequence& q, size_t tokens,
+                          const std::string& where) const {
+  const size_t prompt = images.rope_positions.size() / 3, end = size_t(q.position) + tokens;
+  if (images.rope_positions.size() % 3 || prompt < end)
+    throw EngineError("[engine] " + where + ": " + std::to_string(images.rope_positions.size()) +
+                      " rotary position components (3 per prompt row from row 0) for rows up to " +
+                      std::to_string(end));
   const size_t row_bytes = size_t(model_.dims.hidden) * 4;
   for (const PromptImages::Features& f : images.features) {
-    if (size_t(f.first) + f.rows > tokens)
-      throw EngineError("[engine] prefill: image rows [" + std::to_string(f.first) + ", " +
-                        std::to_string(f.first + f.rows) + ") are past the prompt's " + std::to_string(tokens) +
-                        " tokens");
+    if (size_t(f.first) + f.rows > prompt)
+      throw EngineError("[engine] " + where + ": image rows [" + std::to_string(f.first) + ", " +
+                        std::to_string(f.first + f.rows) + ") are past the prompt's " + std::to_string(prompt) +
+                        " rows");
     if (!f.features || f.offset + f.rows * row_bytes > f.features->size())
-      throw EngineError("[engine] prefill: the features of image rows from " + std::to_string(f.first) +
+      throw EngineError("[engine] " + where + ": the features of image rows from " + std::to_string(f.first) +
                         " hold fewer than " + std::to_string(f.rows) + " rows of " + std::to_string(row_bytes) +
                         " bytes (f32 [rows][hidden])");
   }
+}
+
+std::shared_ptr<gpu::Buffer> Engine::bind_images(const PromptImages& images, Sequence& q, uint32_t first, uint32_t rows,
+                                                 ForwardPass& pass, ForwardPass& head) {
+  auto positions = device_->new_buffer(size_t(rows) * 3 * 4);
+  const int32_t* from = images.rope_positions.data() + size_t(first) * 3;
+  std::memcpy(positions->contents(), from, size_t(rows) * 3 * 4);
+  pass.rope_positions = head.rope_positions = Arg(positions);
+  pass.embed_rows = image_rows(images, first, rows);
+  head.embed_rows = image_rows(images, first + 1, rows);  // the head embeds the token one further
+  // The largest rotary position so far, from the rows before (text at row + delta) and these.
+  int high = int(first) - 1 + q.rope_delta;
+  for (size_t i = 0; i < size_t(rows) * 3; ++i) high = std::max(high, from[i]);
+  q.rope_delta = high + 1 - int(first + rows);
+  return positions;
 }
 
 std::vector<ForwardPass::EmbedRows> Engine::image_rows(const PromptImages& images, uint32_t first, uint32_t rows) {

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "errors.h"
+#include "workspace.h"
 
 namespace mq::engine {
 namespace {
@@ -52,6 +53,13 @@ void position_grid(int side, int h, int w, std::vector<uint32_t>& index, std::ve
         }
 }
 
+// The vision_bias_* suffix of a quantized linear's bias: bf16 as stored, or f32 (F16 widened).
+std::string bias_format(const std::string& module, const TensorDesc& b) {
+  if (b.dtype != "BF16" && b.dtype != "F32")
+    throw EngineError("[vision] " + module + ".bias: " + b.dtype + " (the tower takes BF16, F16 or F32 biases)");
+  return b.dtype == "BF16" ? "bf16" : "f32";
+}
+
 std::shared_ptr<gpu::Buffer> upload(gpu::Device& device, const void* data, size_t bytes) {
   auto b = device.new_buffer(bytes);
   std::memcpy(b->contents(), data, bytes);
@@ -74,6 +82,12 @@ VisionTower::VisionTower(std::shared_ptr<gpu::Device> device, VisionDesc desc, c
   const uint32_t H = uint32_t(d.hidden), M = H * 4;
   patch_embed_ = linear("patch_embed.proj", uint32_t(d.patch_dim()), H);
   pos_embed_ = weights_.tensor(kPrefix + "pos_embed.weight");
+  if (pos_embed_.desc->bits != 0) {
+    pos_quant_ = weights_.linear(kPrefix + "pos_embed");
+    if (pos_quant_.experts || pos_quant_.in != H || pos_quant_.out != uint32_t(d.position_embeddings))
+      throw EngineError("[vision] " + kPrefix + "pos_embed.weight is not a quantized [" +
+                        std::to_string(d.position_embeddings) + "][" + std::to_string(H) + "] table");
+  }
   for (int i = 0; i < d.depth; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     blocks_.push_back({norm(b + "norm1"), norm(b + "norm2"), linear(b + "attn.qkv", H, 3 * H),
@@ -85,12 +99,13 @@ VisionTower::VisionTower(std::shared_ptr<gpu::Device> device, VisionDesc desc, c
   merger_fc2_ = linear("merger.linear_fc2", M, uint32_t(d.out_hidden));
 
   KernelPlan plan;
-  const std::string& table = pos_embed_.desc->dtype;
+  const std::string table = pos_quant_.weight.desc ? "F32" : pos_embed_.desc->dtype;  // gathered as f32
   plan.need(pos_embed_kernel_,
             std::string("vision_pos_embed_") + (table == "BF16"  ? "bf16"
                                                 : table == "F16" ? "f16"
                                                                  : "f32"),
             exactly(MQ_SIMD_WIDTH));
+  if (pos_quant_.weight.desc) plan.need(pos_gather_, "embed_" + pos_quant_.format, exactly(MQ_EMBED_THREADS));
   plan.need(rope_, "vision_rope", up_to(MQ_VISION_MAX_HEAD_DIM / 2));
   plan.need(attention_, "vision_attention", up_to(256));
   for (Linear* l : {&patch_embed_, &merger_fc1_, &merger_fc2_}) plan_linear(plan, *l);
@@ -109,13 +124,22 @@ VisionTower::Linear VisionTower::linear(const std::string& module, uint32_t in, 
   l.weight = weights_.tensor(kPrefix + module + ".weight");
   l.bias = weights_.tensor(kPrefix + module + ".bias");
   const TensorDesc& w = *l.weight.desc;
+  l.in = in;
+  l.out = out;
+  if (w.bits != 0) {
+    l.quant = weights_.linear(kPrefix + module);
+    if (l.quant.experts || l.quant.in != in || l.quant.out != out)
+      throw EngineError("[vision] " + kPrefix + module + ".weight is not a quantized [" + std::to_string(out) + "][" +
+                        std::to_string(in) + "] matrix");
+    l.format = l.quant.format;
+    bias_format(kPrefix + module, *l.bias.desc);
+    return l;
+  }
   int64_t elements = 1;
   for (int64_t n : w.shape) elements *= n;
   if (w.bits != 0 || w.shape.empty() || w.shape[0] != int64_t(out) || elements != int64_t(out) * in)
     throw EngineError("[vision] " + kPrefix + module + ".weight is not an unquantized [" + std::to_string(out) + "][" +
                       std::to_string(in) + "] matrix");
-  l.in = in;
-  l.out = out;
   l.format = linear_format(kPrefix + module, w, *l.bias.desc);
   return l;
 }
@@ -129,6 +153,16 @@ VisionTower::Norm VisionTower::norm(const std::string& module) const {
 }
 
 void VisionTower::plan_linear(KernelPlan& plan, Linear& l) {
+  if (l.quantized()) {
+    plan.need(l.qmm, "qmm_" + l.format, exactly(MQ_QMM_THREADS));
+    const std::string b = bias_format(kPrefix, *l.bias.desc);
+    const ThreadgroupNeed need = up_to(MQ_VISION_BIAS_THREADS);
+    plan.need(l.plain, "vision_bias_" + b, need);
+    plan.need(l.gelu_tanh, "vision_bias_gelu_tanh_" + b, need);
+    plan.need(l.gelu_erf, "vision_bias_gelu_erf_" + b, need);
+    plan.need(l.residual, "vision_bias_residual_" + b, need);
+    return;
+  }
   const ThreadgroupNeed need = exactly(MQ_VISION_LINEAR_THREADS);
   plan.need(l.plain, "vision_linear_" + l.format, need);
   plan.need(l.gelu_tanh, "vision_linear_gelu_tanh_" + l.format, need);
@@ -190,12 +224,27 @@ std::shared_ptr<gpu::Buffer> VisionTower::features_buffer(const std::vector<floa
   auto x = dev.new_buffer(size_t(n) * H * 4), xn = dev.new_buffer(size_t(n) * H * 4);
   auto qkv = dev.new_buffer(size_t(n) * 3 * H * 4), attn = dev.new_buffer(size_t(n) * H * 4);
   auto mlp = dev.new_buffer(size_t(n) * std::max(I, H) * 4), out = dev.new_buffer(size_t(out_rows) * out_dim * 4);
+  // A quantized residual linear's product [n][H] before its bias is added to x.
+  bool residual_quantized = false;
+  for (const Block& b : blocks_) residual_quantized |= b.proj.quantized() || b.fc2.quantized();
+  auto product = residual_quantized ? dev.new_buffer(size_t(n) * H * 4) : x;
 
   Encoder enc(dev, kernels_, "vision tower");
+  // y = epilogue(x W^T + b) over r rows: k is l's plain, gelu_tanh, gelu_erf or residual pipeline.
   auto run = [&](const Pipeline& k, const Linear& l, const Arg& xa, const Arg& ya, uint32_t r) {
-    const VisionLinearParams p{r, l.in, l.out, l.in, l.out};
-    enc.dispatch(k, {xa, Arg(l.weight.buffer, l.weight.offset), Arg(l.bias.buffer, l.bias.offset), ya, Arg::value(p)},
-                 {ceil_div(l.out, MQ_VISION_TILE), ceil_div(r, MQ_VISION_TILE)});
+    if (!l.quantized()) {
+      const VisionLinearParams p{r, l.in, l.out, l.in, l.out};
+      enc.dispatch(k, {xa, at(l.weight), at(l.bias), ya, Arg::value(p)},
+                   {ceil_div(l.out, MQ_VISION_TILE), ceil_div(r, MQ_VISION_TILE)});
+      return;
+    }
+    // The product goes to y itself unless the bias adds it to y's rows (residual).
+    const Arg t = &k == l.residual ? Arg(product) : ya;
+    const QuantMatmulParams qp{.in_dim = l.in, .out_dim = l.out, .rows = r, .x_stride = l.in, .y_stride = l.out};
+    enc.dispatch(*l.qmm, {at(l.quant.weight), scales_of(l.quant), biases_of(l.quant), xa, t, Arg::value(qp)},
+                 {ceil_div(r, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT)}, {MQ_QMM_THREADS});
+    const VisionBiasParams bp{r, l.out, l.out, l.out};
+    enc.dispatch_threads(k, {t, at(l.bias), ya, Arg::value(bp)}, {l.out, r});
   };
   auto layer_norm = [&](const Norm& nm) {
     const VisionNormParams p{H, H, H, d.eps};
@@ -204,8 +253,21 @@ std::shared_ptr<gpu::Buffer> VisionTower::features_buffer(const std::vector<floa
                  {n});
   };
   const VisionPosEmbedParams pp{n, H};
-  enc.dispatch(*pos_embed_kernel_, {Arg(pos_embed_.buffer, pos_embed_.offset), idx, wts, x, Arg::value(pp)},
-               {ceil_div(H, MQ_SIMD_WIDTH), n}, {MQ_SIMD_WIDTH});
+  if (pos_quant_.weight.desc) {
+    // The 4 neighbours of every patch gathered from the quantized grid: f32 [4n][H], row 4r + c.
+    std::vector<uint32_t> rows_of(index.size());
+    for (uint32_t i = 0; i < rows_of.size(); ++i) rows_of[i] = i;
+    auto gathered = dev.new_buffer(index.size() * H * 4), seq = upload(dev, rows_of.data(), rows_of.size() * 4);
+    const QuantEmbedParams ep{.dim = H, .vocab = pos_quant_.out, .first = 0, .rows = uint32_t(index.size())};
+    enc.dispatch(*pos_gather_,
+                 {at(pos_quant_.weight), scales_of(pos_quant_), biases_of(pos_quant_), idx, gathered, Arg::value(ep)},
+                 {ceil_div(H, MQ_EMBED_THREADS * MQ_QUANT_BLOCK), uint32_t(index.size())}, {MQ_EMBED_THREADS});
+    enc.dispatch(*pos_embed_kernel_, {gathered, seq, wts, x, Arg::value(pp)}, {ceil_div(H, MQ_SIMD_WIDTH), n},
+                 {MQ_SIMD_WIDTH});
+  } else {
+    enc.dispatch(*pos_embed_kernel_, {at(pos_embed_), idx, wts, x, Arg::value(pp)}, {ceil_div(H, MQ_SIMD_WIDTH), n},
+                 {MQ_SIMD_WIDTH});
+  }
   run(*patch_embed_.residual, patch_embed_, in, x, n);
   const VisionRopeParams rp{n, heads, hd, 3 * H};
   const VisionAttentionParams ap{n, heads, hd, 3 * H, H, 1.0f / std::sqrt(float(hd))};

@@ -49,12 +49,17 @@ class VisionTower {
 
  private:
   // y = x W^T + b: the weight (any 2-D or, for the patch embedding, 5-D [out][...] layout read
-  // as [out][in]), its bias, and the pipelines of its format (bf16, f16 or f32) per epilogue.
+  // as [out][in]), its bias, and per epilogue the pipelines of its format (float weights:
+  // vision_linear_* of bf16, f16 or f32). A quantized weight (any format of the projections,
+  // `quant`) runs the projections' qmm, then vision_bias_* of its bias' width adds the bias.
   struct Linear {
     DeviceTensor weight, bias;
     uint32_t in = 0, out = 0;
     std::string format;
+    QuantLinear quant;  // quantized weights only (then weight == quant.weight)
     const Pipeline *plain = nullptr, *gelu_tanh = nullptr, *gelu_erf = nullptr, *residual = nullptr;
+    const Pipeline* qmm = nullptr;
+    bool quantized() const { return quant.weight.desc != nullptr; }
   };
   struct Norm {
     DeviceTensor weight, bias;
@@ -77,8 +82,11 @@ class VisionTower {
   Linear patch_embed_, merger_fc1_, merger_fc2_;
   Norm merger_norm_;
   DeviceTensor pos_embed_;
+  // A quantized position grid: its rows are gathered by the projections' embed kernel into f32
+  // first (pos_gather_), then weighted by vision_pos_embed_f32.
+  QuantLinear pos_quant_;
   std::vector<Block> blocks_;
-  const Pipeline *pos_embed_kernel_ = nullptr, *rope_ = nullptr, *attention_ = nullptr;
+  const Pipeline *pos_embed_kernel_ = nullptr, *pos_gather_ = nullptr, *rope_ = nullptr, *attention_ = nullptr;
 };
 
 }  // namespace mq::engine

@@ -116,8 +116,6 @@ class Scheduler:
     def submit(self, prompt: Prompt | Request, max_tokens: int = 256, **options) -> Sequence:
         """Queues a request (arguments as ``Model.stream``, checked now; or a ``Model.request``)."""
         request = prompt if isinstance(prompt, Request) else self.model.request(prompt, max_tokens, **options)
-        if request.images is not None:
-            raise ValueError("prompts with images cannot be batched yet: use Model.generate / stream")
         seq = Sequence(request, Output(request, self.model.tokenizer, self.model.eos_token_ids))
         self.waiting.append(seq)
         return seq
@@ -245,7 +243,7 @@ class Scheduler:
         seq.slot = max(self._free, key=reusable)
         self._free.remove(seq.slot)
         self.running.append(seq)
-        seq.fed, seq.snapshot_at = self._runner.resume(ids, seq.request.boundaries, seq.slot)
+        seq.fed, seq.snapshot_at = self._runner.resume(ids, seq.request.boundaries, seq.slot, seq.request.images)
         seq.output.stats.prompt_tokens_reused = seq.fed
         room = self._runner.max_context - len(ids)
         seq.left = min(seq.request.max_tokens, room)
@@ -262,10 +260,10 @@ class Scheduler:
         start = time.perf_counter()
         taken = []
         at = [p for p in seq.snapshot_at if seq.fed < p <= end]
+        images = seq.request.images
         self._engine.prefill(seq.slot, ids[seq.fed:end], _core.Sampling(**seq.request.sampling), logits="none",
-                             snapshot_at=at, snapshots=taken)
-        for snapshot in taken:
-            self._runner.prefix_cache.add(snapshot)
+                             snapshot_at=at, snapshots=taken, **(images.engine_args() if images else {}))
+        self._keep(seq, taken)
         stats.prompt_seconds += time.perf_counter() - start
         seq.fed = end
         if end < len(ids):
@@ -273,6 +271,12 @@ class Scheduler:
         seq.started = time.perf_counter()
         self._emit(seq, [self._engine.chosen(seq.slot)])
         return True
+
+    def _keep(self, seq: Sequence, snapshots: list) -> None:
+        """Puts a prompt's snapshots in the prefix cache (a prompt with images: under its cache_key)."""
+        key = seq.request.images.cache_key() if seq.request.images is not None else None
+        for snapshot in snapshots:
+            self._runner.prefix_cache.add(snapshot, None if key is None else key[:snapshot.position])
 
     def _chunk(self, seq: Sequence) -> tuple[int, bool]:
         """The end of the prompt's next chunk (at most ``prefill_rows`` and the engine's ``max_rows``
@@ -291,6 +295,8 @@ class Scheduler:
             ids = feeding.request.ids
             prompt = (feeding.slot, ids[feeding.fed:end], _core.Sampling(**feeding.request.sampling),
                       end == len(ids), snapshot)
+            if feeding.request.images is not None:
+                prompt += (feeding.request.images.rope_positions, feeding.request.images.features)
         start = time.perf_counter()
         drafts, heads = self._drafts(seqs)
         # A drafting request has neither penalties nor logprobs (Model.request turns its drafter off).
@@ -307,8 +313,7 @@ class Scheduler:
             self._emit(seq, tokens)
         if feeding is None:
             return False
-        for snapshot in taken:
-            self._runner.prefix_cache.add(snapshot)
+        self._keep(feeding, taken)
         feeding.output.stats.prompt_seconds += time.perf_counter() - start  # the step that read its chunk
         feeding.fed = end
         if end < len(feeding.request.ids):

@@ -317,8 +317,8 @@ def _ask(question: str) -> bool:
 
 
 _CHAT_HELP = """commands: /clear starts a fresh conversation; /system TEXT sets the system message (and starts
-afresh); /image PATH attaches a picture to your next message (models with a vision tower; a
-conversation with pictures is read whole each turn: no prefix cache); /exit quits (as Ctrl-D
+afresh); /image PATH attaches a picture to your next message (models with a vision tower; the
+pictures stay in the conversation); /exit quits (as Ctrl-D
 does); /help shows this. A line of three double quotes (\"\"\") starts
 a message of several lines, ended by another such line; a pasted block is one message too.
 Ctrl-C stops an answer."""

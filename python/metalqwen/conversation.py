@@ -8,8 +8,8 @@ turn resumes there and feeds only the last answer (without its thinking) and the
 message, and the model reads the history exactly as its template writes it.
 
 A user message may carry pictures (shown before its text, as Model.stream puts a text prompt's
-images). A prompt with pictures bypasses the prefix cache, so each turn of such a conversation
-reads all of them again.
+images). The boundaries count one pad per picture, as the template renders it (Model.request
+moves them past each picture's rows); the prefix cache keys pictures by their content.
 """
 
 from __future__ import annotations

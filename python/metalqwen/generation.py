@@ -197,15 +197,18 @@ class Runner:
         """(logprob, [(id, logprob), ...]) of the token decoded last for ``slot`` when asked for, else None."""
         return self._engine.last_logprobs(slot)
 
-    def resume(self, ids: list[int], boundaries: Sequence[int] = (), slot: int = 0) -> tuple[int, list[int]]:
+    def resume(self, ids: list[int], boundaries: Sequence[int] = (), slot: int = 0,
+               images=None) -> tuple[int, list[int]]:
         """Sets ``slot`` at the longest start of ``ids`` it can resume from: its live
         state, the prefix cache's longest match, else nothing. Returns (tokens reused, the
-        positions where feeding the rest should snapshot for the prefix cache)."""
+        positions where feeding the rest should snapshot for the prefix cache). A prompt with
+        ``images`` (images.PreparedImages) resumes from the prefix cache only, by its cache_key
+        (the live state's ids do not say which pictures it holds)."""
         cached = self._engine.tokens(slot)
-        reuse = len(cached) if 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
+        reuse = len(cached) if images is None and 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
         snapshot_at = []
         if self.prefix_cache is not None:
-            saved = self.prefix_cache.longest(ids)
+            saved = self.prefix_cache.longest(ids if images is None else images.cache_key())
             if saved is not None and saved.position > reuse:
                 self._engine.restore(slot, saved)
                 reuse = saved.position
@@ -219,27 +222,22 @@ class Runner:
         """Prefills on slot 0 what the cache lacks of ``ids`` (progress on stderr past a second, when
         shown), resuming as ``resume`` does and saving snapshots; returns how many tokens were reused.
         With a ``constraint`` its first mask is written for the token prefill chooses. A prompt with
-        ``images`` (images.PreparedImages) is fed whole from a reset slot: its image rows' token ids
-        do not say which picture they hold, so neither the live state nor the prefix cache is used."""
-        if images is not None:
-            self._engine.reset(0)
-            reuse, snapshot_at = 0, []
-        else:
-            reuse, snapshot_at = self.resume(ids, boundaries)
+        ``images`` (images.PreparedImages) resumes and snapshots by its cache_key (see ``resume``)."""
+        reuse, snapshot_at = self.resume(ids, boundaries, images=images)
         if constraint is not None:
             constraint.mask(self._engine.token_masks()[0])
         bar = PrefillProgress() if self.progress else None
         taken = []
-        extra = {} if images is None else dict(rope_positions=images.rope_positions, rope_delta=images.rope_delta,
-                                               features=images.features)
+        extra = {} if images is None else images.engine_args()
         try:
             self._engine.prefill(0, ids[reuse:], _core.Sampling(**sampling), logits="none", progress=bar,
                                  snapshot_at=snapshot_at, snapshots=taken, **extra)
         finally:
             if bar:
                 bar.close()
+            key = None if images is None else images.cache_key()
             for snapshot in taken:
-                self.prefix_cache.add(snapshot)
+                self.prefix_cache.add(snapshot, None if key is None else key[:snapshot.position])
         return reuse
 
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:

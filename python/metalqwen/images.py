@@ -55,6 +55,23 @@ class PreparedImages:
     rope_delta: int                # rotary position - cache row after the prompt
     features: list = field(default_factory=list)  # (first row, rows, _core.Buffer f32 [rows][hidden])
     hashes: list[str] = field(default_factory=list)  # sha256 of each image's preprocessed patches
+    places: list[tuple[int, int]] = field(default_factory=list)  # (pad index in the ids as given, rows)
+
+    def expanded_position(self, position: int) -> int:
+        """A position of the prompt as given (one pad per image) in ``ids``."""
+        return position + sum(rows - 1 for at, rows in self.places if at < position)
+
+    def cache_key(self) -> list:
+        """The prompt as the prefix cache keys it: the ids, each image's rows holding its hash instead
+        of the pad id, so a snapshot after a picture is found again only with the same picture."""
+        key: list = list(self.ids)
+        for (first, rows, _), digest in zip(self.features, self.hashes):
+            key[first:first + rows] = ["image:" + digest] * rows
+        return key
+
+    def engine_args(self) -> dict:
+        """The engine's prefill arguments (the whole prompt's: a call feeds some of its rows)."""
+        return dict(rope_positions=self.rope_positions, features=self.features)
 
 
 def _part_image(part: Mapping[str, Any], given: list, used: list[int]):
@@ -173,4 +190,5 @@ def prepare(ids: Sequence[int], images: Sequence, tower, tokens: ImageTokens) ->
         first = next(i for i in range(at, len(full)) if full[i] == tokens.pad)
         placed.append((first, n, buffer))
         at = first + n
-    return PreparedImages(full, np.ascontiguousarray(positions.T, np.int32), int(delta), placed, hashes)
+    places = list(zip((i for i, t in enumerate(ids) if t == tokens.pad), counts))
+    return PreparedImages(full, np.ascontiguousarray(positions.T, np.int32), int(delta), placed, hashes, places)

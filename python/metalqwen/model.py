@@ -75,10 +75,10 @@ class Model:
         """Engine counters: steps (prefill chunks, decode, verify and shared steps) and their command buffers
         (a prefill chunk takes one per ``prefill_layers_per_buffer`` layers), steps the GPU failed, dispatches
         and barriers (dependent dispatch boundaries), host encode µs, CPU waits, decoded tokens, weight bytes
-        per token, weight bytes placed (``weight_bytes``: a pipeline rank's own), memory estimate, the load's
-        weight buffers, bytes read into arenas and resident-set peak (``load_peak_rss``, from
-        ``load_rss_before``), the compiled library's kernels and source bytes; ``*_last_step`` for the
-        latest step."""
+        per token, weight bytes placed (``weight_bytes``: a pipeline rank's own; the vision tower's too),
+        memory estimate (the tower's weights in it), the load's weight buffers, bytes read into arenas and
+        resident-set peak (``load_peak_rss``, from ``load_rss_before``), the compiled library's kernels and
+        source bytes; ``*_last_step`` for the latest step."""
         return self.runner.counters()
 
     def reset(self) -> None:
@@ -120,8 +120,7 @@ class Model:
         self._engine.reset(0)
         if prepared is None:
             return self._engine.prefill(0, ids, logits="all")
-        return self._engine.prefill(0, ids, logits="all", rope_positions=prepared.rope_positions,
-                                    rope_delta=prepared.rope_delta, features=prepared.features)
+        return self._engine.prefill(0, ids, logits="all", **prepared.engine_args())
 
     def prompt_ids(self, prompt: Prompt, chat: bool = False, enable_thinking: bool | None = None,
                    images: Sequence = ()) -> list[int]:
@@ -215,7 +214,8 @@ class Model:
         ``chat`` (mlx-vlm's order); with messages they fill the ``{"type": "image"}`` parts that
         carry none, the rest going first in the last user message; with ids each
         ``<|vision_start|><|image_pad|><|vision_end|>`` takes the next image. A prompt with images
-        is fed from a fresh state (no prefix cache) and cannot be batched yet.
+        resumes from the prefix cache by its pictures' content (never the live state; ``boundaries``
+        count one pad per image).
 
         Greedy when temperature is 0; else sampling with top-k (0 = off), top-p (1 = off) and
         min-p (0 = off), in that order after the temperature, reproducible for a given seed.
@@ -283,6 +283,8 @@ class Model:
         constraint = self._constraint(ids, json_schema, grammar, response_format)
         sampling["token_mask"] = constraint is not None
         drafter = self._drafter(speculative, sampling)
+        if prepared is not None:  # positions in the prompt as given, one pad per image
+            boundaries = [prepared.expanded_position(int(b)) for b in boundaries]
         return Request(ids, max_tokens, sampling, stop, boundaries, drafter, constraint, prepared)
 
     @property
@@ -656,7 +658,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     try:
         engine = _core.Engine(dev._native, desc["dims"], tensors, max_context, kv_bits, prefill_chunk,
                               max_draft=max_draft, progress=shown, mtp=with_mtp, mtp_hidden=mtp_hidden,
-                              max_sequences=max_sequences, prefill_layers_per_buffer=prefill_layers_per_buffer)
+                              max_sequences=max_sequences, prefill_layers_per_buffer=prefill_layers_per_buffer,
+                              beside=desc["vision"]["tensors"] if desc["vision"] else {})
     finally:
         if shown:
             shown.close()

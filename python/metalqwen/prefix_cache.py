@@ -7,6 +7,8 @@ drops the thinking of earlier answers). Instead the engine snapshots the whole s
 boundaries and the end of each prompt — and a later prompt resumes from the longest
 snapshot whose tokens it starts with. Resuming gives exactly a cold run's logits (the
 engine's prefill path computes each row independently of how the prompt was chunked).
+A prompt with images is keyed with each image's content hash in its rows (images.py,
+PreparedImages.cache_key): the pad ids alone do not say which picture they hold.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, ids: Sequence[int]):
-        """The snapshot of the longest proper prefix of ``ids`` held here, or None."""
+    def longest(self, ids: Sequence):
+        """The snapshot of the longest proper prefix of ``ids`` held here, or None. ``ids``: token ids,
+        or a prompt's images.PreparedImages.cache_key()."""
         for position in sorted({len(k) for k in self._entries if len(k) < len(ids)}, reverse=True):
             key = tuple(ids[:position])
             if key in self._entries:
@@ -51,9 +54,10 @@ class PrefixCache:
                 return self._entries[key]
         return None
 
-    def add(self, snapshot) -> None:
-        """Keeps ``snapshot`` (a _core.Snapshot), evicting the least recently used over budget."""
-        key = tuple(snapshot.tokens)
+    def add(self, snapshot, key: Sequence | None = None) -> None:
+        """Keeps ``snapshot`` (a _core.Snapshot) under ``key`` (default its tokens; a prompt with images:
+        its cache_key up to the snapshot), evicting the least recently used over budget."""
+        key = tuple(snapshot.tokens if key is None else key)
         if key in self._entries:
             self._entries.move_to_end(key)
             return

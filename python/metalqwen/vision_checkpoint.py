@@ -5,7 +5,7 @@ Layout (mlx-vlm 0.7.10, models/qwen3_vl/vision.py; ``L`` = ``vision_tower.blocks
 
     vision_tower.patch_embed.proj.weight   [hidden, T, P, P, C] (Conv3d in MLX's channels-last order)
     vision_tower.patch_embed.proj.bias     [hidden]
-    vision_tower.pos_embed.weight          [num_position_embeddings, hidden] (a side x side grid)
+    vision_tower.pos_embed.weight          [num_position_embeddings, hidden] (a side x side grid; an embedding)
     L norm1/norm2 .weight/.bias            [hidden] (LayerNorm, eps 1e-6)
     L attn.qkv .weight [3 hidden, hidden] .bias [3 hidden]   (rows: q | k | v, heads inside each)
     L attn.proj .weight [hidden, hidden] .bias [hidden]
@@ -13,8 +13,12 @@ Layout (mlx-vlm 0.7.10, models/qwen3_vl/vision.py; ``L`` = ``vision_tower.blocks
     vision_tower.merger.norm .weight/.bias [hidden]
     vision_tower.merger.linear_fc1 .weight [4 hidden, 4 hidden] .bias;  .linear_fc2 .weight [out, 4 hidden] .bias
 
-every tensor BF16, F16 or F32 (mlx-vlm leaves the tower unquantized). Nothing is read here but
-config.json and the safetensors headers.
+every tensor BF16, F16 or F32; or, for the linears and the position grid, quantized as the
+language model's are (``.weight`` U32 with ``.scales``/``.biases``, checkpoint_layout.py).
+mlx-vlm 0.7.10's converter leaves the tower float, but its loader takes a quantized one, and
+converters that quantize every module (older mlx-vlm, a custom quant_predicate) write it so;
+the Conv3d patch embedding has no quantized form. Nothing is read here but config.json and the
+safetensors headers.
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ def vision_spec(c: VisionConfig) -> list:
     spec: list = [
         Vector(P + "patch_embed.proj.weight", (H, c.temporal_patch_size, c.patch_size, c.patch_size, c.in_channels)),
         Vector(P + "patch_embed.proj.bias", (H,)),
-        Vector(P + "pos_embed.weight", (c.num_position_embeddings, H)),
+        Linear(P + "pos_embed", c.num_position_embeddings, H),
     ]
     for i in range(c.depth):
         b = f"blocks.{i}."
@@ -154,18 +158,18 @@ def vision_tower(config: ModelConfig, tensors: Mapping[str, TensorInfo]) -> tupl
                           f"{config.source} has no vision_config")
     vc = VisionConfig.from_dict(config.raw["vision_config"], config.source, config.hidden_size)
     v = Validator(config, dict(tensors))
-    quantized = [n for n in names if n.endswith(".scales")]
-    if quantized:
-        v.fail(quantized[0], "the vision tower is quantized: not supported yet (mlx-vlm leaves it in float; "
-                             "convert again without quantizing the tower)")
+    quantized = set()
     for item in vision_spec(vc):
         if isinstance(item, Linear):
-            v.take(item.module + ".weight", FLOAT_DTYPES, (item.out_features, item.in_features))
+            if v.linear(item, item.module) is not None:
+                quantized.add(item.module)
         else:
             _patch_layout_hint(v, item, vc)
             v.take(item.name, FLOAT_DTYPES, item.shape)
-            if item.name.endswith(".bias"):  # a kernel reads a weight and its bias together
-                v.check_widths([item.name[:-len("bias")] + "weight", item.name])
+            module = item.name[:-len(".bias")]
+            # A float linear's kernel reads its weight and bias together (a quantized one's bias alone).
+            if item.name.endswith(".bias") and module not in quantized:
+                v.check_widths([module + ".weight", item.name])
     extra = [n for n in names if n not in v.used]
     if extra:
         v.fail(extra[0], f"not a tensor of a {vc.depth}-block Qwen3.5 vision tower ({len(extra)} such)")

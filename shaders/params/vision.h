@@ -8,6 +8,8 @@
 // MQ_VISION_LINEAR_THREADS threads (each TILE * TILE / THREADS outputs of one column).
 #define MQ_VISION_TILE 32
 #define MQ_VISION_LINEAR_THREADS 256
+// vision_bias: a grid of threads, threadgroups of up to this many.
+#define MQ_VISION_BIAS_THREADS 256
 // vision_layer_norm: one threadgroup per row, any multiple of 32 threads up to 1024.
 #define MQ_VISION_NORM_THREADS 256
 // vision_attention: a lane holds head dims lane + 32 j, j < MQ_VISION_MAX_HEAD_DIM / 32.
@@ -20,6 +22,16 @@ struct VisionLinearParams {
   uint in;
   uint out;
   uint x_stride;  // floats from one row of x to the next
+  uint y_stride;
+};
+
+// vision_bias: a quantized linear's bias and epilogue after the projections' qmm wrote
+// t [rows][t_stride] = x W^T: y [rows][y_stride] = act(t + b), or y += t + b.
+// Dispatch threads (out, rows).
+struct VisionBiasParams {
+  uint rows;
+  uint out;
+  uint t_stride;
   uint y_stride;
 };
 

@@ -80,11 +80,19 @@ def vision_tensors(seed: int, config: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def quantize_everything(path, module):
+    """A quant_predicate for mlx_vlm.convert that does not skip the tower (as converters before
+    mlx-vlm's skip_multimodal_module did): every module whose input width the group divides."""
+    return True
+
+
 def write_vlm_checkpoint(root, name: str = "vlm", *, seed: int = 0, quantize: bool = False, dtype: str = "bfloat16",
-                         vision: dict | None = None) -> tuple[str, str]:
+                         vision: dict | None = None, tower_quant: tuple[int, int] | None = None) -> tuple[str, str]:
     """(hf_path, mlx_path) of a tiny Qwen3.5 VLM: the original, and mlx_vlm.convert's folder of it
     (``dtype``: what the converter casts float parameters to; with ``quantize`` the language model at
-    4 bits, mlx-vlm's default, the tower left float). ``vision`` overrides VISION_CONFIG's fields."""
+    4 bits, mlx-vlm's default, the tower left float; with ``tower_quant`` = (bits, group) the tower's
+    linears and position grid too, where the group divides their input width, and the language
+    model). ``vision`` overrides VISION_CONFIG's fields."""
     require("mlx_vlm")
     from mlx_vlm.convert import convert
 
@@ -99,7 +107,11 @@ def write_vlm_checkpoint(root, name: str = "vlm", *, seed: int = 0, quantize: bo
         json.dump(PREPROCESSOR, f, indent=2)
     mlx = os.path.join(root, name)
     with contextlib.redirect_stdout(io.StringIO()):
-        convert(hf, mlx, dtype=dtype, quantize=quantize)
+        if tower_quant:
+            convert(hf, mlx, dtype=dtype, quantize=True, q_bits=tower_quant[0], q_group_size=tower_quant[1],
+                    quant_predicate=quantize_everything)
+        else:
+            convert(hf, mlx, dtype=dtype, quantize=quantize)
     return hf, mlx
 
 
@@ -120,15 +132,18 @@ ODD_VISION = dict(depth=1, hidden_size=48, intermediate_size=72, num_heads=2)
 
 @pytest.fixture(scope="session")
 def vlm(ckpt_root):
-    """vlm(quantize=False, dtype="bfloat16", odd=False) -> the mlx-vlm folder of the tiny VLM (``odd``:
-    the ODD_VISION tower), each variant built once per session."""
+    """vlm(quantize=False, dtype="bfloat16", odd=False, tower_quant=None) -> the mlx-vlm folder of the
+    tiny VLM (``odd``: the ODD_VISION tower; ``tower_quant``: (bits, group) of a quantized tower),
+    each variant built once per session."""
 
-    def get(quantize: bool = False, dtype: str = "bfloat16", odd: bool = False) -> str:
-        key = (quantize, dtype, odd)
+    def get(quantize: bool = False, dtype: str = "bfloat16", odd: bool = False,
+            tower_quant: tuple[int, int] | None = None) -> str:
+        key = (quantize, dtype, odd, tower_quant)
         if key not in _built:
-            name = "vlm" + "-q4" * quantize + ("" if dtype == "bfloat16" else "-" + dtype) + "-odd" * odd
+            name = ("vlm" + "-q4" * quantize + ("" if dtype == "bfloat16" else "-" + dtype) + "-odd" * odd
+                    + ("-tower-b{}-g{}".format(*tower_quant) if tower_quant else ""))
             _built[key] = write_vlm_checkpoint(ckpt_root, name, quantize=quantize, dtype=dtype,
-                                               vision=ODD_VISION if odd else None)[1]
+                                               vision=ODD_VISION if odd else None, tower_quant=tower_quant)[1]
         return _built[key]
 
     return get

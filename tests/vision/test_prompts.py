@@ -29,16 +29,21 @@ def model(folder, device):
                           prefix_cache_bytes=64 << 20, speculative="lookup", draft_depth=2)
 
 
-@pytest.fixture(scope="module")
-def reference(folder):
-    """mlx-vlm's model of the folder with float32 parameters."""
+def reference_of(folder):
+    """mlx-vlm's model of the folder with float32 parameters (quantized modules keep their codes, their
+    scales and biases in float32)."""
     import mlx.core as mx
     from mlx.utils import tree_map
     from mlx_vlm.utils import load_model
 
     m = load_model(Path(folder))
-    m.update(tree_map(lambda p: p.astype(mx.float32), m.parameters()))
+    m.update(tree_map(lambda p: p.astype(mx.float32) if mx.issubdtype(p.dtype, mx.floating) else p, m.parameters()))
     return m
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    return reference_of(folder)
 
 
 def patches_of(model, images):
@@ -91,6 +96,19 @@ def test_logits_equal_mlx_vlm(model, reference, c):
     assert_logits_close(got, want, logit_tolerance(model.config, 16))
 
 
+def test_a_quantized_tower_gives_mlx_vlm_logits(vlm, device):
+    """A folder whose tower mlx_vlm.convert quantized with the language model (8 bits, group 32: every
+    linear and the position grid): the prompt's logits equal mlx-vlm's."""
+    folder = vlm(tower_quant=(8, 32))
+    model = metalqwen.load(folder, device=device, max_context=128, kv_bits=16, progress=False)
+    assert model.vision is not None
+    prompt, images = case(TWO)
+    ids = model.prompt_ids(prompt, chat=True, images=images)
+    rows, grids = patches_of(model, images)
+    want = np.array(reference_logits(reference_of(folder), ids, rows, grids))
+    assert_logits_close(model.score(prompt, images=images, chat=True), want, logit_tolerance(model.config, 16))
+
+
 def test_two_images_render_in_message_order(model):
     prompt, images = case(TWO)
     text = model.tokenizer.decode(model.prompt_ids(prompt, chat=True, images=images))
@@ -116,9 +134,100 @@ def test_greedy_tokens_and_logprobs_equal_mlx_vlm(model, reference):
     # log-softmax moves by at most twice the largest logit error.
     bound = 2 * logit_tolerance(model.config, 16) * np.abs(logits).max()
     assert np.abs(np.array(logprobs) - want_lp).max() <= bound
-    # The same picture again is fed whole (no prefix-cache hit) and gives the same tokens.
+    # The same prompt again (its only snapshot is its whole self, not a proper prefix) is fed whole
+    # and gives the same tokens.
     again = model.generate(prompt, max_tokens=6, chat=True, images=images)
     assert again.tokens == got and again.stats.prompt_tokens_reused == 0
+
+
+def answer(model, prompt, images, **options):
+    """(tokens, each one's top-3 logprobs, prompt tokens reused) of a greedy run."""
+    chunks = list(model.stream(prompt, max_tokens=4, images=images, logprobs=3, speculative="off", **options))
+    return model.last_tokens, [(c.logprob, c.top_logprobs) for c in chunks if c.token], \
+        model.last_stats.prompt_tokens_reused
+
+
+def test_prefix_cache_keys_images_by_content(model):
+    """A prompt that extends an earlier image prompt resumes from its snapshot when the picture is the
+    same (each image's hash is in the key) and answers exactly as a cold run; the same text with
+    another picture of the same size is not resumed."""
+    img, other = picture(64, 96, seed=11), picture(64, 96, seed=12)
+    base = model.tokenizer.encode_chat([{"role": "user", "content": IMAGE_TEXT + "Describe it."}])
+    longer = base + model.tokenizer.encode("And the colours?")
+    cold = answer(model, longer, [img])
+    assert cold[2] == 0
+    model.generate(base, max_tokens=2, images=[img])  # snapshots its whole prompt
+    hit = answer(model, longer, [img])
+    assert hit[2] == len(model.prompt_ids(base, images=[img])) and hit[:2] == cold[:2]
+    assert answer(model, longer, [other])[2] == 0
+
+
+def test_a_snapshot_before_an_image_resumes_a_text_prompt(model):
+    """A snapshot taken before the first image (here at the system prompt's end) carries that prefix's
+    rotary delta (0), not the image prompt's: a text prompt resumed from it answers as a cold run."""
+    system = {"role": "system", "content": "You look at pictures."}
+    text = [system, {"role": "user", "content": "Say hello."}]
+    cold = answer(model, text, [])
+    assert cold[2] == 0
+    at = len(model.tokenizer.encode(model.tokenizer.apply_chat_template([system], add_generation_prompt=False)))
+    with_image = [system, {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}]
+    assert model.prompt_ids(with_image, images=[picture(64, 64, seed=13)])[:at] == model.prompt_ids(text)[:at]
+    model.generate(with_image, max_tokens=2, images=[picture(64, 64, seed=13)], boundaries=[at])
+    hit = answer(model, text, [])
+    assert hit[2] == at and hit[:2] == cold[:2]
+
+
+def test_a_conversation_with_a_picture_resumes_each_turn(model):
+    """Conversation boundaries are positions with one pad per image; Model.request moves them past each
+    image's rows, so the second turn resumes at the end of the first user turn (picture included) and
+    answers as the same prompt does from a fresh state."""
+    from metalqwen.conversation import Conversation
+
+    img = picture(64, 64, seed=14)
+    conversation = Conversation(model.tokenizer, image_tokens=lambda p: model.vision.features(p).shape[0])
+    first = conversation.prompt("What is it?", [img])
+    out = model.generate(first.ids, boundaries=first.boundaries, images=first.images, max_tokens=3)
+    conversation.record(first, "What is it?", out.text, [img])
+    second = conversation.prompt("And now?")
+    hit = answer(model, second.ids, second.images, boundaries=second.boundaries)
+    user_end = max(first.boundaries) + first.length - len(first.ids)  # past the picture's rows
+    assert hit[2] == user_end
+    cache, model.runner.prefix_cache = model.runner.prefix_cache, None
+    try:
+        cold = answer(model, second.ids, second.images)
+    finally:
+        model.runner.prefix_cache = cache
+    assert cold[2] == 0 and cold[:2] == hit[:2]
+
+
+def test_the_tower_is_in_the_memory_estimate(model, folder):
+    """weight_bytes (and so the load's memory estimate) counts the tower's tensors beside the language
+    model's (all BF16 here: placed as stored)."""
+    from metalqwen.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(folder)
+    counters = model.counters()
+    assert counters["weight_bytes"] == sum(t.nbytes for t in {**ck.tensors, **ck.vision}.values())
+    assert counters["memory_estimate"] > counters["weight_bytes"]
+
+
+def test_image_prompts_batch_as_each_alone(folder, device):
+    """generate_batch over two slots with prompts of one and two pictures and a text one, in prefill
+    chunks of 8 rows (images straddle chunks; later prompts join running steps): each answer equals
+    that prompt's alone."""
+    batched = metalqwen.load(folder, device=device, max_context=128, kv_bits=16, progress=False, max_sequences=2,
+                             prefill_chunk=8)
+
+    def user(*parts):
+        return [{"role": "user", "content": [{"type": "image", "image": p} if isinstance(p, np.ndarray) else
+                                             {"type": "text", "text": p} for p in parts]}]
+
+    prompts = [user(picture(64, 96, seed=21), "What is it?"),
+               user("Compare", picture(96, 64, seed=22), "with", picture(64, 64, seed=23)),
+               user("No picture here."), user(picture(64, 64, seed=24), "And this?")]
+    alone = [batched.generate(p, max_tokens=5, enable_thinking=False).tokens for p in prompts]
+    together = batched.generate_batch(prompts, 5, enable_thinking=False)
+    assert [g.tokens for g in together] == alone
 
 
 class RepeatLast:
@@ -186,8 +295,6 @@ def test_what_is_refused(model, demo, device):
         model.score(model.tokenizer.encode(IMAGE_TEXT + "x"))
     with pytest.raises(ValueError, match="fetching URLs is not supported"):
         model.score([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}])
-    with pytest.raises(ValueError, match="cannot be batched yet"):
-        model.generate_batch(["a"], 2, images=[img])
     text_only = metalqwen.load(demo, device=device, max_context=64, progress=False)
     assert text_only.vision is None
     with pytest.raises(ValueError, match="takes no images: .*has no vision tower"):

@@ -46,7 +46,7 @@ NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module")
 def model(vlm, device):
-    # Two slots: image requests take the server's run-alone path beside the batched one.
+    # Two slots: image requests batch with the others.
     return metalqwen.load(vlm(), device=device, max_context=256, kv_bits=16, progress=False, max_sequences=2)
 
 
@@ -115,7 +115,7 @@ def test_an_image_answer_equals_generate_streamed_too(model, client):
 
 
 def test_an_image_request_beside_a_text_one(model, client):
-    """The image request runs by itself on a two-slot server; the text one batches as usual."""
+    """An image request and a text one batched on a two-slot server: each answer is its own alone."""
     image, text = asking(data_url(png(80, 80, seed=1))), [{"role": "user", "content": "tell me a story"}]
     want = [alone(model, image, 8)[0], alone(model, text, 8)[0]]
     got = [None, None]

@@ -28,16 +28,24 @@ def tower(vlm, device):
 
 
 def reference_of(folder):
-    """features(rows, h, w) from mlx-vlm's VisionModel with the folder's weights in float32."""
+    """features(rows, h, w) from mlx-vlm's VisionModel with the folder's weights in float32: a
+    quantized module (one with .scales) quantized as mlx-vlm's loader does, its scales and biases in
+    float32 (so its dequantized weights are exactly the folder's, as on the GPU)."""
     import mlx.core as mx
+    import mlx.nn as nn
     from mlx_vlm.models.qwen3_5.config import VisionConfig
     from mlx_vlm.models.qwen3_5.vision import VisionModel
 
     with open(os.path.join(folder, "config.json")) as f:
-        model = VisionModel(VisionConfig.from_dict(json.load(f)["vision_config"]))
-    weights = mx.load(os.path.join(folder, "model.safetensors"))
-    model.load_weights([(k[len("vision_tower."):], v.astype(mx.float32)) for k, v in weights.items()
-                        if k.startswith("vision_tower.")])
+        config = json.load(f)
+    model = VisionModel(VisionConfig.from_dict(config["vision_config"]))
+    weights = {k[len("vision_tower."):]: v for k, v in mx.load(os.path.join(folder, "model.safetensors")).items()
+               if k.startswith("vision_tower.")}
+    if "quantization" in config:
+        q = config["quantization"]
+        nn.quantize(model, q["group_size"], q["bits"], class_predicate=lambda p, m: f"{p}.scales" in weights)
+    model.load_weights([(k, v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v)
+                        for k, v in weights.items()])
 
     def features(rows, h, w):
         out, deepstack = model(mx.array(rows), mx.array([[1, h, w]]))
@@ -75,6 +83,27 @@ def test_other_dtypes_and_sizes(vlm, device, variant):
     rows, (_, gh, gw) = tower.patches(picture(96, 64, seed=9))
     want = reference_of(folder)(rows, gh, gw)
     assert relative_error(tower.features_of_patches(rows, gh, gw), want) <= TOLERANCE
+
+
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 32)])
+def test_quantized_towers(vlm, device, bits, group):
+    """Towers mlx_vlm.convert quantized with the language model (a quant_predicate that does not skip
+    them): at 4 bits, group 64 only the blocks' fc2 and the merger (their input widths 64 and 128);
+    at 8 bits, group 32 every linear and the position grid. The linears run the projections' qmm."""
+    from metalqwen.checkpoint import load_checkpoint
+
+    folder = vlm(tower_quant=(bits, group))
+    quantized = {n[:-len(".scales")] for n in load_checkpoint(folder).vision if n.endswith(".scales")}
+    assert {n.split(".", 1)[1] for n in quantized} == (
+        {"blocks.0.mlp.linear_fc2", "blocks.1.mlp.linear_fc2", "merger.linear_fc1", "merger.linear_fc2"}
+        if group == 64 else {f"blocks.{i}.{m}" for i in (0, 1) for m in ("attn.qkv", "attn.proj", "mlp.linear_fc1",
+                                                                         "mlp.linear_fc2")}
+        | {"merger.linear_fc1", "merger.linear_fc2", "pos_embed"})
+    tower = VisionTower.load(folder, device)
+    reference = reference_of(folder)
+    for h, w in ((64, 64), (300, 200)):
+        rows, (_, gh, gw) = tower.patches(picture(h, w, seed=h + w))
+        assert relative_error(tower.features_of_patches(rows, gh, gw), reference(rows, gh, gw)) <= TOLERANCE
 
 
 def test_features_of_an_image(tower):

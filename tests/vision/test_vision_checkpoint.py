@@ -43,6 +43,17 @@ def test_a_4bit_language_model_keeps_a_float_tower(vlm):
     assert len(ck.vision) == 33 and {t.dtype for t in ck.vision.values()} == {"BF16"}
 
 
+def test_a_quantized_tower_is_described_with_its_formats(vlm):
+    """mlx_vlm.convert with a quant_predicate that does not skip the tower, 4 bits, group 64: the
+    linears whose input width 64 divides are quantized (their bias stays BF16), the others float."""
+    ck = load_checkpoint(vlm(tower_quant=(4, 64)))
+    fc2, qkv = ck.vision["vision_tower.merger.linear_fc2.weight"], ck.vision["vision_tower.blocks.0.attn.qkv.weight"]
+    assert (fc2.dtype, fc2.bits, fc2.group_size, fc2.mode) == ("U32", 4, 64, "affine") and fc2.shape == (512, 16)
+    assert ck.vision["vision_tower.merger.linear_fc2.bias"].dtype == "BF16"
+    assert (qkv.dtype, qkv.bits) == ("BF16", None)
+    assert ck.describe()["vision"]["tensors"]["vision_tower.merger.linear_fc2.scales"][5:7] == (4, 64)
+
+
 def test_a_folder_without_the_tower_loads_as_text_only(damaged):
     full = load_checkpoint(damaged)
     mf.rewrite_header(shard(damaged), lambda h: [h.pop(n) for n in list(h) if n.startswith("vision_tower.")])
@@ -67,7 +78,10 @@ def reshape(name, shape):
     (reshape("vision_tower.patch_embed.proj.weight", [32, 3, 2, 16, 16]), "PyTorch's Conv3d order"),
     ({"vision_tower.blocks.2.norm1.weight": ("BF16", [32], bytes(64))},
      "vision_tower.blocks.2.norm1.weight: not a tensor of a 2-block"),
-    ({"vision_tower.blocks.0.attn.qkv.scales": ("BF16", [96, 1], bytes(192))}, "vision tower is quantized"),
+    ({"vision_tower.blocks.0.attn.qkv.scales": ("BF16", [96, 1], bytes(192))},
+     r"qkv.weight: BF16 \[96, 32\] with scales \[96, 1\] is not an MLX quantized weight"),
+    ({"vision_tower.patch_embed.proj.scales": ("BF16", [32, 1], bytes(64))},
+     "patch_embed.proj.scales: not a tensor of a 2-block"),
     (lambda h: h["vision_tower.merger.norm.bias"].update(dtype="F16"),
      "merger.norm.bias: dtype F16, but vision_tower.merger.norm.weight is BF16"),
 ])

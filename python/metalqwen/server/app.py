@@ -286,9 +286,8 @@ def create_app(model: Model, *, model_id: str | None = None, api_key: str | None
             template_kwargs = req.template_kwargs()
             text = model.tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)
             prompt = model.tokenizer.encode(text)
-            # The prefix cache is bypassed for image prompts (their pads do not say which picture).
-            boundaries = [] if pictures else message_boundaries(model.tokenizer, messages, prompt, tools=tools,
-                                                                **template_kwargs)
+            # Positions in the prompt with one pad per image (Model.request places them after the pads).
+            boundaries = message_boundaries(model.tokenizer, messages, prompt, tools=tools, **template_kwargs)
         except (ValueError, MetalqwenError) as e:
             raise _Refused(400, str(e), "messages") from None
         # Each image's one pad becomes a pad per feature row when the engine thread runs the tower.

@@ -3,8 +3,8 @@
 The engine is not thread-safe, and a decode step is bound by streaming the weights. With one
 sequence slot (``load(max_sequences=1)``) requests take turns; with more, up to that many run
 together in shared steps (``batching.Scheduler``: continuous batching, joining and leaving
-between steps), the rest wait here. A job with images (not batched yet) waits until the running
-ones finish, then runs by itself on the single-sequence path (Model.stream). Each job streams
+between steps), the rest wait here; jobs with images batch as the others do (the vision tower
+runs when the job joins, on this thread). Each job streams
 its chunks back to the asyncio loop that waits for them; a cancelled job (client gone) stops
 before its next step and frees its slot.
 A step the GPU fails ends the jobs it ran for with the GpuError (the engine reset their
@@ -138,35 +138,21 @@ class Worker:
         """Continuous batching: jobs join the scheduler while it has room, every step advances them all."""
         scheduler = self._scheduler
         active: dict[int, tuple[Job, Sequence]] = {}  # by id(job)
-        alone = None  # a job with images: no one joins until it has run by itself
         try:
             while True:
                 # Wait for work when idle; otherwise take what waits, up to the free slots.
-                while alone is None and len(active) < self.model.max_sequences:
+                while len(active) < self.model.max_sequences:
                     job = self._take(block=not active)
                     if job is None:
                         break
                     if job.cancelled:
                         self._done(job)
                         continue
-                    if job.images:
-                        alone = job
-                        break
                     try:
-                        active[id(job)] = job, scheduler.submit(job.prompt, **job.options)
+                        active[id(job)] = job, scheduler.submit(job.prompt, images=job.images, **job.options)
                     except Exception as e:  # a bad request: refused, the others go on
                         job.error = e
                         self._done(job)
-                if alone is not None and not active:
-                    try:
-                        scheduler.run()  # a step still in flight for requests that ended: wait for it
-                    except Exception as e:  # the engine failed before the image job began
-                        alone.error = e
-                    if not alone.cancelled and alone.error is None:
-                        self._generate(alone)
-                    self._done(alone)
-                    alone = None
-                    continue
                 for job, seq in list(active.values()):
                     if job.cancelled:
                         scheduler.cancel(seq)
@@ -189,9 +175,6 @@ class Worker:
                 scheduler.cancel(seq)
                 job.error = job.error or ShuttingDown("the server is shutting down")
                 self._done(job)
-            if alone is not None:
-                alone.error = alone.error or ShuttingDown("the server is shutting down")
-                self._done(alone)
 
     def _generate(self, job: Job) -> None:
         try:
