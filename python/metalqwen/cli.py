@@ -70,7 +70,7 @@ def _load(args: argparse.Namespace):
                 prefix_cache_bytes=int(getattr(args, "cache_gb", 0) * 2**30),
                 speculative=speculative, draft_depth=args.draft_depth,
                 max_sequences=getattr(args, "max_sequences", 1), distributed=distributed,
-                layer_split=getattr(args, "layer_split", None))
+                layer_split=getattr(args, "layer_split", None), draft=getattr(args, "draft", None))
 
 
 def _follower(model) -> contextlib.AbstractContextManager:
@@ -501,13 +501,16 @@ def _add_stats_option(p: argparse.ArgumentParser) -> None:
 
 
 def _add_speculative_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculative", choices=["auto", "mtp", "lookup", "off"], default="auto",
+    p.add_argument("--speculative", choices=["auto", "mtp", "lookup", "dflash", "off"], default="auto",
                    help="draft tokens and verify several per step, same output: mtp = the checkpoint's MTP head "
-                        "(see convert / add-mtp), lookup = prompt lookup (n-grams of the prompt and answer); auto "
-                        "(default) = mtp when the folder has the head, else lookup")
+                        "(see convert / add-mtp), lookup = prompt lookup (n-grams of the prompt and answer), dflash = "
+                        "the DFlash drafter given by --draft; auto (default) = dflash with --draft, else mtp when the "
+                        "folder has the head, else lookup")
+    p.add_argument("--draft", metavar="PATH", default=None,
+                   help="a DFlash drafter folder for this model (z-lab's block-diffusion drafters; docs/speculative.md)")
     p.add_argument("--draft-depth", type=int, default=None,
-                   help=f"most drafts per verify step, 1..{_core.MAX_DRAFT} (default 3 with mtp, 4 with lookup); "
-                        "each reserves a copy of the recurrent state")
+                   help=f"most drafts per verify step, 1..{_core.MAX_DRAFT} (default 3 with mtp, 4 with lookup, the "
+                        f"most that fit with dflash); each reserves a copy of the recurrent state")
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
