@@ -36,10 +36,11 @@ void Engine::load_dflash() {
     if (!ok) throw EngineError("[engine] DFlash drafter: " + what);
   };
   need(range_.whole(t), "needs the whole model (not a layer range)");
-  need(d.hidden == t.hidden, "hidden size " + std::to_string(d.hidden) + " != the target's " + std::to_string(t.hidden));
-  need(d.head_dim % 64 == 0 && d.head_dim <= MQ_DFLASH_MAX_HEAD_DIM,
-       "head_dim " + std::to_string(d.head_dim) + " (kernels take multiples of 64 up to " +
-           std::to_string(MQ_DFLASH_MAX_HEAD_DIM) + ")");
+  need(d.hidden == t.hidden,
+       "hidden size " + std::to_string(d.hidden) + " != the target's " + std::to_string(t.hidden));
+  need(d.head_dim % 64 == 0 && d.head_dim <= MQ_DFLASH_MAX_HEAD_DIM, "head_dim " + std::to_string(d.head_dim) +
+                                                                         " (kernels take multiples of 64 up to " +
+                                                                         std::to_string(MQ_DFLASH_MAX_HEAD_DIM) + ")");
   need(d.kv_heads > 0 && d.heads % d.kv_heads == 0, "heads must be a multiple of kv heads");
   need(d.mask_token_id >= 0 && d.mask_token_id < t.vocab, "mask_token_id outside the vocabulary");
   need(!d.target_layer_ids.empty(), "no target layers");
@@ -117,8 +118,8 @@ void Engine::encode_dflash_context(Encoder& enc, const ForwardPass& pass) {
                               .eps = d.eps,
                               .log2_theta = float(std::log2(double(d.rope_theta)))};
     enc.dispatch(*l.prep,
-                 {w.q, w.k, w.v, at(l.q_norm), at(l.k_norm), l.k_cache.buffer, l.v_cache.buffer,
-                  Arg::value(pass.segs), Arg::value(pp)},
+                 {w.q, w.k, w.v, at(l.q_norm), at(l.k_norm), l.k_cache.buffer, l.v_cache.buffer, Arg::value(pass.segs),
+                  Arg::value(pp)},
                  {uint32_t(d.kv_heads), rows}, {MQ_DFLASH_THREADS});
   }
 }
@@ -155,8 +156,8 @@ void Engine::encode_dflash_block(Encoder& enc, int slot, int position, uint32_t 
                               .eps = d.eps,
                               .log2_theta = float(std::log2(double(d.rope_theta)))};
     enc.dispatch(*l.prep,
-                 {w.q, w.k, w.v, at(l.q_norm), at(l.k_norm), l.k_cache.buffer, l.v_cache.buffer,
-                  Arg::value(block.segs), Arg::value(pp)},
+                 {w.q, w.k, w.v, at(l.q_norm), at(l.k_norm), l.k_cache.buffer, l.v_cache.buffer, Arg::value(block.segs),
+                  Arg::value(pp)},
                  {nq + nkv, rows}, {MQ_DFLASH_THREADS});
     const DflashAttentionParams ap{.nq = nq,
                                    .nkv = nkv,
@@ -183,7 +184,8 @@ void Engine::encode_dflash_block(Encoder& enc, int slot, int position, uint32_t 
 
 std::vector<float> Engine::dflash_hidden(uint32_t rows) const {
   if (!dflash_) throw EngineError("[engine] dflash_hidden: no DFlash drafter loaded");
-  if (rows > ws_->max_rows) throw EngineError("[engine] dflash_hidden: at most " + std::to_string(ws_->max_rows) + " rows");
+  if (rows > ws_->max_rows)
+    throw EngineError("[engine] dflash_hidden: at most " + std::to_string(ws_->max_rows) + " rows");
   const size_t n = size_t(rows) * dflash_->dims.target_layer_ids.size() * size_t(dflash_->dims.hidden);
   const float* h = static_cast<const float*>(dflash_->hidden->contents());
   return std::vector<float>(h, h + n);

@@ -38,11 +38,11 @@ struct DflashWeights {
   const Pipeline *capture = nullptr, *attention = nullptr, *fill_u32 = nullptr;
   const Pipeline *hidden_norm_kernel = nullptr, *final_norm_kernel = nullptr;
   // Scratch, [max_rows] rows each (Workspace::max_rows):
-  std::shared_ptr<gpu::Buffer> hidden;     // [rows][n * hidden]: the pass's target states, column block i = layer ids[i]
+  std::shared_ptr<gpu::Buffer> hidden;  // [rows][n * hidden]: the pass's target states, column block i = layer ids[i]
   std::shared_ptr<gpu::Buffer> ctx_raw, ctx;  // [rows][hidden]: fc out, then after hidden_norm
-  std::shared_ptr<gpu::Buffer> k, v;       // [rows][kv_heads * head_dim]
-  std::shared_ptr<gpu::Buffer> x, xn, mix;    // [rows][hidden]: the block's residual stream, normed, layer output
-  std::shared_ptr<gpu::Buffer> q, attn;    // [rows][heads * head_dim]
+  std::shared_ptr<gpu::Buffer> k, v;  // [rows][kv_heads * head_dim]
+  std::shared_ptr<gpu::Buffer> x, xn, mix;  // [rows][hidden]: the block's residual stream, normed, layer output
+  std::shared_ptr<gpu::Buffer> q, attn;  // [rows][heads * head_dim]
   std::shared_ptr<gpu::Buffer> gate, up, act;  // [rows][intermediate]
 };
 

@@ -119,8 +119,8 @@ void Engine::plan_kernels(KernelPlan& plan) {
     plan.need(w.hidden_norm_kernel, "rms_norm" + vector_suffix(w.hidden_norm), up_to(MQ_NORM_THREADS));
     plan.need(w.final_norm_kernel, "rms_norm_residual" + vector_suffix(w.norm), up_to(MQ_NORM_THREADS));
     for (DflashLayer& l : w.layers) {
-      for (QuantLinear* p : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj,
-                             &l.mlp.down_proj})
+      for (QuantLinear* p :
+           {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
         plan_projection(plan, cores, *p);
       plan.need(l.input_norm_first, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
       plan.need(l.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));

@@ -98,7 +98,7 @@ def _check_config(path: str, raw: dict, target: ModelConfig) -> dict:
     dflash = raw.get("dflash_config")
     if "DFlashDraftModel" not in archs or not isinstance(dflash, dict):
         raise CheckpointError(f"[draft] {path}: not a DFlash drafter (architectures {archs!r}, "
-                              f"expected [\"DFlashDraftModel\"] with a dflash_config object)")
+                              f'expected ["DFlashDraftModel"] with a dflash_config object)')
     for name, what in _UNSUPPORTED.items():
         if raw.get(name) is not None or dflash.get(name) is not None:
             raise CheckpointError(f"[draft] {path}: field {name}: {what} is not supported yet")
