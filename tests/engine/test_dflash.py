@@ -181,6 +181,26 @@ def test_block_logits_equal_the_reference_drafters(model, target, drafter, k):
     assert_logits_close(got, want, 1e-3)
 
 
+def test_verified_rows_extend_the_context(model, target, drafter):
+    """After verify rounds (their rows projected on the matvec path, rejected drafts' rows left
+    stale), the block sees exactly the committed rows' hidden states as context."""
+    import mlx.core as mx
+
+    ids = prompt(model.config.vocab_size, 21, seed=7)
+    engine = _prefill(model, ids)
+    rows = [engine.dflash_hidden(len(ids))]
+    for k in (3, 1, _core.MAX_DRAFT, 2):
+        out = engine.verify_dflash(0, k, _core.Sampling())
+        rows.append(engine.dflash_hidden(k + 1)[: len(out)])  # the fed token's row and the accepted drafts'
+    hidden = np.concatenate(rows)
+    assert len(hidden) == engine.position(0)
+    got = engine.dflash_block(0, 5)
+    ref = df.load_reference(drafter, target)
+    block = mx.array([[engine.chosen(0)] + [ref.config.mask_token_id] * 5], dtype=mx.int32)
+    want = np.array(ref(block, mx.array(hidden)[None], ref.make_cache())[0, 1:].astype(mx.float32))
+    assert_logits_close(got, want, 1e-3)
+
+
 def test_verify_rounds_give_plain_decodings_tokens(model):
     """verify_dflash rounds (draft + verify + accept + rollback + context update, one command
     buffer each) at every depth give exactly plain greedy decoding's tokens."""
