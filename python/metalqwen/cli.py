@@ -644,9 +644,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--decode-tokens", type=int, default=None, help="tokens per decode run (default 128; quick 8)")
     bench.add_argument("--quick", action="store_true",
                        help="small sizes (prompts 32/64, contexts 0/64, 8 tokens): checks that everything runs")
-    bench.add_argument("--speculative", choices=["auto", "mtp", "lookup", "off"], default="off",
-                       help="decode speculatively (greedy) and report tokens per verify step and acceptance "
-                            "(default off: plain decoding)")
+    bench.add_argument("--speculative", choices=["auto", "mtp", "lookup", "dflash", "off"], default=None,
+                       help="decode speculatively (greedy) and report tokens per verify step and acceptance by "
+                            "depth (default: dflash with --draft, else off: plain decoding)")
+    bench.add_argument("--draft", metavar="PATH", default=None,
+                       help="a DFlash drafter folder for the model (--speculative dflash; docs/speculative.md)")
     bench.add_argument("--compare", choices=["mlx-lm"], default=None,
                        help="also run mlx-lm on the same folder and prompts, side by side with the ratio")
     bench.add_argument("--concurrency", metavar="C,C,...", default=None,

@@ -571,9 +571,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
         asked = "mtp=True" if mtp else "speculative='mtp'"
         raise CheckpointError(f"[checkpoint] {asked}, but {how_to_get_mtp(ckpt.path)}")
     drafter = load_drafter(draft, ckpt.config) if draft is not None else None
-    if drafter is not None and (max_sequences > 1 or prefix_cache_bytes):
-        raise ValueError("draft= (DFlash) does not yet work with max_sequences > 1 or prefix_cache_bytes "
-                         "(docs/speculative.md)")
+    if drafter is not None and max_sequences > 1:
+        raise ValueError("draft= (DFlash) does not yet work with max_sequences > 1 (docs/speculative.md)")
     auto = "dflash" if drafter else "mtp" if ckpt.mtp and mtp is not False else "lookup"
     mode = {"auto": auto}.get(speculative, speculative)
     with_mtp = mode == "mtp" if mtp is None else mtp

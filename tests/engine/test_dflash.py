@@ -113,7 +113,7 @@ def test_load_arguments(target, drafter, device, tmp_path):
         metalqwen.load(target, device=device, speculative="dflash")
     with pytest.raises(ValueError, match="goes with speculative='dflash' or 'auto', not 'mtp'"):
         metalqwen.load(target, device=device, speculative="mtp", draft=drafter)
-    with pytest.raises(ValueError, match="does not yet work with max_sequences > 1"):
+    with pytest.raises(ValueError, match=r"does not yet work with max_sequences > 1 \(docs"):
         metalqwen.load(target, device=device, draft=drafter, max_sequences=2)
     short = _edited(drafter, tmp_path, lambda c: c.__setitem__("block_size", 4))
     with pytest.raises(ValueError, match="draft_depth 5 exceeds what the drafter's block of 4 rows drafts .3."):
@@ -123,6 +123,18 @@ def test_load_arguments(target, drafter, device, tmp_path):
 def test_auto_picks_dflash_with_a_drafter(model):
     assert model.speculative == "dflash" and model._engine.has_dflash
     assert model.draft_depth == _core.MAX_DRAFT  # block_size 16: as many as a verify step holds
+
+
+def test_bench_reports_dflash_rounds(target, drafter, device, tmp_path):
+    path = tmp_path / "bench.json"
+    out = run_cli("bench", "-m", target, "--device", device.kind, "--quick", "--draft", drafter, "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    spec = json.loads(path.read_text())["metalqwen"]["speculative"]
+    # By depth: the acceptance at each block position drafted (8-token runs cap the depth).
+    assert spec["verify_steps"] > 0 and spec["drafted"] > 0 and spec["tokens_per_verify_step"] >= 1
+    assert 1 <= len(spec["acceptance_by_depth"]) <= _core.MAX_DRAFT
+    assert all(0 <= a <= 1 for a in spec["acceptance_by_depth"])
+    assert "speculative: " in out.stdout
 
 
 def test_cli_takes_draft(target, drafter, device):
@@ -199,6 +211,22 @@ def test_verified_rows_extend_the_context(model, target, drafter):
     block = mx.array([[engine.chosen(0)] + [ref.config.mask_token_id] * 5], dtype=mx.int32)
     want = np.array(ref(block, mx.array(hidden)[None], ref.make_cache())[0, 1:].astype(mx.float32))
     assert_logits_close(got, want, 1e-3)
+
+
+def test_snapshots_keep_the_drafters_context(model):
+    """A prefix-cache snapshot holds the drafter's context rows: restored over another sequence,
+    the block gives the bits it gave right after the prompt."""
+    ids = prompt(model.config.vocab_size, 30, seed=4)
+    engine = model._engine
+    engine.reset(0)
+    snaps = []
+    engine.prefill(0, ids, _core.Sampling(), "none", snapshot_at=[len(ids)], snapshots=snaps)
+    chosen = engine.chosen(0)
+    want = engine.dflash_block(0, 4)
+    _prefill(model, prompt(model.config.vocab_size, 40, seed=99))  # other context rows over the same positions
+    engine.restore(0, snaps[0])
+    engine.set_chosen(0, chosen)
+    np.testing.assert_array_equal(engine.dflash_block(0, 4), want)
 
 
 def test_verify_rounds_give_plain_decodings_tokens(model):
