@@ -137,6 +137,20 @@ def test_bench_reports_dflash_rounds(target, drafter, device, tmp_path):
     assert "speculative: " in out.stdout
 
 
+def test_the_memory_estimate_counts_the_drafter(model, target, drafter, device):
+    # The same rollback planes (draft_depth) without the drafter: the difference is the drafter's.
+    plain = metalqwen.load(target, device=device, max_context=CONTEXT, kv_bits=16, progress=False,
+                           speculative="lookup", draft_depth=model.draft_depth)
+    d = load_drafter(drafter, model.config)
+    weights = sum(t.nbytes for t in d.tensors.values())
+    caches = 2 * d.layers * CONTEXT * d.kv_heads * d.head_dim * 4  # f32 K and V rows per layer, one slot
+    rows = 64  # prefill_chunk: the scratch's rows
+    per_row = (len(d.target_layer_ids) + 5) * d.hidden + 2 * d.kv_heads * d.head_dim + 2 * d.heads * d.head_dim \
+        + 3 * d.intermediate
+    grown = model.counters()["memory_estimate"] - plain.counters()["memory_estimate"]
+    assert grown == weights + caches + rows * per_row * 4
+
+
 def test_cli_takes_draft(target, drafter, device):
     out = run_cli("generate", "-m", target, "--device", device.kind, "--draft", drafter, "-p", "Hi",
                   "--max-tokens", "12", "--temperature", "0", "--stats")
@@ -257,3 +271,5 @@ def test_generate_with_dflash_equals_plain(model):
     spec = model.generate(ids, max_tokens=48, temperature=0.0)
     assert spec.tokens == plain.tokens
     assert model.counters()["verify_steps"] > 0
+    sampled = model.generate(ids, max_tokens=24, temperature=0.8, seed=3)  # point-mass drafts: the sampler's rule
+    assert len(sampled.tokens) == 24 or sampled.finish_reason == "stop"
