@@ -188,7 +188,7 @@ def test_hidden_states_are_the_target_layers_outputs(model, target):
     assert err <= 1e-3, f"captured hidden states differ by {err:.3g} (relative)"
 
 
-@pytest.mark.parametrize("k", [1, 3, _core.MAX_DRAFT])
+@pytest.mark.parametrize("k", [1, 3, _core.MAX_DRAFT, 15])  # 15: a published 16-row block (GEMM path)
 def test_block_logits_equal_the_reference_drafters(model, target, drafter, k):
     """Given the same target hidden states (the engine's capture of the prompt), the drafter's block
     logits equal mlx-vlm's DFlashDraftModel's in float32 (the same block length), and so do their
