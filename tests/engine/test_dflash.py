@@ -227,6 +227,36 @@ def test_verified_rows_extend_the_context(model, target, drafter):
     assert_logits_close(got, want, 1e-3)
 
 
+def test_accepted_drafts_extend_the_context_at_every_depth(model, target, drafter):
+    """Drafts right for j tokens then wrong (host drafts from plain decoding's tokens), j = 0 .. 7:
+    each step's accepted rows (and only those) become context, as the reference sees it."""
+    import mlx.core as mx
+
+    ids = prompt(model.config.vocab_size, 19, seed=8)
+    engine = _prefill(model, ids)
+    engine.decode_begin(0, 50, _core.Sampling())
+    plain = [engine.decode_next() for _ in range(50)]
+    engine.decode_end()
+    engine = _prefill(model, ids)
+    rows, at = [engine.dflash_hidden(len(ids))], 0  # plain[at]: the token chosen at the slot's position
+    for right in range(_core.MAX_DRAFT + 1):
+        k = min(_core.MAX_DRAFT, right + 1)
+        drafts = plain[at + 1: at + 1 + k]
+        if right < k:
+            drafts[right] = (drafts[right] + 1) % model.config.vocab_size
+        out = engine.verify(0, drafts, _core.Sampling())
+        assert out == plain[at + 1: at + 1 + len(out)] and len(out) == right + 1
+        rows.append(engine.dflash_hidden(k + 1)[: len(out)])
+        at += len(out)
+    hidden = np.concatenate(rows)
+    assert len(hidden) == engine.position(0)
+    got = engine.dflash_block(0, 6)
+    ref = df.load_reference(drafter, target)
+    block = mx.array([[engine.chosen(0)] + [ref.config.mask_token_id] * 6], dtype=mx.int32)
+    want = np.array(ref(block, mx.array(hidden)[None], ref.make_cache())[0, 1:].astype(mx.float32))
+    assert_logits_close(got, want, 1e-3)
+
+
 def test_snapshots_keep_the_drafters_context(model):
     """A prefix-cache snapshot holds the drafter's context rows: restored over another sequence,
     the block gives the bits it gave right after the prompt."""
