@@ -295,6 +295,26 @@ def test_verify_rounds_give_plain_decodings_tokens(model):
     assert c["drafted"] - before["drafted"] == sum(depths[i % len(depths)] for i in range(steps))
 
 
+def test_moe_target_with_the_q8_cache_decodes_exactly(converted, device, tmp_path):
+    """A MoE target, q8 KV cache, a context past the attention split (128 positions): verify_dflash
+    rounds give plain greedy decoding's tokens."""
+    _, target = converted("moe")
+    cfg = load_checkpoint(target).config
+    folder = df.write_drafter(tmp_path / "drafter", df.drafter_config(cfg, target_layer_ids=(0, 3), heads=2,
+                                                                      kv_heads=1, head_dim=256), seed=5)
+    model = metalqwen.load(target, device=device, max_context=CONTEXT, kv_bits=8, progress=False, draft=folder)
+    ids = prompt(cfg.vocab_size, 120, seed=6)
+    engine = _prefill(model, ids)
+    engine.decode_begin(0, 40, _core.Sampling())
+    plain = [engine.decode_next() for _ in range(40)]
+    engine.decode_end()
+    engine = _prefill(model, ids)
+    got = [engine.chosen(0)]
+    while len(got) < len(plain):
+        got += engine.verify_dflash(0, _core.MAX_DRAFT, _core.Sampling())
+    assert got[: len(plain)] == plain
+
+
 def test_generate_with_dflash_equals_plain(model):
     ids = prompt(model.config.vocab_size, 20, seed=2)
     plain = model.generate(ids, max_tokens=48, temperature=0.0, speculative="off")
