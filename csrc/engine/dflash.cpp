@@ -76,11 +76,22 @@ void Engine::load_dflash() {
   }
   const size_t R = ws_->max_rows, H = size_t(d.hidden), kv = size_t(d.kv_heads) * d.head_dim;
   const size_t qd = size_t(d.heads) * d.head_dim, I = size_t(d.intermediate);
-  auto rows_of = [&](size_t cols) { return made.emplace_back(device_->new_buffer(R * cols * 4)); };
-  w.hidden = rows_of(d.target_layer_ids.size() * H);
-  w.ctx_raw = rows_of(H), w.ctx = rows_of(H), w.k = rows_of(kv), w.v = rows_of(kv);
-  w.x = rows_of(H), w.xn = rows_of(H), w.mix = rows_of(H), w.q = rows_of(qd), w.attn = rows_of(qd);
-  w.gate = rows_of(I), w.up = rows_of(I), w.act = rows_of(I);
+  // Each scratch buffer and its floats per row (dflash_workspace_bytes counts the same).
+  using Rows = std::shared_ptr<gpu::Buffer> DflashWeights::*;
+  const std::pair<Rows, size_t> scratch[] = {{&DflashWeights::hidden, d.target_layer_ids.size() * H},
+                                             {&DflashWeights::ctx_raw, H},
+                                             {&DflashWeights::ctx, H},
+                                             {&DflashWeights::k, kv},
+                                             {&DflashWeights::v, kv},
+                                             {&DflashWeights::x, H},
+                                             {&DflashWeights::xn, H},
+                                             {&DflashWeights::mix, H},
+                                             {&DflashWeights::q, qd},
+                                             {&DflashWeights::attn, qd},
+                                             {&DflashWeights::gate, I},
+                                             {&DflashWeights::up, I},
+                                             {&DflashWeights::act, I}};
+  for (const auto& [buffer, cols] : scratch) w.*buffer = made.emplace_back(device_->new_buffer(R * cols * 4));
   device_->make_resident(made);
 }
 
