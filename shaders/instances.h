@@ -72,6 +72,11 @@
   K("copy_f32", copy_rows, float) K("copy_u32", copy_rows, uint) K("fill_f32", fill_rows, float) \
   K("fill_u32", fill_rows, uint)
 
+// dflash.metal: the DFlash drafter (bf16 or f32 (_wf32) q/k norm weights).
+#define MQ_DFLASH_KERNELS(K, P)                                                                          \
+  P(dflash_capture) K("dflash_qk_norm_rope", dflash_qk_norm_rope, bfloat)                          \
+  K("dflash_qk_norm_rope_wf32", dflash_qk_norm_rope, float) P(dflash_attention)
+
 // sampling.metal.
 #define MQ_SAMPLING_KERNELS(K, P)                                                                    \
   P(argmax_partial) P(argmax_final) P(sample_top_kp) P(penalty_count) P(penalty_apply) P(spec_accept) \

@@ -16,3 +16,4 @@ using uint = uint32_t;
 #include "params/copy.h"
 #include "params/moe.h"
 #include "params/vision.h"
+#include "params/dflash.h"

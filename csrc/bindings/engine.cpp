@@ -81,6 +81,24 @@ ModelDesc to_model_desc(const py::dict& dims, const py::dict& tensors) {
   return m;
 }
 
+// A DFlash drafter's {"dims", "tensors"} (dflash_checkpoint.Drafter.describe) into the description.
+void add_drafter(ModelDesc& m, const py::dict& draft) {
+  const py::dict dims = field<py::dict>(draft, "dims");
+  DrafterDims& d = m.drafter;
+  d.hidden = field<int>(dims, "hidden_size");
+  d.layers = field<int>(dims, "num_hidden_layers");
+  d.heads = field<int>(dims, "num_attention_heads");
+  d.kv_heads = field<int>(dims, "num_key_value_heads");
+  d.head_dim = field<int>(dims, "head_dim");
+  d.intermediate = field<int>(dims, "intermediate_size");
+  d.block_size = field<int>(dims, "block_size");
+  d.mask_token_id = field<int>(dims, "mask_token_id");
+  d.eps = field<float>(dims, "rms_norm_eps");
+  d.rope_theta = field<float>(dims, "rope_theta");
+  d.target_layer_ids = field<std::vector<int>>(dims, "target_layer_ids");
+  for (auto& [name, t] : to_tensor_descs(field<py::dict>(draft, "tensors"))) m.tensors["dflash." + name] = std::move(t);
+}
+
 // Sampling's fields, in declaration order: the keyword constructor takes these names, repr shows them.
 const char* const kSamplingFields[] = {
     "temperature",        "top_k", "top_p",    "min_p",      "presence_penalty", "frequency_penalty",
@@ -194,12 +212,13 @@ void bind_engine(py::module_& m) {
       .def(py::init([](std::shared_ptr<mq::gpu::Device> device, py::dict dims, py::dict tensors, int max_context,
                        int kv_bits, int prefill_chunk, int max_draft, py::object progress, bool mtp,
                        const std::string& mtp_hidden, int max_sequences, int prefill_layers_per_buffer, int first_layer,
-                       int end_layer, const py::dict& beside) {
+                       int end_layer, const py::dict& beside, py::object draft) {
              if (mtp_hidden != "post_norm" && mtp_hidden != "pre_norm")
                throw py::value_error("mtp_hidden must be 'post_norm' or 'pre_norm'");
              ModelDesc desc = to_model_desc(dims, tensors);
              uint64_t beside_bytes = 0;
              for (const auto& entry : to_tensor_descs(beside)) beside_bytes += placed_bytes(entry.second);
+             if (!draft.is_none()) add_drafter(desc, draft.cast<py::dict>());
              // progress(stage, done, total, note): stage "weights" (bytes) or "kernels" (pipelines).
              LoadProgress report;
              if (!progress.is_none()) {
@@ -231,7 +250,7 @@ void bind_engine(py::module_& m) {
            py::arg("prefill_chunk"), py::arg("max_draft") = 0, py::arg("progress") = py::none(), py::arg("mtp") = false,
            py::arg("mtp_hidden") = "post_norm", py::arg("max_sequences") = 1,
            py::arg("prefill_layers_per_buffer") = EngineOptions{}.prefill_layers_per_buffer, py::arg("first_layer") = 0,
-           py::arg("end_layer") = -1, py::arg("beside") = py::dict())
+           py::arg("end_layer") = -1, py::arg("beside") = py::dict(), py::arg("draft") = py::none())
       .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def_property_readonly("max_context", &Engine::max_context)
       .def_property_readonly("max_rows", &Engine::max_rows)  // rows of one prefill chunk (prefill_chunk)
@@ -296,6 +315,8 @@ void bind_engine(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("verify_accept", &Engine::verify_accept, py::arg("slot"), py::arg("drafts"), py::arg("accepted"),
            py::arg("next"), py::call_guard<py::gil_scoped_release>())
+      .def("verify_dflash", &Engine::verify_dflash, py::arg("slot"), py::arg("drafts"),
+           py::arg("sampling") = Sampling{}, py::call_guard<py::gil_scoped_release>())
       .def(
           "step",
           // entries: [(slot, drafts, Sampling[, mtp_drafts])]; before_choice(): called (GIL held) while the GPU runs
@@ -387,6 +408,25 @@ void bind_engine(py::module_& m) {
             return logits_array(out, size_t(e.dims().vocab));
           },
           py::arg("slot"), py::arg("ids"))
+      .def_property_readonly("has_dflash", &Engine::has_dflash)
+      .def(
+          "dflash_hidden",
+          [](const Engine& e, uint32_t rows) {
+            const std::vector<float> h = e.dflash_hidden(rows);
+            return logits_array(h, rows ? h.size() / rows : 1);
+          },
+          py::arg("rows"))
+      .def(
+          "dflash_block",
+          [](Engine& e, int slot, uint32_t k) {
+            std::vector<float> out;
+            {
+              py::gil_scoped_release release;
+              out = e.dflash_block(slot, k);
+            }
+            return logits_array(out, size_t(e.dims().vocab));
+          },
+          py::arg("slot"), py::arg("k"))
       .def("counters", [](const Engine& e) {
         const Counters& c = e.counters();
         py::dict d;

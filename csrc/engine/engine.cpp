@@ -7,7 +7,8 @@
 #include <utility>
 
 #include "layer_tensors.h"
-#include "mtp.h"  // Engine owns the MtpWeights: its destructor needs the type
+#include "dflash.h"  // Engine owns the DflashWeights and MtpWeights: its destructor needs the types
+#include "mtp.h"
 
 namespace mq::engine {
 namespace {
@@ -70,6 +71,7 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
                       std::to_string(options_.max_sequences));
   sequences_.resize(size_t(options_.max_sequences));
   ws_ = std::make_unique<Workspace>(*device_, model_.dims, options_, layers_);
+  if (model_.drafter.layers > 0) load_dflash();
   counters_.weight_bytes_per_token = decode_weight_bytes(weights_, layers_, model_.dims, range_);
   counters_.weight_bytes = memory_.weights;
   counters_.weight_bytes_copied = weights_.copied_bytes();

@@ -86,6 +86,7 @@ struct TokenLogprobs {
 
 struct LayerWeights;
 struct MtpWeights;
+struct DflashWeights;
 struct MlpWeights;
 struct MoeWeights;
 struct Workspace;
@@ -241,6 +242,9 @@ class Engine {
   // their states rolled back to `accepted` drafts, `next` at ids[position()] after them.
   void verify_rows(int slot, const std::vector<uint32_t>& drafts);
   void verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_t next);
+  // The same with `drafts` drafts (at most max_draft) made on the GPU by the DFlash drafter in the
+  // same command buffer: its greedy block of drafts + 1 rows at position() (point masses).
+  std::vector<uint32_t> verify_dflash(int slot, uint32_t drafts, const Sampling& sampling);
   // Several slots in one step: slot `slot` feeds its chosen token (ids[position()]) and `drafts`
   // (at most max_draft; none with penalties or logprobs) as rows of one matvec step, all slots'
   // rows together at most kMaxVerifyRows, each at its own position. Each slot then chooses,
@@ -340,6 +344,19 @@ class Engine {
   // Whether the head's state for the slot's next drafts exists (see verify_mtp and step).
   bool mtp_ready(int slot) const { return sequence(slot).mtp_carry; }
   std::vector<float> mtp_logits(int slot, const std::vector<uint32_t>& ids);
+
+  // DFlash drafter (dflash.cpp, math in dflash.h), loaded when the description has one
+  // (ModelDesc::drafter): every forward pass also captures the target's residual stream after
+  // the drafter's target layers (in its own command buffer, no extra pass) and projects those
+  // rows into the drafter's context caches at their slots and positions.
+  bool has_dflash() const { return dflash_ != nullptr; }
+  // The last pass's captured rows, f32 [rows][n * hidden] (column block i: layer
+  // target_layer_ids[i]); valid between steps.
+  std::vector<float> dflash_hidden(uint32_t rows) const;
+  // One drafter pass over a block of k + 1 rows at position(slot): the chosen token, then mask
+  // tokens. Writes its k greedy drafts to ids[position + 1 ..] (not fed: position() stays) and
+  // returns their logits [k][vocab].
+  std::vector<float> dflash_block(int slot, uint32_t k);
 
  private:
   // ---- sequence slots (sequences.cpp, speculative.cpp, batch.cpp, snapshot.cpp)
@@ -552,6 +569,15 @@ class Engine {
   Arg mtp_trunk_hidden() const;
   void load_mtp();
 
+  // ---- DFlash drafter (dflash.cpp)
+  void load_dflash();
+  // After layers_[layer]: its output rows into the capture columns of each target id naming it.
+  void encode_dflash_capture(Encoder& enc, const ForwardPass& pass, size_t layer);
+  // The pass's captured rows -> fc, hidden_norm -> each draft layer's context K/V cache rows.
+  void encode_dflash_context(Encoder& enc, const ForwardPass& pass);
+  // A drafter block of `rows` rows at `position` of `slot`; drafts into ids[position + 1 ..].
+  void encode_dflash_block(Encoder& enc, int slot, int position, uint32_t rows);
+
   std::shared_ptr<gpu::Device> device_;
   ModelDesc model_;
   EngineOptions options_;
@@ -575,6 +601,7 @@ class Engine {
   QuantLinear embed_, lm_head_;
   DeviceTensor final_norm_;
   std::unique_ptr<MtpWeights> mtp_;  // null unless EngineOptions::mtp
+  std::unique_ptr<DflashWeights> dflash_;  // null unless ModelDesc::drafter has layers
   std::unique_ptr<Workspace> ws_;
   std::vector<Sequence> sequences_;  // one per slot
   Counters counters_;

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "workspace.h"
+#include "dflash.h"
 
 namespace mq::engine {
 namespace {
@@ -40,6 +40,7 @@ void Engine::encode_forward(Encoder& enc, const ForwardPass& pass) {
       enc.name_part(layer_range(i, std::min(i + per, n), n));
     }
     encode_layer(enc, pass, layers_[i], i > 0);
+    if (dflash_) encode_dflash_capture(enc, pass, i);
   }
   if (!has_head()) {  // the next engine's first layer reads x + mix as its input
     const ResidualAddParams rp{.n = rows * H};
@@ -56,6 +57,7 @@ void Engine::encode_forward(Encoder& enc, const ForwardPass& pass) {
       encode_projection(enc, pass.matvec, lm_head_, Arg(ws_->xn, size_t(pass.logit_row0) * H * 4), H, ws_->logits, V,
                         rows - pass.logit_row0);
   }
+  if (dflash_) encode_dflash_context(enc, pass);
 }
 
 void Engine::encode_embed(Encoder& enc, const Arg& ids, uint32_t first, uint32_t rows, const Arg& out, bool overlap) {

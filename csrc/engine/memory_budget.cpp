@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <string>
 
-#include "workspace.h"
+#include "dflash.h"
 
 namespace mq::engine {
 namespace {
@@ -40,6 +40,10 @@ MemoryNeeds estimate_memory(const ModelDesc& model, const EngineOptions& options
   for (int i = range.first; i < range.end; ++i) attention_layers += model.dims.full_attention[size_t(i)];
   needs.kv_cache = 2 * attention_layers * kv_cache_slot_bytes(model.dims, options) * uint64_t(options.max_sequences);
   needs.workspace = workspace_bytes(model.dims, options);
+  if (model.drafter.layers > 0) {  // its weights are among the tensors
+    needs.kv_cache += dflash_cache_bytes(model.drafter, options);
+    needs.workspace += dflash_workspace_bytes(model.drafter, options);
+  }
   return needs;
 }
 

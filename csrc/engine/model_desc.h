@@ -39,10 +39,22 @@ struct ModelDims {
   int mrope_section[3] = {0, 0, 0};
 };
 
+// A DFlash drafter (issue 28; math in dflash.h): Qwen3 decoder layers over the target's hidden
+// states at target_layer_ids. layers == 0: none loaded.
+struct DrafterDims {
+  int hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int block_size = 0;     // the block it was trained on (a block of k + 1 rows drafts k tokens)
+  int mask_token_id = 0;  // embedded at the block's rows after the first
+  float eps = 1e-6f, rope_theta = 1e6f;
+  std::vector<int> target_layer_ids;  // the target layers whose outputs it reads, in column order
+};
+
 struct ModelDesc {
   ModelDims dims;
-  // Full tensor names as the MLX conversion writes them (language_model.model.*).
+  // Full tensor names as the MLX conversion writes them (language_model.model.*); a drafter's
+  // under "dflash." (fc.weight, layers.N.*, ...).
   std::map<std::string, TensorDesc> tensors;
+  DrafterDims drafter;
 };
 
 // Which trunk state the MTP head reads as h[t] (see mtp.h).

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "layer_tensors.h"
+#include "dflash.h"
 #include "mtp.h"
 
 namespace mq::engine {
@@ -107,6 +108,25 @@ void Engine::plan_kernels(KernelPlan& plan) {
     plan.need(m.norm_embedding, "rms_norm" + vector_suffix(m.pre_fc_norm_embedding), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_hidden, "rms_norm" + vector_suffix(m.pre_fc_norm_hidden), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_residual, "rms_norm_residual" + vector_suffix(m.norm), up_to(MQ_NORM_THREADS));
+  }
+  if (dflash_) {
+    // The DFlash drafter (dflash.h): unfused projections, norms, and its own attention kernels.
+    DflashWeights& w = *dflash_;
+    plan_projection(plan, cores, w.fc);
+    plan.need(w.capture, "dflash_capture", up_to(kCopyThreads));
+    plan.need(w.attention, "dflash_attention", exactly(MQ_DFLASH_THREADS));
+    plan.need(w.fill_u32, "fill_u32", up_to(kCopyThreads));
+    plan.need(w.hidden_norm_kernel, "rms_norm" + vector_suffix(w.hidden_norm), up_to(MQ_NORM_THREADS));
+    plan.need(w.final_norm_kernel, "rms_norm_residual" + vector_suffix(w.norm), up_to(MQ_NORM_THREADS));
+    for (DflashLayer& l : w.layers) {
+      for (QuantLinear* p :
+           {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
+        plan_projection(plan, cores, *p);
+      plan.need(l.input_norm_first, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
+      plan.need(l.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
+      plan.need(l.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
+      plan.need(l.prep, "dflash_qk_norm_rope" + vector_suffix(l.q_norm), exactly(MQ_DFLASH_THREADS));
+    }
   }
 }
 

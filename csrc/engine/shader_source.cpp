@@ -57,6 +57,8 @@ const std::vector<KernelEntry>& kernel_table() {
     MQ_ATTENTION_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
     family = "copy";
     MQ_COPY_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
+    family = "dflash";
+    MQ_DFLASH_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
     family = "deltanet";
     MQ_DELTANET_KERNELS(MQ_TABLE_INSTANCE, MQ_TABLE_PLAIN)
     family = "moe";

@@ -4,6 +4,7 @@
 // position, so taking one costs no extra pass over the model.
 #include <cstring>
 
+#include "dflash.h"
 #include "mtp.h"
 
 namespace mq::engine {
@@ -34,6 +35,12 @@ std::vector<Engine::StateRegion> Engine::state_regions(int slot, int position) c
         regions.push_back({.buffer = cache->buffer, .offset = base(*cache), .bytes = p * kv_dim * 2});
       }
     }
+  }
+  if (dflash_) {  // the drafter's context rows [0, p): a resumed sequence drafts as a fed one does
+    const size_t row = size_t(dflash_->dims.kv_heads) * size_t(dflash_->dims.head_dim) * 4;
+    for (const DflashLayer& l : dflash_->layers)
+      for (const SlotBuffer* cache : {&l.k_cache, &l.v_cache})
+        regions.push_back({.buffer = cache->buffer, .offset = base(*cache), .bytes = p * row});
   }
   return regions;
 }

@@ -146,6 +146,11 @@ void Engine::verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_
   count_verified(drafts, accepted);
 }
 
+std::vector<uint32_t> Engine::verify_dflash(int slot, uint32_t drafts, const Sampling& sampling) {
+  if (!dflash_) throw EngineError("[engine] verify_dflash needs a DFlash drafter (load it with draft=)");
+  return run_verify(slot, drafts, sampling, nullptr);
+}
+
 std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& sampling,
                                          const std::vector<uint32_t>* host_drafts) {
   // A range's engine with the head verifies host drafts; the MTP head needs the whole model.
@@ -163,6 +168,10 @@ std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& s
   Encoder enc(*device_, kernels_, "verify step");
   if (host_drafts) {
     std::memcpy(host_ids(slot) + q.position + 1, host_drafts->data(), size_t(k) * 4);
+  } else if (dflash_) {
+    // The drafter's block from the context every pass so far left in its caches; the verify
+    // pass below then projects its own rows there (the accepted ones are the next context).
+    if (k > 0) encode_dflash_block(enc, slot, q.position, k + 1);
   } else if (!q.mtp_carry) {
     k = 0;  // no head state to draft from (after a plain decode step or a restore): a one-row step
   } else if (k > 0) {

@@ -10,12 +10,12 @@ uint32_t mlp_intermediate(const ModelDims& d) {
   return uint32_t(d.experts > 0 ? d.shared_intermediate : d.intermediate);
 }
 
-namespace {
-
-// A multiple of 8: prefill attention reads q in 8-row tiles.
 uint32_t rows_per_step(const EngineOptions& o) {
   return uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8);
 }
+
+namespace {
+
 // Flash-decode splits: at least kMinSplitLen positions each (up to that, one split and no
 // combine), about kSplitThreadgroupsPerCore threadgroups per GPU core over all splits, and at
 // most kMaxSplits (the combine reads nq * splits partials per row: it stays a small pass).

@@ -188,6 +188,8 @@ size_t kv_cache_bytes(const ModelDims& dims, const EngineOptions& options);
 size_t kv_cache_slot_bytes(const ModelDims& dims, const EngineOptions& options);
 // Bytes of the rest Workspace allocates: activations, and per slot the ids and every DeltaNet layer's state.
 uint64_t workspace_bytes(const ModelDims& dims, const EngineOptions& options);
+// Workspace::max_rows for these options: a multiple of 8 (prefill attention reads q in 8-row tiles).
+uint32_t rows_per_step(const EngineOptions& options);
 // Intermediate size of the buffers gate/up/act: the dense MLP's, or the shared expert's.
 uint32_t mlp_intermediate(const ModelDims& dims);
 

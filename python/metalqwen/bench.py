@@ -140,14 +140,14 @@ def set_speedups(levels: list[dict]) -> None:
 
 
 def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab: int,
-                  speculative: str = "off", max_sequences: int = 1) -> EngineFigures:
+                  speculative: str | None = "off", max_sequences: int = 1, draft: str | None = None) -> EngineFigures:
     from .model import load
 
     figures = EngineFigures("metalqwen")
     phase("metalqwen: loading")
     start = time.perf_counter()
     model = load(folder, device=device, max_context=p.max_context, kv_bits=kv_bits, progress=False,
-                 speculative=speculative, max_sequences=max_sequences)
+                 speculative=speculative, max_sequences=max_sequences, draft=draft)
     figures.load_seconds = time.perf_counter() - start
     engine = model.runner.engine
     _metalqwen_decode(model, prompt_ids(vocab, 8), 4)  # warm-up: pipelines and first-touch pages
@@ -186,7 +186,7 @@ def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
     engine.reset(0)
     engine.prefill(0, prompt)
     if model.speculative != "off":
-        drafter = spec.MtpHead() if model.speculative == "mtp" else spec.PromptLookup()
+        drafter = {"mtp": spec.MtpHead, "dflash": spec.DflashBlock}.get(model.speculative, spec.PromptLookup)()
         steps = spec.generate(engine, 0, engine.chosen(0), tokens + 1, _core.Sampling(), drafter,
                               spec.DepthPolicy(model.draft_depth), history=list(prompt))
         next(steps)  # the prefill's choice: not a decode step
@@ -490,7 +490,7 @@ def run(args) -> int:
     skipped = mlx_lm_missing() if args.compare == "mlx-lm" else ""
     if skipped:
         phase(f"mlx-lm: will be skipped: {skipped}")
-    ours = run_metalqwen(ckpt.path, device, args.kv_bits, p, vocab, args.speculative, max_sequences)
+    ours = run_metalqwen(ckpt.path, device, args.kv_bits, p, vocab, args.speculative, max_sequences, args.draft)
     theirs = None
     if args.compare == "mlx-lm":
         if not skipped:

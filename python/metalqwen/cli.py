@@ -77,7 +77,7 @@ def _load(args: argparse.Namespace):
                 progress=True if args.progress else None, prefix_cache_bytes=int(cache_gb * 2**30),
                 speculative=args.speculative, draft_depth=args.draft_depth, max_sequences=max_sequences,
                 distributed=distributed, layer_split=getattr(args, "layer_split", None),
-                distributed_timeout=getattr(args, "distributed_timeout", 60.0))
+                distributed_timeout=getattr(args, "distributed_timeout", 60.0), draft=getattr(args, "draft", None))
 
 
 # Per command: --cache-gb and --max-sequences when not given (pipelines: 0 and 1).
@@ -573,13 +573,16 @@ def _add_stats_option(p: argparse.ArgumentParser) -> None:
 
 
 def _add_speculative_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculative", choices=["auto", "mtp", "lookup", "off"], default="auto",
+    p.add_argument("--speculative", choices=["auto", "mtp", "lookup", "dflash", "off"], default="auto",
                    help="draft tokens and verify several per step, same output: mtp = the checkpoint's MTP head "
-                        "(see convert / add-mtp), lookup = prompt lookup (n-grams of the prompt and answer); auto "
-                        "(default) = mtp when the folder has the head, else lookup")
+                        "(see convert / add-mtp), lookup = prompt lookup (n-grams of the prompt and answer), dflash = "
+                        "the DFlash drafter given by --draft; auto (default) = dflash with --draft, else mtp when the "
+                        "folder has the head, else lookup")
+    p.add_argument("--draft", metavar="PATH", default=None,
+                   help="a DFlash drafter folder for this model (z-lab's block-diffusion drafters; docs/speculative.md)")
     p.add_argument("--draft-depth", type=int, default=None,
-                   help=f"most drafts per verify step, 1..{_core.MAX_DRAFT} (default 3 with mtp, 4 with lookup); "
-                        "each reserves a copy of the recurrent state")
+                   help=f"most drafts per verify step, 1..{_core.MAX_DRAFT} (default 3 with mtp, 4 with lookup, the "
+                        f"most that fit with dflash); each reserves a copy of the recurrent state")
 
 
 def _add_distributed_options(p: argparse.ArgumentParser) -> None:
@@ -724,9 +727,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--decode-tokens", type=int, default=None, help="tokens per decode run (default 128; quick 8)")
     bench.add_argument("--quick", action="store_true",
                        help="small sizes (prompts 32/64, contexts 0/64, 8 tokens): checks that everything runs")
-    bench.add_argument("--speculative", choices=["auto", "mtp", "lookup", "off"], default="off",
-                       help="decode speculatively (greedy) and report tokens per verify step and acceptance "
-                            "(default off: plain decoding)")
+    bench.add_argument("--speculative", choices=["auto", "mtp", "lookup", "dflash", "off"], default=None,
+                       help="decode speculatively (greedy) and report tokens per verify step and acceptance by "
+                            "depth (default: dflash with --draft, else off: plain decoding)")
+    bench.add_argument("--draft", metavar="PATH", default=None,
+                       help="a DFlash drafter folder for the model (--speculative dflash; docs/speculative.md)")
     bench.add_argument("--compare", choices=["mlx-lm"], default=None,
                        help="also run mlx-lm on the same folder and prompts, side by side with the ratio")
     bench.add_argument("--concurrency", metavar="C,C,...", default=None,

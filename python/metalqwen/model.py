@@ -18,6 +18,7 @@ from .config import ModelConfig
 from .errors import ContextFullError, EngineError
 from .generation import (Chunk, Generation, GenerationStats, Output, Prompt, Request, Runner,
                          count_speculation)
+from .dflash_checkpoint import load_drafter
 from .mtp_checkpoint import how_to_get_mtp
 from .prefix_cache import PrefixCache
 from .progress import LoadProgress
@@ -44,7 +45,7 @@ class Model:
         # The engine's side of generation, which a batching.Scheduler drives too.
         self.runner = Runner(engine, prefix_cache, progress)
         self.eos_token_ids = sorted(set(self.config.eos_token_ids) | {tokenizer.eos_token_id} - {None})
-        self.speculative = speculative  # "mtp" | "lookup" | "off": what stream() does unless told otherwise
+        self.speculative = speculative  # "mtp" | "lookup" | "dflash" | "off": what stream() does unless told otherwise
         self.draft_depth = draft_depth  # drafts per verify step at most (the engine's rollback planes)
         # Statistics of the latest generate/stream (complete once the stream is exhausted).
         self.last_stats: GenerationStats | None = None
@@ -323,14 +324,17 @@ class Model:
         """Who drafts for this call (None: plain decoding)."""
         mode = self.speculative if speculative is None else speculative
         if isinstance(mode, str):
-            if mode not in ("mtp", "lookup", "off"):
-                raise ValueError(f"speculative must be 'mtp', 'lookup', 'off' or a Drafter for a call, got {mode!r}")
+            if mode not in ("mtp", "lookup", "dflash", "off"):
+                raise ValueError(f"speculative must be 'mtp', 'lookup', 'dflash', 'off' or a Drafter for a call, "
+                                 f"got {mode!r}")
             if mode == "off":
                 return None
             if mode == "mtp" and not self._engine.has_mtp:
                 raise ValueError("speculative='mtp' needs the MTP head: load with speculative='mtp' or 'auto' "
                                  "(or mtp=True)")
-            mode = spec.MtpHead() if mode == "mtp" else spec.PromptLookup()
+            if mode == "dflash" and not self._engine.has_dflash:
+                raise ValueError("speculative='dflash' needs a DFlash drafter: load with draft=PATH")
+            mode = {"mtp": spec.MtpHead, "dflash": spec.DflashBlock}.get(mode, spec.PromptLookup)()
         elif not callable(getattr(mode, "draft", None)):
             raise TypeError(f"speculative must be 'mtp', 'lookup', 'off' or an object with draft(history, k), "
                             f"got {type(mode).__name__}")
@@ -557,10 +561,10 @@ class PipelineModel(Model):
 
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
          prefill_chunk: int = 64, progress: bool | None = None, prefix_cache_bytes: int = 0,
-         speculative: str = "off", draft_depth: int | None = None, mtp: bool | None = None,
+         speculative: str | None = None, draft_depth: int | None = None, mtp: bool | None = None,
          mtp_hidden: str = "post_norm", max_sequences: int = 1, prefill_layers_per_buffer: int = 8,
          distributed: str | None = None, layer_split: str | None = None,
-         distributed_timeout: float = 60.0) -> Model:
+         distributed_timeout: float = 60.0, draft: str | os.PathLike | None = None) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -592,9 +596,22 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     Folders with a vision tower (mlx-vlm conversions) bring it up too, for prompts with images
     (docs/images.md); a tower that cannot be loaded leaves the model text-only (images then
     raise the reason).
-    Bad checkpoints raise CheckpointError naming the file and tensor."""
-    if speculative not in ("auto", "mtp", "lookup", "off"):
-        raise ValueError(f"speculative must be 'auto', 'mtp', 'lookup' or 'off', got {speculative!r}")
+    ``draft``: a DFlash drafter folder (z-lab's block-diffusion drafters, docs/speculative.md),
+    checked against this model; with it ``speculative`` (default None: "dflash" with a drafter,
+    else "off") "auto" or "dflash" drafts with it (up to
+    ``draft_depth`` tokens a step, default its block size - 1 within the verify step's limit).
+    Bad checkpoints raise CheckpointError naming the file and tensor (a drafter's: the field)."""
+    if speculative is None:
+        speculative = "dflash" if draft is not None else "off"
+    if speculative not in ("auto", "mtp", "lookup", "dflash", "off"):
+        raise ValueError(f"speculative must be 'auto', 'mtp', 'lookup', 'dflash' or 'off', got {speculative!r}")
+    if draft is not None and speculative not in ("auto", "dflash"):
+        raise ValueError(f"draft= is a DFlash drafter: it goes with speculative='dflash' or 'auto', "
+                         f"not {speculative!r}")
+    if speculative == "dflash" and draft is None:
+        raise ValueError("speculative='dflash' needs draft=PATH, the DFlash drafter folder for this model")
+    if draft is not None and mtp:
+        raise ValueError("draft= (DFlash) and mtp=True: a model drafts with one of them")
     if mtp not in (None, True, False):
         raise ValueError(f"mtp must be None, True or False, got {mtp!r}")
     if mtp_hidden not in ("post_norm", "pre_norm"):
@@ -626,7 +643,7 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
         if distributed != "pipeline":
             raise ValueError(f"distributed must be None or 'pipeline', got {distributed!r}")
         asked = {"prefix_cache_bytes": prefix_cache_bytes > 0, "speculative='mtp'": speculative == "mtp",
-                 "mtp": bool(mtp), "max_sequences": max_sequences > 1}
+                 "mtp": bool(mtp), "max_sequences": max_sequences > 1, "draft": draft is not None}
         if any(asked.values()):
             names = ", ".join(name for name, on in asked.items() if on)
             raise ValueError(f"distributed='pipeline' does not yet take {names} (not yet: {pipeline.NOT_YET})")
@@ -647,10 +664,18 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     if (mtp or speculative == "mtp") and not ckpt.mtp:
         asked = "mtp=True" if mtp else "speculative='mtp'"
         raise CheckpointError(f"[checkpoint] {asked}, but {how_to_get_mtp(ckpt.path)}")
-    mode = {"auto": "mtp" if ckpt.mtp and mtp is not False else "lookup"}.get(speculative, speculative)
+    drafter = load_drafter(draft, ckpt.config) if draft is not None else None
+    if drafter is not None and max_sequences > 1:
+        raise ValueError("draft= (DFlash) does not yet work with max_sequences > 1 (docs/speculative.md)")
+    auto = "dflash" if drafter else "mtp" if ckpt.mtp and mtp is not False else "lookup"
+    mode = {"auto": auto}.get(speculative, speculative)
     with_mtp = mode == "mtp" if mtp is None else mtp
     if draft_depth is None:
-        draft_depth = spec.DEFAULT_MTP_DEPTH if mode == "mtp" else spec.DEFAULT_DEPTH
+        draft_depth = {"mtp": spec.DEFAULT_MTP_DEPTH, "dflash": min(drafter.block_size - 1, spec.MAX_DEPTH) if drafter
+                       else 0}.get(mode, spec.DEFAULT_DEPTH)
+    elif mode == "dflash" and draft_depth > drafter.block_size - 1:
+        raise ValueError(f"draft_depth {draft_depth} exceeds what the drafter's block of {drafter.block_size} rows "
+                         f"drafts ({drafter.block_size - 1})")
     max_draft = draft_depth if mode != "off" else 0
     desc = ckpt.describe()
     tensors = {**desc["tensors"], **desc["mtp"]} if with_mtp else desc["tensors"]
@@ -659,7 +684,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
         engine = _core.Engine(dev._native, desc["dims"], tensors, max_context, kv_bits, prefill_chunk,
                               max_draft=max_draft, progress=shown, mtp=with_mtp, mtp_hidden=mtp_hidden,
                               max_sequences=max_sequences, prefill_layers_per_buffer=prefill_layers_per_buffer,
-                              beside=desc["vision"]["tensors"] if desc["vision"] else {})
+                              beside=desc["vision"]["tensors"] if desc["vision"] else {},
+                              draft=drafter.describe() if drafter else None)
     finally:
         if shown:
             shown.close()

@@ -15,7 +15,7 @@ from typing import Iterator, Protocol, Sequence
 
 from . import _core
 
-__all__ = ["Drafter", "PromptLookup", "MtpHead", "DepthPolicy", "DEFAULT_DEPTH", "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
+__all__ = ["Drafter", "PromptLookup", "MtpHead", "DflashBlock", "DepthPolicy", "DEFAULT_DEPTH", "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
 
 MAX_DEPTH = _core.MAX_DRAFT  # a verify step's rows (the engine's matvec path) less the chosen token's
 DEFAULT_DEPTH = 4  # each depth reserves a copy of every DeltaNet state
@@ -69,6 +69,15 @@ class MtpHead:
         """The lookup draft when it has ``k`` tokens, else none (the head drafts)."""
         drafts = self.lookup.draft(history, k)
         return drafts if len(drafts) == k else []
+
+
+class DflashBlock:
+    """Drafts with the DFlash drafter loaded beside the model (``load(draft=...)``), on the GPU
+    inside the verify step (``Engine.verify_dflash``): one block pass gives the step's greedy
+    drafts (point masses, so sampling stays exact). The host proposes nothing."""
+
+    def draft(self, history: Sequence[int], k: int) -> list[int]:
+        return []
 
 
 @dataclass
@@ -177,11 +186,17 @@ def generate(engine, slot: int, first: int, budget: int, sampling, drafter: Draf
     yield first
     left = budget - 1
     mtp = isinstance(drafter, MtpHead)
+    dflash = isinstance(drafter, DflashBlock)
     retry = 0  # drafts the next step makes without asking the policy (see below)
     while left > 0:
         k, retry = retry or min(policy.depth(), left - 1), 0
         drafts = drafter.draft(history, k)[:k] if k > 0 else []
-        if mtp and not drafts and k:
+        if dflash and k:
+            start = time.perf_counter()
+            tokens = engine.verify_dflash(slot, k, sampling)
+            policy.observe_verify(k, time.perf_counter() - start)
+            policy.update(k, len(tokens) - 1)
+        elif mtp and not drafts and k:
             # The head drafts in the step, unless its state is missing (after plain decoding):
             # then the step drafts nothing, says nothing of acceptance, and rebuilds that state,
             # so the next step drafts at this depth.
