@@ -26,7 +26,7 @@ from . import speculative as spec
 from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = ("several sequences at once (max_sequences, generate_batch), the prefix cache, the MTP head "
+NOT_YET = ("several sequences at once (max_sequences, generate_batch), the MTP head "
            "(speculative='mtp', mtp_logits), structured output (grammars, json_schema, response_format) and images")
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
@@ -139,8 +139,8 @@ class PipelineRunner(Runner):
     message is float32 [rows * hidden + 1]: the rows, then _GO (or _STOP with no step: rank 0
     ended the generation early, which a follower cannot see for itself)."""
 
-    def __init__(self, engine, group: Group, hidden: int, vocab: int, progress: bool = False):
-        super().__init__(engine, None, progress)
+    def __init__(self, engine, group: Group, hidden: int, vocab: int, prefix_cache=None, progress: bool = False):
+        super().__init__(engine, prefix_cache, progress)
         self.group = group
         self._hidden, self._vocab = hidden, vocab
         self._chunk = engine.residual_rows().shape[0]  # rows one step takes at most
@@ -226,24 +226,55 @@ class PipelineRunner(Runner):
     def last_logprobs(self, slot: int = 0):
         return self._logprobs
 
-    def _prefill(self, ids: list[int], sampling: dict, logits: str) -> list[np.ndarray]:
+    def _prefill(self, ids: list[int], sampling: dict, logits: str, snapshot_at: Sequence[int] = (),
+                 snapshots: list | None = None) -> list[np.ndarray]:
+        """Feeds ``ids`` from the engine's position, a chunk per step; a chunk also ends at each of
+        ``snapshot_at`` (absolute positions, ascending), after which the state of this rank's layers
+        goes into ``snapshots`` (the engine's own chunks end there too: the same steps alone)."""
         engine, chosen_by = self._engine, _core.Sampling(**sampling)
+        position = engine.position(0)
+        ends = [p - position for p in snapshot_at]
         out = []
-        for start in range(0, len(ids), self._chunk):
-            part = ids[start:start + self._chunk]
+        start = 0
+        while start < len(ids):
+            size = min(self._chunk, len(ids) - start, *[e - start for e in ends if e > start])
+            part, at = ids[start:start + size], [position + start + size] if start + size in ends else []
             asked = logits if engine.has_head else "none"
-            got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked))
+            got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked, snapshot_at=at,
+                                                                  snapshots=snapshots))
             if got is not None:
                 out.append(got)
+            start += size
         self._share_choice(sampling.get("logprobs", -1))
         return out
 
     def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (), constraint=None,
                     images=None) -> int:
         # constraint and images never come here: PipelineModel refuses them (NOT_YET).
-        reuse, _ = self.resume(ids)
-        self._prefill(ids[reuse:], sampling, "none")
+        reuse, snapshot_at = self.resume(ids, boundaries)
+        if self.prefix_cache is None:
+            self._prefill(ids[reuse:], sampling, "none")
+            return reuse
+        self._agree_on_cache(reuse)
+        taken = []
+        self._prefill(ids[reuse:], sampling, "none", snapshot_at, taken)
+        # Each rank counts a snapshot as the largest rank's part: the same keys kept and evicted everywhere.
+        sizes = self.group.all_gather(np.array([s.nbytes for s in taken], dtype=np.int64),
+                                      "sharing the snapshots' sizes")
+        for snapshot, counted in zip(taken, sizes.max(axis=0)):
+            self.prefix_cache.add(snapshot, int(counted))
         return reuse
+
+    def _agree_on_cache(self, reuse: int) -> None:
+        """DistributedError unless every rank resumes the prompt at ``reuse`` tokens and holds as many
+        snapshots (the ranks' prefix caches must decide alike, or their steps would differ)."""
+        mine = np.array([reuse, len(self.prefix_cache)], dtype=np.int64)
+        seen = self.group.all_gather(mine, "comparing the prefix caches")
+        differ = [r for r in range(self.group.size) if not np.array_equal(seen[r], mine)]
+        if differ:
+            raise DistributedError(f"[distributed] rank {self.group.rank}: its prefix cache resumes the prompt at "
+                                   f"{reuse} tokens and holds {mine[1]} snapshots; rank {differ[0]}'s: "
+                                   f"{seen[differ[0]][0]} and {seen[differ[0]][1]}")
 
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
         engine, chosen_by = self._engine, _core.Sampling(**sampling)
