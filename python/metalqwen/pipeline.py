@@ -259,22 +259,37 @@ class PipelineRunner(Runner):
         taken = []
         self._prefill(ids[reuse:], sampling, "none", snapshot_at, taken)
         # Each rank counts a snapshot as the largest rank's part: the same keys kept and evicted everywhere.
-        sizes = self.group.all_gather(np.array([s.nbytes for s in taken], dtype=np.int64),
-                                      "sharing the snapshots' sizes")
-        for snapshot, counted in zip(taken, sizes.max(axis=0)):
+        sizes = self._along_chain(np.array([s.nbytes for s in taken], dtype=np.int64), lambda got, mine:
+                                  np.maximum(got, mine), "sharing the snapshots' sizes")
+        for snapshot, counted in zip(taken, sizes):
             self.prefix_cache.add(snapshot, int(counted))
         return reuse
 
     def _agree_on_cache(self, reuse: int) -> None:
-        """DistributedError unless every rank resumes the prompt at ``reuse`` tokens and holds as many
-        snapshots (the ranks' prefix caches must decide alike, or their steps would differ)."""
-        mine = np.array([reuse, len(self.prefix_cache)], dtype=np.int64)
-        seen = self.group.all_gather(mine, "comparing the prefix caches")
-        differ = [r for r in range(self.group.size) if not np.array_equal(seen[r], mine)]
-        if differ:
-            raise DistributedError(f"[distributed] rank {self.group.rank}: its prefix cache resumes the prompt at "
-                                   f"{reuse} tokens and holds {mine[1]} snapshots; rank {differ[0]}'s: "
-                                   f"{seen[differ[0]][0]} and {seen[differ[0]][1]}")
+        """DistributedError on every rank unless all resume the prompt at ``reuse`` tokens and hold as
+        many snapshots (the ranks' prefix caches must decide alike, or their steps would differ).
+        int64 [5]: rank 0's reuse and count, the first rank that differs (-1: none), its reuse and count."""
+
+        def compare(got, mine):
+            if got[2] < 0 and not np.array_equal(got[:2], mine[:2]):
+                got[2:] = self.group.rank, *mine[:2]
+            return got
+
+        mine = np.array([reuse, len(self.prefix_cache), -1, 0, 0], dtype=np.int64)
+        seen = self._along_chain(mine, compare, "comparing the prefix caches")
+        if seen[2] >= 0:
+            raise DistributedError(f"[distributed] rank {self.group.rank}: rank {seen[2]}'s prefix cache resumes "
+                                   f"the prompt at {seen[3]} tokens and holds {seen[4]} snapshots, rank 0's at "
+                                   f"{seen[0]} and {seen[1]} (the ranks' calls or cache budgets differ)")
+
+    def _along_chain(self, mine: np.ndarray, combine, what: str) -> np.ndarray:
+        """combine(what the rank before passed on, mine), from rank 0 to the last rank, whose result
+        every rank gets: point to point, so a wait names the rank it waits for."""
+        group = self.group
+        value = mine if group.rank == 0 else combine(group.recv(mine.shape, mine.dtype, group.rank - 1, what), mine)
+        if group.rank < self._last:
+            group.send(value, group.rank + 1, what)
+        return group.share(value if group.rank == self._last else None, self._last, mine.shape, mine.dtype, what)
 
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
         engine, chosen_by = self._engine, _core.Sampling(**sampling)
