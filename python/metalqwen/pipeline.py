@@ -135,7 +135,8 @@ class _Stopped(Exception):
 class PipelineRunner(Runner):
     """The Runner of one rank: each engine step takes its input rows from the rank before (or
     embeds, on rank 0) and passes its output rows to the rank after; the last rank's choice is
-    then given to every rank. Prefill runs chunk by chunk, decoding one step at a time. A rows
+    then given to every rank. Prefill runs chunk by chunk (with a prefix cache, each rank
+    snapshots its layers' state under the same keys), decoding one step at a time. A rows
     message is float32 [rows * hidden + 1]: the rows, then _GO (or _STOP with no step: rank 0
     ended the generation early, which a follower cannot see for itself)."""
 
