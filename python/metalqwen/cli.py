@@ -66,10 +66,10 @@ def _load(args: argparse.Namespace):
     from .model import load
 
     distributed = getattr(args, "distributed", None)
-    # Pipelines do not batch or cache prefixes yet: their defaults are off there (an explicit
-    # --cache-gb or --max-sequences is refused by load); "auto" speculation means lookup there.
+    # Pipelines do not batch yet: one sequence there (an explicit --max-sequences is refused by
+    # load); "auto" speculation means lookup there.
     cache_gb = getattr(args, "cache_gb", None)
-    cache_gb = cache_gb if cache_gb is not None else 0.0 if distributed else _CACHE_GB.get(args.command, 0.0)
+    cache_gb = cache_gb if cache_gb is not None else _CACHE_GB.get(args.command, 0.0)
     max_sequences = getattr(args, "max_sequences", None)
     max_sequences = max_sequences if max_sequences is not None else 1 if distributed else _MAX_SEQUENCES.get(
         args.command, 1)
@@ -80,7 +80,7 @@ def _load(args: argparse.Namespace):
                 distributed_timeout=getattr(args, "distributed_timeout", 60.0), draft=getattr(args, "draft", None))
 
 
-# Per command: --cache-gb and --max-sequences when not given (pipelines: 0 and 1).
+# Per command: --cache-gb and --max-sequences when not given (pipelines: --max-sequences 1).
 _CACHE_GB = {"chat": 1.0, "serve": 2.0}
 _MAX_SEQUENCES = {"serve": 4}
 
@@ -657,8 +657,9 @@ def parser() -> argparse.ArgumentParser:
     _add_model_options(chat)
     chat.add_argument("--system", default=None, help="a system message for the conversation")
     chat.add_argument("--cache-gb", type=float, default=None,
-                      help="device memory for the states saved at message ends, GiB (default 1, with --distributed "
-                           "0; 0 = off: a turn that does not extend the last one re-reads the whole conversation)")
+                      help="device memory for the states saved at message ends, GiB (default 1; with --distributed "
+                           "per rank, for its layers' states; 0 = off: a turn that does not extend the last one "
+                           "re-reads the whole conversation)")
     _add_distributed_options(chat)
     chat.set_defaults(run=_chat)
     demo = commands.add_parser("demo", help="write a tiny random checkpoint and generate from it (works anywhere)")
@@ -692,8 +693,8 @@ def parser() -> argparse.ArgumentParser:
                             "tok/s); warning: errors only")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429 (default 16)")
     serve.add_argument("--cache-gb", type=float, default=None,
-                       help="device memory for the prefix cache's saved states, GiB (default 2, with --distributed "
-                            "0; 0 = off)")
+                       help="device memory for the prefix cache's saved states, GiB (default 2; with --distributed "
+                            "per rank, for its layers' states; 0 = off)")
     serve.add_argument("--max-sequences", type=int, default=None,
                        help="requests decoded together, sharing each step's weight stream, 1..8 (default 4, with "
                             "--distributed 1; 1 = one "

@@ -422,13 +422,14 @@ class PipelineModel(Model):
     yet is refused (``pipeline.NOT_YET``)."""
 
     def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool,
-                 group, split: pipeline.Split, speculative: str = "off", draft_depth: int = 0):
+                 group, split: pipeline.Split, prefix_cache: PrefixCache | None = None, speculative: str = "off",
+                 draft_depth: int = 0):
         super().__init__(checkpoint, tokenizer, device, engine, progress, speculative=speculative,
                          draft_depth=draft_depth,
                          no_vision=f"not yet with distributed='pipeline' (not yet: {pipeline.NOT_YET})")
         self.group, self.split = group, split
         c = checkpoint.config
-        self.runner = pipeline.PipelineRunner(engine, group, c.hidden_size, c.vocab_size, progress)
+        self.runner = pipeline.PipelineRunner(engine, group, c.hidden_size, c.vocab_size, prefix_cache, progress)
         self._leading = False
 
     @property
@@ -504,7 +505,7 @@ class PipelineModel(Model):
     def _follow_stream(self, message: dict) -> None:
         """Rank 0's generation, step for step: its prompt, then decode steps until its budget or its stop."""
         sampling = {**message["sampling"], "logit_bias": [tuple(p) for p in message["sampling"]["logit_bias"]]}
-        self.runner.feed_prompt(message["ids"], sampling)
+        self.runner.feed_prompt(message["ids"], sampling, message["boundaries"])
         if message["speculative"]:  # rank 0 drafts: its drafts come with each step's rows
             tokens = self.runner.speculative_tokens(message["ids"], message["budget"], sampling, None,
                                                     self.draft_depth)
@@ -545,11 +546,12 @@ class PipelineModel(Model):
         if self._leading:  # the followers take rank 0's sampling, seed included
             budget = min(request.max_tokens, self.max_context - len(request.ids))
             self._call("stream", ids=request.ids, budget=budget, sampling=request.sampling,
-                       speculative=request.drafter is not None)
+                       boundaries=[int(b) for b in request.boundaries], speculative=request.drafter is not None)
         else:  # only the last rank samples: a seed left to chance may differ
             sampling = {k: v for k, v in request.sampling.items() if k != "seed"}
             self._call("generate/stream", ids=request.ids, max_tokens=request.max_tokens, sampling=sampling,
-                       stop=request.stop, speculative=request.drafter is not None)
+                       stop=request.stop, boundaries=[int(b) for b in request.boundaries],
+                       speculative=request.drafter is not None)
         yield from super()._run(request)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
@@ -642,7 +644,7 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     if distributed is not None:
         if distributed != "pipeline":
             raise ValueError(f"distributed must be None or 'pipeline', got {distributed!r}")
-        asked = {"prefix_cache_bytes": prefix_cache_bytes > 0, "speculative='mtp'": speculative == "mtp",
+        asked = {"speculative='mtp'": speculative == "mtp",
                  "mtp": bool(mtp), "max_sequences": max_sequences > 1, "draft": draft is not None}
         if any(asked.values()):
             names = ", ".join(name for name, on in asked.items() if on)
@@ -654,6 +656,7 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
             prefill_layers_per_buffer=prefill_layers_per_buffer, layer_split=layer_split, timeout=distributed_timeout,
             max_draft=depth)
         return PipelineModel(ckpt, tokenizer, dev, engine, show, group, split,
+                             prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None,
                              speculative="lookup" if depth else "off", draft_depth=depth)
     if layer_split is not None:
         raise ValueError("layer_split needs distributed='pipeline'")

@@ -26,7 +26,7 @@ from . import speculative as spec
 from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = ("several sequences at once (max_sequences, generate_batch), the prefix cache, the MTP head "
+NOT_YET = ("several sequences at once (max_sequences, generate_batch), the MTP head "
            "(speculative='mtp', mtp_logits), structured output (grammars, json_schema, response_format) and images")
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
@@ -135,12 +135,13 @@ class _Stopped(Exception):
 class PipelineRunner(Runner):
     """The Runner of one rank: each engine step takes its input rows from the rank before (or
     embeds, on rank 0) and passes its output rows to the rank after; the last rank's choice is
-    then given to every rank. Prefill runs chunk by chunk, decoding one step at a time. A rows
+    then given to every rank. Prefill runs chunk by chunk (with a prefix cache, each rank
+    snapshots its layers' state under the same keys), decoding one step at a time. A rows
     message is float32 [rows * hidden + 1]: the rows, then _GO (or _STOP with no step: rank 0
     ended the generation early, which a follower cannot see for itself)."""
 
-    def __init__(self, engine, group: Group, hidden: int, vocab: int, progress: bool = False):
-        super().__init__(engine, None, progress)
+    def __init__(self, engine, group: Group, hidden: int, vocab: int, prefix_cache=None, progress: bool = False):
+        super().__init__(engine, prefix_cache, progress)
         self.group = group
         self._hidden, self._vocab = hidden, vocab
         self._chunk = engine.residual_rows().shape[0]  # rows one step takes at most
@@ -226,24 +227,70 @@ class PipelineRunner(Runner):
     def last_logprobs(self, slot: int = 0):
         return self._logprobs
 
-    def _prefill(self, ids: list[int], sampling: dict, logits: str) -> list[np.ndarray]:
+    def _prefill(self, ids: list[int], sampling: dict, logits: str, snapshot_at: Sequence[int] = (),
+                 snapshots: list | None = None) -> list[np.ndarray]:
+        """Feeds ``ids`` from the engine's position, a chunk per step; a chunk also ends at each of
+        ``snapshot_at`` (absolute positions, ascending), after which the state of this rank's layers
+        goes into ``snapshots`` (the engine's own chunks end there too: the same steps alone)."""
         engine, chosen_by = self._engine, _core.Sampling(**sampling)
+        position = engine.position(0)
+        ends = [p - position for p in snapshot_at]
         out = []
-        for start in range(0, len(ids), self._chunk):
-            part = ids[start:start + self._chunk]
+        start = 0
+        while start < len(ids):
+            size = min(self._chunk, len(ids) - start, *[e - start for e in ends if e > start])
+            part, at = ids[start:start + size], [position + start + size] if start + size in ends else []
             asked = logits if engine.has_head else "none"
-            got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked))
+            got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked, snapshot_at=at,
+                                                                  snapshots=snapshots))
             if got is not None:
                 out.append(got)
+            start += size
         self._share_choice(sampling.get("logprobs", -1))
         return out
 
     def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (), constraint=None,
                     images=None) -> int:
         # constraint and images never come here: PipelineModel refuses them (NOT_YET).
-        reuse, _ = self.resume(ids)
-        self._prefill(ids[reuse:], sampling, "none")
+        reuse, snapshot_at = self.resume(ids, boundaries)
+        if self.prefix_cache is None:
+            self._prefill(ids[reuse:], sampling, "none")
+            return reuse
+        self._agree_on_cache(reuse)
+        taken = []
+        self._prefill(ids[reuse:], sampling, "none", snapshot_at, taken)
+        # Each rank counts a snapshot as the largest rank's part: the same keys kept and evicted everywhere.
+        sizes = self._along_chain(np.array([s.nbytes for s in taken], dtype=np.int64), lambda got, mine:
+                                  np.maximum(got, mine), "sharing the snapshots' sizes")
+        for snapshot, counted in zip(taken, sizes):
+            self.prefix_cache.add(snapshot, counted=int(counted))
         return reuse
+
+    def _agree_on_cache(self, reuse: int) -> None:
+        """DistributedError on every rank unless all resume the prompt at ``reuse`` tokens and hold as
+        many snapshots (the ranks' prefix caches must decide alike, or their steps would differ).
+        int64 [5]: rank 0's reuse and count, the first rank that differs (-1: none), its reuse and count."""
+
+        def compare(got, mine):
+            if got[2] < 0 and not np.array_equal(got[:2], mine[:2]):
+                got[2:] = self.group.rank, *mine[:2]
+            return got
+
+        mine = np.array([reuse, len(self.prefix_cache), -1, 0, 0], dtype=np.int64)
+        seen = self._along_chain(mine, compare, "comparing the prefix caches")
+        if seen[2] >= 0:
+            raise DistributedError(f"[distributed] rank {self.group.rank}: rank {seen[2]}'s prefix cache resumes "
+                                   f"the prompt at {seen[3]} tokens and holds {seen[4]} snapshots, rank 0's at "
+                                   f"{seen[0]} and {seen[1]} (the ranks' calls or cache budgets differ)")
+
+    def _along_chain(self, mine: np.ndarray, combine, what: str) -> np.ndarray:
+        """combine(what the rank before passed on, mine), from rank 0 to the last rank, whose result
+        every rank gets: point to point, so a wait names the rank it waits for."""
+        group = self.group
+        value = mine if group.rank == 0 else combine(group.recv(mine.shape, mine.dtype, group.rank - 1, what), mine)
+        if group.rank < self._last:
+            group.send(value, group.rank + 1, what)
+        return group.share(value if group.rank == self._last else None, self._last, mine.shape, mine.dtype, what)
 
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
         engine, chosen_by = self._engine, _core.Sampling(**sampling)

@@ -38,7 +38,8 @@ class PrefixCache:
     def __init__(self, budget_bytes: int):
         self.budget = int(budget_bytes)
         self._entries: OrderedDict[tuple[int, ...], object] = OrderedDict()
-        self.bytes = 0  # device memory the snapshots hold
+        self._sizes: dict[tuple[int, ...], int] = {}  # bytes each entry is counted as
+        self.bytes = 0  # device memory the snapshots hold (as counted: see add)
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -54,18 +55,22 @@ class PrefixCache:
                 return self._entries[key]
         return None
 
-    def add(self, snapshot, key: Sequence | None = None) -> None:
+    def add(self, snapshot, key: Sequence | None = None, counted: int | None = None) -> None:
         """Keeps ``snapshot`` (a _core.Snapshot) under ``key`` (default its tokens; a prompt with images:
-        its cache_key up to the snapshot), evicting the least recently used over budget."""
+        its cache_key up to the snapshot), evicting the least recently used over budget. ``counted``:
+        the bytes to count it as (default its own; a pipeline's ranks count the largest rank's part,
+        so that every rank keeps and evicts the same keys)."""
         key = tuple(snapshot.tokens if key is None else key)
         if key in self._entries:
             self._entries.move_to_end(key)
             return
-        if snapshot.nbytes > self.budget:
+        size = snapshot.nbytes if counted is None else int(counted)
+        if size > self.budget:
             return
         self._entries[key] = snapshot
-        self.bytes += snapshot.nbytes
+        self._sizes[key] = size
+        self.bytes += size
         while self.bytes > self.budget:
-            _, old = self._entries.popitem(last=False)
-            self.bytes -= old.nbytes
+            old, _ = self._entries.popitem(last=False)
+            self.bytes -= self._sizes.pop(old)
             self.evictions += 1

@@ -3,7 +3,7 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
 <out>/rank<N>.json (and .npy for logits), since mlx.launch's exit code says nothing.
 
     rank_script.py CHECKPOINT OUT SCENARIO
-    run       greedy and sampled generations, logprobs, score and speculative decoding
+    run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
@@ -33,10 +33,17 @@ from metalqwen import cli
 OPTIONS = dict(device="cpu", max_context=64, kv_bits=16, prefill_chunk=4, progress=False, speculative="lookup")
 PROMPT = [5, 17, 300, 42, 8, 99, 123, 7, 64, 250]
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=7)
+# The "run" scenario's prefix cache. Rank 0's part (layers 0:2, the largest with 2 or 3 ranks) of
+# a snapshot at p tokens is 82432 + 1024 p bytes (a DeltaNet state, f16 K/V rows): room for the
+# snapshots at 10, 10 and 13 but not also 6, so the third prompt's snapshot evicts one.
+CACHE_BYTES = 2 * (82432 + 10240) + (82432 + 13312) + (82432 + 6144) // 2
+# Prompts after PROMPT (snapshotted at 6 and 10): the first resumes at 6, the second at 10.
+CACHED = [PROMPT[:6] + [400, 401, 402, 403], PROMPT + [11, 12, 13]]
 TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (steps of this model take well under 1 s)
 
 
 def run(model, out: str) -> dict:
+    cache = cached(model)
     greedy = model.generate(PROMPT, max_tokens=5, speculative="off")
     sampled = model.generate(PROMPT, max_tokens=5, speculative="off", **SAMPLED)
     np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
@@ -47,8 +54,22 @@ def run(model, out: str) -> dict:
     return {"greedy": greedy.tokens, "sampled": sampled.tokens, "logprobs": logprobs(model),
             "speculative": drafted.tokens, "drafted": after["drafted"] - before["drafted"],
             "accepted": after["accepted"] - before["accepted"],
-            "layers": list(model.layers),
+            "layers": list(model.layers), **cache,
             "split": [list(r) for r in model.split], "weight_bytes": model.counters()["weight_bytes"]}
+
+
+def cached(model) -> dict:
+    """PROMPT with a snapshot at 6 (and its end), then the CACHED prompts resuming from the cache:
+    their greedy tokens and logprobs, tokens reused, and the cache's keys and evictions."""
+    model.generate(PROMPT, max_tokens=3, speculative="off", boundaries=[6])
+    streams, reused = [], []
+    for ids in CACHED:
+        streams.append([[c.token, c.logprob, [list(e) for e in c.top_logprobs]]
+                        for c in model.stream(ids, max_tokens=4, logprobs=3) if c.token is not None])
+        reused.append(model.last_stats.prompt_tokens_reused)
+    cache = model.prefix_cache
+    return {"cached": streams, "reused": reused, "evictions": cache.evictions,
+            "keys": [len(k) for k in cache._entries]}
 
 
 class HalfRight:
@@ -145,6 +166,7 @@ def main(path: str, out: str, scenario: str, *extra: str) -> int:
     started = time.monotonic()
     try:
         model = metalqwen.load(path, **OPTIONS, distributed="pipeline",
+                               prefix_cache_bytes=CACHE_BYTES if scenario == "run" else 0,
                                distributed_timeout=60 if scenario == "run" else TIMEOUT,
                                layer_split="0:3,2:4" if scenario == "badsplit" else None)
         rank = model.rank

@@ -126,6 +126,9 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
             content += chunk.choices[0].delta.content or ""
             reasoning += (chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
     assert (content, reasoning) == (want["content"] or "", want.get("reasoning_content") or "")
+    # That stream resumed from the first request's snapshot across the ranks (the reference has no cache).
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        assert "metalqwen_cache_hits_total 1\n" in page.read().decode()
     os.kill(int((launch.out / "rank0.pid").read_text()), signal.SIGTERM)
     first, second = launch.results()
     assert first["code"] == second["code"] == 0, (first, second)

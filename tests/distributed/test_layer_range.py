@@ -11,6 +11,8 @@ import metalqwen
 from metalqwen import _core, pipeline
 from metalqwen.errors import EngineError
 
+from . import rank_script
+
 PROMPT = [5, 17, 300, 42, 8, 99, 123, 7, 64, 250]
 
 
@@ -139,6 +141,14 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
         mine = [(c.logprob, c.top_logprobs) for c in model.stream(PROMPT, max_tokens=3, logprobs=2)]
         theirs = [(c.logprob, c.top_logprobs) for c in alone.stream(PROMPT, max_tokens=3, logprobs=2)]
         assert mine == theirs and theirs[0][0] is not None
+        # The prefix cache: hits at a boundary and at a prompt's end give the cold runs' tokens and logprobs.
+        cached = rank_script.cached(metalqwen.load(tiny, **options, distributed="pipeline", prefix_cache_bytes=2**20))
+        cold = []
+        for ids in rank_script.CACHED:
+            alone.reset()
+            cold.append([[c.token, c.logprob, [list(e) for e in c.top_logprobs]]
+                         for c in alone.stream(ids, max_tokens=4, logprobs=3) if c.token is not None])
+        assert cached["reused"] == [6, 10] and cached["cached"] == cold
         for what, call in [("speculative decoding with the MTP head",
                             lambda: model.generate(PROMPT, speculative="mtp")),
                            ("generate_batch", lambda: model.generate_batch([PROMPT]))]:

@@ -1,5 +1,5 @@
 """Pipeline parallelism across 2 and 3 ranks started by mlx.launch: the same tokens, logprobs and logits as one
-process, each rank mapping only its layers, and clear errors for a bad split or a rank that
+process (prefix-cache hits included), each rank mapping only its layers, and clear errors for a bad split or a rank that
 dies or hangs. Few launches, on a tiny checkpoint (each launch loads the model per rank)."""
 
 import contextlib
@@ -17,9 +17,14 @@ from . import rank_script
 
 @pytest.fixture(scope="module")
 def single(tiny):
-    """The single-process run of rank_script's "run" scenario."""
+    """The single-process run of rank_script's "run" scenario (without a prefix cache: the cold runs)."""
     model = metalqwen.load(tiny, **rank_script.OPTIONS)
-    return {"greedy": model.generate(rank_script.PROMPT, max_tokens=5, speculative="off").tokens,
+    cold = []
+    for ids in rank_script.CACHED:
+        model.reset()
+        cold.append([[c.token, c.logprob, [list(e) for e in c.top_logprobs]]
+                     for c in model.stream(ids, max_tokens=4, logprobs=3) if c.token is not None])
+    return {"cached": cold,"greedy": model.generate(rank_script.PROMPT, max_tokens=5, speculative="off").tokens,
             "sampled": model.generate(rank_script.PROMPT, max_tokens=5, speculative="off",
                                       **rank_script.SAMPLED).tokens,
             "plain": model.generate(rank_script.PROMPT, max_tokens=16, speculative="off").tokens,
@@ -44,6 +49,11 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
     even = [list(r) for r in pipeline.proportional_split(pipeline.layer_bytes(desc), [1] * ranks)]
     for rank, got in enumerate(launch(tiny, "run", ranks)):
         assert "error" not in got, got
+        # Prefix-cache hits across the ranks (each rank's snapshots of its layers): a cold run's
+        # tokens and logprobs; every rank kept and evicted the same snapshots (the one at 6, last used).
+        assert got["reused"] == [6, 10]
+        assert got["cached"] == single["cached"] and len(single["cached"][0]) == 4
+        assert got["evictions"] == 1 and sorted(got["keys"]) == [10, 10, 13], got
         assert got["greedy"] == single["greedy"]
         assert got["sampled"] == single["sampled"]
         assert got["logprobs"] == single["logprobs"]
