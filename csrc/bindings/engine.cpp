@@ -116,10 +116,11 @@ void bind_engine(py::module_& m) {
   m.def(
       "estimate_memory",
       [](py::dict dims, py::dict tensors, int max_context, int kv_bits, int prefill_chunk, int max_sequences,
-         int first_layer, int end_layer) {
+         int first_layer, int end_layer, int max_draft) {
         const EngineOptions options{.max_context = max_context,
                                     .kv_bits = kv_bits,
                                     .prefill_chunk = prefill_chunk,
+                                    .max_draft = max_draft,
                                     .max_sequences = max_sequences,
                                     .first_layer = first_layer,
                                     .end_layer = end_layer};
@@ -132,7 +133,7 @@ void bind_engine(py::module_& m) {
         return out;
       },
       py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"), py::arg("prefill_chunk"),
-      py::arg("max_sequences") = 1, py::arg("first_layer") = 0, py::arg("end_layer") = -1);
+      py::arg("max_sequences") = 1, py::arg("first_layer") = 0, py::arg("end_layer") = -1, py::arg("max_draft") = 0);
   // Device memory holding a sequence state (see engine.h); Engine.restore puts it back.
   py::class_<Snapshot, std::shared_ptr<Snapshot>>(m, "Snapshot")
       .def_readonly("position", &Snapshot::position)
@@ -214,6 +215,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def_property_readonly("max_context", &Engine::max_context)
       .def_property_readonly("max_rows", &Engine::max_rows)  // rows of one prefill chunk (prefill_chunk)
+      .def_property_readonly("max_step_rows", &Engine::max_step_rows)  // rows of a verify or shared step
       .def("reset", &Engine::reset, py::arg("slot"))
       .def("position", &Engine::position, py::arg("slot"))
       .def("tokens", &Engine::tokens, py::arg("slot"))
