@@ -54,7 +54,8 @@ void plan_matvec(KernelPlan& plan, MatvecTiers t, QmvVariant& v, const std::stri
   const std::string variant = "_r" + std::to_string(v.r) + quant_suffix(l);
   plan.need(v.one, op + variant, exactly(MQ_QMV_THREADS));
   plan.need(v.rows, op + "_rows" + variant, exactly(MQ_QMV_THREADS));
-  if (t.deep) plan.need(v.deep, op + "_deep_r" + std::to_string(MQ_QMV_DEEP_R) + quant_suffix(l), exactly(MQ_QMV_THREADS));
+  if (t.deep)
+    plan.need(v.deep, op + "_deep_r" + std::to_string(MQ_QMV_DEEP_R) + quant_suffix(l), exactly(MQ_QMV_THREADS));
 }
 
 // Per format: plain and norm-fused matvecs (the latter for a group of `normed_rows` rows in

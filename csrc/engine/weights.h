@@ -30,12 +30,11 @@ struct DeviceTensor {
 
 struct Pipeline;
 
-// A decode/verify matvec family's variant for one projection (or norm-fused group): its one-row
-// and 2..8-row pipelines and their rows per SIMD-group R (shaders/params/quant.h), chosen from
-// the shape at load (Engine::plan_kernels, qmv_rows_per_simdgroup).
-// A matvec family's kernels by a step's activation rows: one, the small verify tier (up to
-// MQ_QMV_SMALL_ROWS, R = r) and, in engines whose steps go deeper, the deep tier (up to
-// MQ_QMV_MAX_ROWS, R = MQ_QMV_DEEP_R; shaders/params/quant.h).
+// A decode/verify matvec family's variant for one projection (or norm-fused group), by a step's
+// activation rows: the one-row and small verify tier's pipelines (up to MQ_QMV_SMALL_ROWS rows)
+// at rows per SIMD-group R = r, chosen from the shape at load (Engine::plan_kernels,
+// qmv_rows_per_simdgroup), and in engines whose steps go deeper the deep tier's (up to
+// MQ_QMV_MAX_ROWS rows, R = MQ_QMV_DEEP_R; shaders/params/quant.h).
 struct QmvVariant {
   const Pipeline *one = nullptr, *rows = nullptr, *deep = nullptr;
   uint32_t r = 0;

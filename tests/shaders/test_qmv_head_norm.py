@@ -17,7 +17,8 @@ from ..support import reference as ref
 from ..support.require import require
 from .deltanet_reference import D, HEAD_PARTIALS, channels, head_partials_ref
 from .quant_reference import (
-    FORMATS, QMV_DEEP_R, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_SMALL_ROWS, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)
+    FORMATS, QMV_DEEP_R, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_SMALL_ROWS, QMV_THREADS, activations, cdiv,
+    matmul_ref, seeded, tol_f32_dot)
 from .test_deltanet import NORM_EPS, padded, run_norm_history
 from .test_quant import Weights, nan_buffer, run_qmv_rows
 

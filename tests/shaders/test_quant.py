@@ -20,8 +20,8 @@ from ..support import reference as ref
 from ..support.require import require
 from .quant_reference import (
     EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_DEEP_R, QMV_MAX_ROWS, QMV_R,
-    QMV_SIMDGROUPS, QMV_SMALL_ROWS, QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params, format_weights, matmul_params,
-    matmul_ref, random_quantized, seeded, tol_f32_dot)
+    QMV_SIMDGROUPS, QMV_SMALL_ROWS, QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params,
+    format_weights, matmul_params, matmul_ref, random_quantized, seeded, tol_f32_dot)
 
 
 @pytest.fixture(scope="module")
