@@ -61,7 +61,7 @@
 // template parameter: *_rows 1..MQ_QMV_SMALL_ROWS rows in the R = 2, 4, 8 variants, *_deep
 // (host names <op>_deep_r<MQ_QMV_DEEP_R>_<format>) 1..MQ_QMV_MAX_ROWS rows (a DFlash block of
 // 16 drafts + 1) in R = MQ_QMV_DEEP_R only. A lane keeps M * R accumulators: 64 at 8 x 8, 68 at
-// 17 x 4 (17 x 8 = 136 would spill), so steps of up to 8 rows never run a deep kernel and a
+// 17 x 4 (17 x 8 = 136, twice the small tier's worst, risks spills), so steps of up to 8 rows never run a deep kernel and a
 // deep step pays a grid of R = 4. The engine picks the tier by the step's rows; the walk order
 // is the same in every tier and R, so a verify row keeps the bits of a decode row.
 #define MQ_QMV_SMALL_ROWS 8
