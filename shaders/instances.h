@@ -13,22 +13,32 @@
   K(#op "_r2_" #F, func, __VA_ARGS__, 2) K(#op "_r4_" #F, func, __VA_ARGS__, 4) \
   K(#op "_r8_" #F, func, __VA_ARGS__, 8)
 
+// The deep verify tier (params/quant.h): up to MQ_QMV_MAX_ROWS rows at R = MQ_QMV_DEEP_R only.
+#define MQ_STRINGIFY(x) #x
+#define MQ_STRINGIFY_VALUE(x) MQ_STRINGIFY(x)
+#define MQ_DEEP_R(K, op, F, func, ...) \
+  K(#op "_deep_r" MQ_STRINGIFY_VALUE(MQ_QMV_DEEP_R) "_" #F, func, __VA_ARGS__, MQ_QMV_DEEP_R)
+
 // quant.metal: decode and verify matvecs, prefill GEMM, embedding gather.
-#define MQ_QUANT_FORMAT_KERNELS(K, F, ...)                                                         \
-  MQ_EACH_R(K, qmv, F, qmv, __VA_ARGS__) MQ_EACH_R(K, qmv_rows, F, qmv_rows, __VA_ARGS__) \
+#define MQ_QUANT_FORMAT_KERNELS(K, F, ...)                                                            \
+  MQ_EACH_R(K, qmv, F, qmv, __VA_ARGS__) MQ_EACH_R(K, qmv_rows, F, qmv_rows, __VA_ARGS__, MQ_QMV_SMALL_ROWS) \
+  MQ_DEEP_R(K, qmv, F, qmv_rows, __VA_ARGS__, MQ_QMV_MAX_ROWS)                                      \
   K("qmm_" #F, qmm, __VA_ARGS__) K("embed_" #F, embed, __VA_ARGS__)
 
-// qmv_norm.metal: norm-fused matvecs, one row (M = 1) or verify rows.
+// qmv_norm.metal: norm-fused matvecs, one row (M = 1) or verify rows (small and deep tiers).
 #define MQ_QMV_NORM_FORMAT_KERNELS(K, F, ...)                                                             \
   MQ_EACH_R(K, qmv_norm, F, qmv_norm, __VA_ARGS__, 1)                                              \
-  MQ_EACH_R(K, qmv_norm_rows, F, qmv_norm, __VA_ARGS__, MQ_QMV_MAX_ROWS)                           \
+  MQ_EACH_R(K, qmv_norm_rows, F, qmv_norm, __VA_ARGS__, MQ_QMV_SMALL_ROWS)                         \
+  MQ_DEEP_R(K, qmv_norm, F, qmv_norm, __VA_ARGS__, MQ_QMV_MAX_ROWS)                                \
   MQ_EACH_R(K, qmv_norm_silu, F, qmv_norm_silu, __VA_ARGS__, 1)                                    \
-  MQ_EACH_R(K, qmv_norm_silu_rows, F, qmv_norm_silu, __VA_ARGS__, MQ_QMV_MAX_ROWS)
+  MQ_EACH_R(K, qmv_norm_silu_rows, F, qmv_norm_silu, __VA_ARGS__, MQ_QMV_SMALL_ROWS)               \
+  MQ_DEEP_R(K, qmv_norm_silu, F, qmv_norm_silu, __VA_ARGS__, MQ_QMV_MAX_ROWS)
 
 // qmv_head_norm.metal: DeltaNet's out_proj with the gated norm's factor in its input load.
-#define MQ_QMV_HEAD_NORM_FORMAT_KERNELS(K, F, ...)      \
-  MQ_EACH_R(K, qmv_head_norm, F, qmv_head_norm, __VA_ARGS__, 1) \
-  MQ_EACH_R(K, qmv_head_norm_rows, F, qmv_head_norm, __VA_ARGS__, MQ_QMV_MAX_ROWS)
+#define MQ_QMV_HEAD_NORM_FORMAT_KERNELS(K, F, ...)                                   \
+  MQ_EACH_R(K, qmv_head_norm, F, qmv_head_norm, __VA_ARGS__, 1)                    \
+  MQ_EACH_R(K, qmv_head_norm_rows, F, qmv_head_norm, __VA_ARGS__, MQ_QMV_SMALL_ROWS) \
+  MQ_DEEP_R(K, qmv_head_norm, F, qmv_head_norm, __VA_ARGS__, MQ_QMV_MAX_ROWS)
 
 // moe.metal: routing, grouping and combining, and the expert projections per format.
 #define MQ_MOE_KERNELS(K, P) P(moe_route) P(moe_group) P(moe_gather_rows) P(moe_combine)

@@ -11,11 +11,11 @@ using namespace metal;
 // g = y * norm_w * silu(z) and each head's partial sums of y^2, and since a block of
 // MQ_QUANT_BLOCK inputs lies inside one head, the walk scales each block it loads by its
 // head's factor: no norm dispatch and no barrier between the scan and out_proj.
-//   qmv_head_norm[_rows]  y[r] = W (g[r] * f[r]), f[r] = mq_delta::head_norm_inv per head
+//   qmv_head_norm[_rows|_deep]  y[r] = W (g[r] * f[r]), f[r] = mq_delta::head_norm_inv per head
 // The block's values are g * f exactly as delta_norm_history leaves them in place (one
 // multiply, the same factor), so a row gives the bits of that kernel followed by qmv[_rows];
-// *_rows take 1..MQ_QMV_MAX_ROWS rows with one weight stream, a verify row bit-identical to
-// the one-row kernel's.
+// *_rows take 1..MQ_QMV_SMALL_ROWS rows, *_deep 1..MQ_QMV_MAX_ROWS, with one weight stream, a
+// verify row bit-identical to the one-row kernel's.
 static_assert(MQ_DELTA_HEAD_DIM % MQ_QUANT_BLOCK == 0, "a walk block must lie inside one head");
 
 // Rows of g with their heads' factors, formed per block from head_ss as the walk loads it.
@@ -40,8 +40,9 @@ struct HeadNormedRows {
 };
 
 // ---------------------------------------------------------------------------------------
-// y[r] = W (g[r] * f[r]) for r < min(p.rows, M): M = 1 (qmv_head_norm, decode) or
-// MQ_QMV_MAX_ROWS (qmv_head_norm_rows, verify); grid and threadgroups as qmv's R variant.
+// y[r] = W (g[r] * f[r]) for r < min(p.rows, M): M = 1 (qmv_head_norm, decode),
+// MQ_QMV_SMALL_ROWS (qmv_head_norm_rows) or MQ_QMV_MAX_ROWS (qmv_head_norm_deep, verify);
+// grid and threadgroups as qmv's R variant.
 template <typename Fmt, int M, int R>
 [[kernel]] void qmv_head_norm(
     device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]

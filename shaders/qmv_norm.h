@@ -11,13 +11,13 @@ using namespace metal;
 // input row anyway, so each SIMD-group forms sum(h^2) in the same pass and, since the norm is
 // one factor per row, y = rsqrt(mean(h^2) + eps) * W (h * norm_w): no norm dispatch, no
 // barrier in between.
-//   qmv_norm[_rows]       one dispatch over the output rows of up to MQ_QMV_GROUP_MAX
+//   qmv_norm[_rows|_deep] one dispatch over the output rows of up to MQ_QMV_GROUP_MAX
 //                         projections reading the same input (separate weights per member)
-//   qmv_norm_silu[_rows]  gate and up together: out = silu(gate) * up in the epilogue
+//   qmv_norm_silu[...]    gate and up together: out = silu(gate) * up in the epilogue
 // h = x (+ mix when MQ_QMV_ADD_MIX: the residual add); threadgroup 0's first SIMD-group also
 // writes h (x_out, never x: every threadgroup reads x) and the normalized rows xn.
-// *_rows take 1..MQ_QMV_MAX_ROWS rows with one weight stream; a verify row is bit-identical
-// to the one-row kernel's result (same walk, same order).
+// *_rows take 1..MQ_QMV_SMALL_ROWS rows, *_deep 1..MQ_QMV_MAX_ROWS, with one weight stream; a
+// verify row is bit-identical to the one-row kernel's result (same walk, same order).
 
 // Activation rows h = x (+ mix), handed to the walk as h * norm_w; ss[r] accumulates sum(h^2)
 // of row r over the blocks this lane loads.
@@ -85,8 +85,8 @@ inline void normed_rows_write(thread const NormedRows<M>& xs, thread const float
 // ---------------------------------------------------------------------------------------
 // y_m[r] = W_m (rms(h[r]) * norm_w) for the members m < p.members of a group. Threadgroups
 // [tg_end[m-1], tg_end[m]) (tg_end[-1] = 0) serve member m, MQ_QMV_SIMDGROUPS * R of its rows
-// each, exactly as qmv's threadgroups would. M: 1 (qmv_norm) or MQ_QMV_MAX_ROWS; R: rows per
-// SIMD-group, one variant for the whole group (params/quant.h).
+// each, exactly as qmv's threadgroups would. M: 1 (qmv_norm), MQ_QMV_SMALL_ROWS (_rows) or
+// MQ_QMV_MAX_ROWS (_deep); R: rows per SIMD-group, one variant for the whole group (params/quant.h).
 template <typename Fmt, int M, int R>
 [[kernel]] void qmv_norm(
     device const uint* w0 [[buffer(0)]],  // member m: [out_dim[m]][in_dim / 32 * WORDS]

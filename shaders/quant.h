@@ -6,7 +6,7 @@ using namespace metal;
 
 // Projections y = W x with f32 activations for every weight format of quant_formats.h
 // (MLX affine 2..8-bit, mxfp4, nvfp4, mxfp8, and unquantized bf16/f16/f32): decode matvec,
-// verify matvec over 1..8 rows, prefill GEMM, and embedding gather. Each kernel has one
+// verify matvec over 1..MQ_QMV_MAX_ROWS rows, prefill GEMM, and embedding gather. Each kernel has one
 // body templated on the format; host names are <op>_<format suffix> (instances.h, quant.metal).
 //
 // Buffers of every kernel: w [[buffer(0)]] (the format's words, row-major [out][...]),
@@ -45,7 +45,7 @@ inline float load_x(device const float* x, thread float4* xv) {
 // x is read from device memory by each SIMD-group, not staged in threadgroup memory: those reads
 // hit the cache (one vector every threadgroup shares) and add no DRAM bytes, staging would only
 // halve the cache requests of a threadgroup's two SIMD-groups, and the rows do not fit 32 KB
-// (one 17408-wide row is 68 KB, 8 verify rows of 5120 are 160 KB): K-chunks would need two
+// (one 17408-wide row is 68 KB, 8 verify rows of 5120 are 160 KB, 17 are 340 KB): K-chunks would need two
 // barriers each, draining the loads in flight. What cuts x reads per weight byte is R (an x block
 // serves R rows). The byte count: shaders/README.md, "Decode and verify matvecs".
 
@@ -157,9 +157,10 @@ template <typename Fmt, int R>
 }
 
 // ---------------------------------------------------------------------------------------
-// Verify matvec: y[r] = W x[r] for r < p.rows (1..MQ_QMV_MAX_ROWS) with ONE weight
-// stream: each weight block is loaded once and applied to every x row (qmv_walk).
-template <typename Fmt, int R>
+// Verify matvec: y[r] = W x[r] for r < p.rows (1..M) with ONE weight stream: each weight
+// block is loaded once and applied to every x row (qmv_walk). M: MQ_QMV_SMALL_ROWS (qmv_rows)
+// or MQ_QMV_MAX_ROWS (qmv_deep, R = MQ_QMV_DEEP_R: params/quant.h gives the register count).
+template <typename Fmt, int M, int R>
 [[kernel]] void qmv_rows(
     device const uint* w [[buffer(0)]],                         // [out_dim][in_dim / 32 * WORDS]
     device const typename Fmt::scale_t* scales [[buffer(1)]],  // [out_dim][in_dim/GROUP]
@@ -170,7 +171,6 @@ template <typename Fmt, int R>
     uint tg [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  constexpr int M = MQ_QMV_MAX_ROWS;
   PlainRows xs{x, p.x_stride};
   qmv_rows_body<Fmt, M, R>(QuantWeights<Fmt>{w, scales, biases}, xs, y, p.y_stride, p.in_dim, p.out_dim, 0,
                            min(p.rows, (uint)M), tg, sg, lane);

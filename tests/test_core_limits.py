@@ -23,6 +23,7 @@ def _define(header: str, name: str) -> int:
 @pytest.mark.parametrize("limit, header, define, offset", [
     ("MAX_STEP_ROWS", "quant.h", "MQ_QMV_MAX_ROWS", 0),
     ("MAX_DRAFT", "quant.h", "MQ_QMV_MAX_ROWS", -1),  # one row of a verify step is the chosen token
+    ("SMALL_STEP_ROWS", "quant.h", "MQ_QMV_SMALL_ROWS", 0),
     ("MAX_SEQUENCES", "common.h", "MQ_MAX_SEGMENTS", 0),
     ("MAX_TOP_LOGPROBS", "sampling.h", "MQ_LOGPROB_MAX_TOP", 0),
     ("MAX_EXPERTS", "moe.h", "MQ_MOE_MAX_EXPERTS", 0),

@@ -254,6 +254,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("max_sequences", &Engine::max_sequences)
       .def_property_readonly("max_context", &Engine::max_context)
       .def_property_readonly("max_rows", &Engine::max_rows)  // rows of one prefill chunk (prefill_chunk)
+      .def_property_readonly("max_step_rows", &Engine::max_step_rows)  // rows of a verify or shared step
       .def("reset", &Engine::reset, py::arg("slot"))
       .def("position", &Engine::position, py::arg("slot"))
       .def("tokens", &Engine::tokens, py::arg("slot"))

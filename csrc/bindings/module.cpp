@@ -103,7 +103,8 @@ void bind_shaders(py::module_& m) {
   m.def("weight_formats", &mq::engine::weight_formats,
         "The host-name suffix of every projection weight format the kernels are instantiated for.");
   // Limits the kernels are built for (shaders/params/*.h), read by the Python layer's checks.
-  m.attr("MAX_STEP_ROWS") = MQ_QMV_MAX_ROWS;       // rows of a decode, verify or shared step (matvec path)
+  m.attr("MAX_STEP_ROWS") = MQ_QMV_MAX_ROWS;       // rows of a verify or shared step (matvec path, deep tier)
+  m.attr("SMALL_STEP_ROWS") = MQ_QMV_SMALL_ROWS;   // ... of an engine loaded with max_draft < SMALL_STEP_ROWS
   m.attr("MAX_DRAFT") = MQ_QMV_MAX_ROWS - 1;       // drafts of one verify step: its rows less the chosen token
   m.attr("MAX_SEQUENCES") = MQ_MAX_SEGMENTS;       // sequence slots, each a segment of a shared step
   m.attr("MAX_TOP_LOGPROBS") = MQ_LOGPROB_MAX_TOP;  // top entries per token of the logprobs kernel

@@ -32,9 +32,9 @@ void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
   if (q.position == 0) throw EngineError(where + " holds no sequence (prefill it first)");
   const uint32_t drafts = step_drafts(s);
   check_room(size_t(drafts) + 2, q, "step: slot " + std::to_string(s.slot) + ": ");
-  if (rows_before + 1 + drafts > kMaxVerifyRows)
-    throw EngineError("[engine] step: more than " + std::to_string(kMaxVerifyRows) +
-                      " rows in one step (slots plus their drafts)");
+  if (rows_before + 1 + drafts > max_step_rows())
+    throw EngineError("[engine] step: more than " + std::to_string(max_step_rows()) +
+                      " rows in one step (slots plus their drafts; max_draft, set at load, decides the limit)");
   check_sampling(s.sampling);
 }
 

@@ -54,9 +54,9 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
   if (options_.max_context < 1) throw EngineError("[engine] max_context must be positive");
   if (options_.prefill_chunk < 1) throw EngineError("[engine] prefill_chunk must be positive");
   if (options_.prefill_layers_per_buffer < 1) throw EngineError("[engine] prefill_layers_per_buffer must be positive");
-  if (options_.max_draft < 0 || options_.max_draft >= int(kMaxVerifyRows))
-    throw EngineError("[engine] max_draft must be in 0.." + std::to_string(kMaxVerifyRows - 1) +
-                      " (a verify step holds at most " + std::to_string(kMaxVerifyRows) + " rows), got " +
+  if (options_.max_draft < 0 || options_.max_draft >= MQ_QMV_MAX_ROWS)
+    throw EngineError("[engine] max_draft must be in 0.." + std::to_string(MQ_QMV_MAX_ROWS - 1) +
+                      " (a verify step holds at most " + std::to_string(MQ_QMV_MAX_ROWS) + " rows), got " +
                       std::to_string(options_.max_draft));
   layers_ = load_layers(weights_, model_.dims, range_);
   if (embeds() || (has_head() && model_.dims.tied)) embed_ = weights_.linear("language_model.model.embed_tokens");
@@ -102,6 +102,8 @@ void Engine::set_chosen(int slot, uint32_t id) {
 float* Engine::residual_rows() const { return static_cast<float*>(ws_->x->contents()); }
 
 uint32_t Engine::max_rows() const { return ws_->max_rows; }
+
+uint32_t Engine::max_step_rows() const { return engine::max_step_rows(options_); }
 
 void Engine::check_whole(const std::string& what) const {
   if (!range_.whole(model_.dims))

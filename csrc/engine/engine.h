@@ -247,7 +247,7 @@ class Engine {
   std::vector<uint32_t> verify_dflash(int slot, uint32_t drafts, const Sampling& sampling);
   // Several slots in one step: slot `slot` feeds its chosen token (ids[position()]) and `drafts`
   // (at most max_draft; none with penalties or logprobs) as rows of one matvec step, all slots'
-  // rows together at most kMaxVerifyRows, each at its own position. Each slot then chooses,
+  // rows together at most max_step_rows(), each at its own position. Each slot then chooses,
   // accepts and rolls back as its own verify step would (or, with penalties or logprobs, as a
   // decode step), so its tokens are the ones it gets alone. One CPU wait. Returns per entry the
   // accepted drafts followed by the next token. Every listed slot must hold a prefilled sequence.
@@ -330,6 +330,8 @@ class Engine {
   // [max_rows()][hidden] f32: the current residual stream; valid between steps.
   float* residual_rows() const;
   uint32_t max_rows() const;
+  // Rows of one verify or shared step (drafts included): 8, or 17 when max_draft exceeds 7.
+  uint32_t max_step_rows() const;
   // ids[position(slot)] = id: the token the head chose (it is the next step's input).
   void set_chosen(int slot, uint32_t id);
 

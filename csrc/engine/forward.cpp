@@ -108,7 +108,7 @@ void Engine::encode_deltanet(Encoder& enc, const ForwardPass& pass, const LayerW
       enc, pass.matvec, input_norm, add_mix,
       {{&m.in_proj_qkv, w.qkv_raw, C}, {&m.in_proj_z, w.z, nv * D}, {&m.in_proj_b, w.b, nv}, {&m.in_proj_a, w.a, nv}},
       rows);
-  const uint32_t slots = history_slots(d), ss_stride = nv * MQ_DELTA_HEAD_PARTIALS;
+  const uint32_t slots = history_slots(d, options_), ss_stride = nv * MQ_DELTA_HEAD_PARTIALS;
   const Arg state_snaps = pass.snapshot_rows ? Arg(l.state_snaps.buffer) : Arg(w.no_snapshots);
   const DeltaScanParams sp{.n_k = nk,
                            .n_v = nv,
@@ -143,7 +143,7 @@ void Engine::encode_deltanet(Encoder& enc, const ForwardPass& pass, const LayerW
     enc.dispatch(v.pipeline(rows),
                  {at(m.out_proj.weight), scales_of(m.out_proj), biases_of(m.out_proj), w.delta_out, w.head_ss, w.mix,
                   Arg::value(op)},
-                 {v.threadgroups(m.out_proj.out)}, {MQ_QMV_THREADS});
+                 {v.threadgroups(m.out_proj.out, rows)}, {MQ_QMV_THREADS});
   } else {
     const DeltaNormParams np{.n_k = nk,
                              .n_v = nv,

@@ -64,7 +64,9 @@ struct EngineOptions {
   int max_context = 4096;
   int kv_bits = 8;          // 8: q8 cache; 16: f16 cache
   int prefill_chunk = 64;   // rows per prefill step
-  int max_draft = 0;        // drafts per speculative verify step (0: none; snapshot planes are sized for it)
+  // Drafts per speculative verify step (0: none; snapshot planes are sized for it); from 8 on, steps
+  // take up to MQ_QMV_MAX_ROWS rows and the deep verify kernels are built (max_step_rows, workspace.h).
+  int max_draft = 0;
   bool mtp = false;         // load the MTP head (mtp.* tensors) with its KV cache
   MtpHidden mtp_hidden = MtpHidden::post_norm;
   int max_sequences =

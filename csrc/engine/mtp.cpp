@@ -49,7 +49,7 @@ void Engine::encode_mtp(Encoder& enc, const StepSegments& segs, uint32_t rows, c
   ForwardPass pass;
   pass.segs = segs;
   pass.rows = rows;
-  pass.matvec = rows <= kMaxVerifyRows && !positioned;
+  pass.matvec = rows <= max_step_rows() && !positioned;
   if (positioned) pass.rope_positions = images->rope_positions;
   // e = embed(ids[position + 1 + r]) into mix (free: the trunk's last MLP output is in x by now),
   // image features over the rows that embed image-pad tokens.

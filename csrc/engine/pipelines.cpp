@@ -40,34 +40,44 @@ uint32_t qmv_rows_per_simdgroup(uint64_t weight_rows, uint32_t gpu_cores) {
 
 namespace {
 
-// The R variant of a matvec family for `weight_rows` rows (shaders/params/quant.h).
-void plan_matvec(KernelPlan& plan, uint32_t gpu_cores, QmvVariant& v, const std::string& op, const QuantLinear& l,
+// What a model's matvecs are planned for: the GPU's cores (R per shape) and whether its steps
+// reach the deep verify tier (more than MQ_QMV_SMALL_ROWS rows; only then its kernels are built).
+struct MatvecTiers {
+  uint32_t gpu_cores;
+  bool deep;
+};
+
+// The R variant of a matvec family for `weight_rows` rows (shaders/params/quant.h), and its
+// deep tier's kernel when the engine's steps need it.
+void plan_matvec(KernelPlan& plan, MatvecTiers t, QmvVariant& v, const std::string& op, const QuantLinear& l,
                  uint64_t weight_rows) {
-  v.r = qmv_rows_per_simdgroup(weight_rows, gpu_cores);
+  v.r = qmv_rows_per_simdgroup(weight_rows, t.gpu_cores);
   const std::string variant = "_r" + std::to_string(v.r) + quant_suffix(l);
   plan.need(v.one, op + variant, exactly(MQ_QMV_THREADS));
   plan.need(v.rows, op + "_rows" + variant, exactly(MQ_QMV_THREADS));
+  if (t.deep)
+    plan.need(v.deep, op + "_deep_r" + std::to_string(MQ_QMV_DEEP_R) + quant_suffix(l), exactly(MQ_QMV_THREADS));
 }
 
 // Per format: plain and norm-fused matvecs (the latter for a group of `normed_rows` rows in
 // all, the members' sum where projections.cpp normalises the input of several projections at
 // once), the GEMM.
-void plan_projection(KernelPlan& plan, uint32_t gpu_cores, QuantLinear& l, uint64_t normed_rows = 0) {
+void plan_projection(KernelPlan& plan, MatvecTiers t, QuantLinear& l, uint64_t normed_rows = 0) {
   ProjectionKernels& k = l.kernels;
-  plan_matvec(plan, gpu_cores, k.qmv, "qmv", l, l.out);
-  plan_matvec(plan, gpu_cores, k.qmv_norm, "qmv_norm", l, normed_rows ? normed_rows : l.out);
+  plan_matvec(plan, t, k.qmv, "qmv", l, l.out);
+  plan_matvec(plan, t, k.qmv_norm, "qmv_norm", l, normed_rows ? normed_rows : l.out);
   plan.need(k.qmm, "qmm" + quant_suffix(l), exactly(MQ_QMM_THREADS));
 }
 
 // A part's projections by their role (layer_tensors.h): its normed ones are the members of one
 // encode_normed_projections call; expert stacks take the MoE matvec and grouped GEMM.
 template <class W, size_t N>
-void plan_part(KernelPlan& plan, uint32_t gpu_cores, W& part, const LayerTensor<W> (&table)[N]) {
+void plan_part(KernelPlan& plan, MatvecTiers t, W& part, const LayerTensor<W> (&table)[N]) {
   const std::vector<QuantLinear*> normed = projections(part, table, TensorRole::normed);
   uint64_t normed_rows = 0;
   for (const QuantLinear* p : normed) normed_rows += p->out;
-  for (QuantLinear* p : normed) plan_projection(plan, gpu_cores, *p, normed_rows);
-  for (QuantLinear* p : projections(part, table, TensorRole::projection)) plan_projection(plan, gpu_cores, *p);
+  for (QuantLinear* p : normed) plan_projection(plan, t, *p, normed_rows);
+  for (QuantLinear* p : projections(part, table, TensorRole::projection)) plan_projection(plan, t, *p);
   for (QuantLinear* p : projections(part, table, TensorRole::experts)) {
     plan.need(p->kernels.moe_qmv, "moe_qmv" + quant_suffix(*p), exactly(MQ_QMV_THREADS));
     plan.need(p->kernels.moe_qmm, "moe_qmm" + quant_suffix(*p), exactly(MQ_QMM_THREADS));
@@ -77,10 +87,10 @@ void plan_part(KernelPlan& plan, uint32_t gpu_cores, W& part, const LayerTensor<
 }  // namespace
 
 void Engine::plan_kernels(KernelPlan& plan) {
-  const uint32_t cores = device_->gpu_cores();
+  const MatvecTiers tiers{device_->gpu_cores(), max_step_rows() > MQ_QMV_SMALL_ROWS};
   if (embeds()) plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
   if (has_head()) {
-    plan_projection(plan, cores, lm_head_);
+    plan_projection(plan, tiers, lm_head_);
     plan.need(k_.final_norm, "rms_norm_residual" + vector_suffix(final_norm_), up_to(MQ_NORM_THREADS));
   } else {
     plan.need(k_.residual_add, "residual_add", up_to(kResidualAddThreads));
@@ -104,7 +114,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
     // The MTP head: its layer as the trunk's, fc, and its three norms (mtp.h).
     MtpWeights& m = *mtp_;
     plan_layer_kernels(plan, m.layer);
-    plan_projection(plan, cores, m.fc);
+    plan_projection(plan, tiers, m.fc);
     plan.need(m.norm_embedding, "rms_norm" + vector_suffix(m.pre_fc_norm_embedding), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_hidden, "rms_norm" + vector_suffix(m.pre_fc_norm_hidden), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_residual, "rms_norm_residual" + vector_suffix(m.norm), up_to(MQ_NORM_THREADS));
@@ -133,21 +143,21 @@ void Engine::plan_kernels(KernelPlan& plan) {
 // One layer's kernels: its parts' projections (plan_part), then the kernels of each part's
 // own (norms, the fused MLP and MoE matvecs, the mixers).
 void Engine::plan_layer_kernels(KernelPlan& plan, LayerWeights& l) {
-  const uint32_t cores = device_->gpu_cores();
+  const MatvecTiers tiers{device_->gpu_cores(), max_step_rows() > MQ_QMV_SMALL_ROWS};
   const uint32_t rep = uint32_t(model_.dims.heads / model_.dims.kv_heads);
   const std::string cache = options_.kv_bits == 8 ? "q8" : "f16";
   LayerKernels& k = l.kernels;
   MlpWeights& mlp = l.moe ? l.moe->shared_expert : *l.mlp;
-  plan_part(plan, cores, mlp, kMlpTensors);
+  plan_part(plan, tiers, mlp, kMlpTensors);
   // gate and up with the post norm and the activation (one format)
-  plan_matvec(plan, cores, mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu", mlp.gate_proj,
+  plan_matvec(plan, tiers, mlp.gate_proj.kernels.qmv_norm_silu, "qmv_norm_silu", mlp.gate_proj,
               uint64_t(mlp.gate_proj.out) + mlp.up_proj.out);
   plan.need(k.input_norm, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
   plan.need(k.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
   plan.need(k.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
   if (l.moe) {
     MoeWeights& m = *l.moe;
-    plan_part(plan, cores, m, kMoeTensors);
+    plan_part(plan, tiers, m, kMoeTensors);
     // The fused decode/verify block: routing + gate/up + silu, down + the weighted sum.
     plan.need(m.gate_proj.kernels.moe_qmv_route_silu, "moe_qmv_route_silu" + quant_suffix(m.gate_proj),
               exactly(MQ_QMV_THREADS));
@@ -160,13 +170,13 @@ void Engine::plan_layer_kernels(KernelPlan& plan, LayerWeights& l) {
   }
   if (l.delta) {
     DeltaNetWeights& m = *l.delta;
-    plan_part(plan, cores, m, kDeltaNetTensors);
-    plan_matvec(plan, cores, m.out_proj.kernels.qmv_head_norm, "qmv_head_norm", m.out_proj, m.out_proj.out);
+    plan_part(plan, tiers, m, kDeltaNetTensors);
+    plan_matvec(plan, tiers, m.out_proj.kernels.qmv_head_norm, "qmv_head_norm", m.out_proj, m.out_proj.out);
     plan.need(k.conv_scan, delta_scan_kernel(m), up_to(kSimd * MQ_DELTA_SCAN_SIMDGROUPS));
     plan.need(k.norm_history, "delta_norm_history", up_to(kSimd * MQ_DELTA_NORM_SIMDGROUPS));
   } else {
     AttentionWeights& m = *l.attn;
-    plan_part(plan, cores, m, kAttentionTensors);
+    plan_part(plan, tiers, m, kAttentionTensors);
     const std::string vectors = vector_suffix(m.q_norm);
     plan.need(k.attn_prep, "attn_qk_norm_rope_append_" + cache + vectors, up_to(kSimd * MQ_ATTN_PREP_SIMDGROUPS));
     // One SIMD-group per query head of a kv head, as many as the kernels take.

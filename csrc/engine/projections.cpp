@@ -31,10 +31,10 @@ void Engine::encode_projection(Encoder& enc, bool matvec, const QuantLinear& l, 
                                const Arg& y, uint32_t y_stride, uint32_t rows, bool overlap) {
   const QuantMatmulParams p{.in_dim = l.in, .out_dim = l.out, .rows = rows, .x_stride = x_stride, .y_stride = y_stride};
   if (matvec) {
-    // One row streams the weights at full width; 2..8 verify rows share one stream.
+    // One row streams the weights at full width; verify rows share one stream.
     const QmvVariant& v = l.kernels.qmv;
     enc.dispatch(v.pipeline(rows), {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
-                 {v.threadgroups(l.out)}, {MQ_QMV_THREADS}, overlap);
+                 {v.threadgroups(l.out, rows)}, {MQ_QMV_THREADS}, overlap);
   } else {
     enc.dispatch(*l.kernels.qmm, {at(l.weight), scales_of(l), biases_of(l), x, y, Arg::value(p)},
                  {ceil_div(rows, MQ_QMM_TILE_ROWS), ceil_div(l.out, MQ_QMM_TILE_OUT)}, {MQ_QMM_THREADS}, overlap);
@@ -87,7 +87,7 @@ void Engine::encode_normed_projections(Encoder& enc, bool matvec, const Norm& no
       bi.push_back(biases_of(*o.l));
       y.push_back(o.y);
       if (m < p.members) {
-        groups += v.threadgroups(o.l->out);
+        groups += v.threadgroups(o.l->out, rows);
         p.out_dim[m] = o.l->out;
         p.y_stride[m] = o.y_stride;
         p.tg_end[m] = groups;
@@ -118,7 +118,7 @@ void Engine::encode_normed_gate_up(Encoder& enc, const MlpWeights& m, const Norm
                {at(m.gate_proj.weight), scales_of(m.gate_proj), biases_of(m.gate_proj), at(m.up_proj.weight),
                 scales_of(m.up_proj), biases_of(m.up_proj), w.x, w.mix, at(norm.weight), w.x_next, w.xn, w.act,
                 Arg::value(p)},
-               {v.threadgroups(2 * I)}, {MQ_QMV_THREADS});  // gate and up rows
+               {v.threadgroups(2 * I, rows)}, {MQ_QMV_THREADS});  // gate and up rows
 }
 
 }  // namespace mq::engine

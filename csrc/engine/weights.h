@@ -30,16 +30,21 @@ struct DeviceTensor {
 
 struct Pipeline;
 
-// A decode/verify matvec family's variant for one projection (or norm-fused group): its one-row
-// and 2..8-row pipelines and their rows per SIMD-group R (shaders/params/quant.h), chosen from
-// the shape at load (Engine::plan_kernels, qmv_rows_per_simdgroup).
+// A decode/verify matvec family's variant for one projection (or norm-fused group), by a step's
+// activation rows: the one-row and small verify tier's pipelines (up to MQ_QMV_SMALL_ROWS rows)
+// at rows per SIMD-group R = r, chosen from the shape at load (Engine::plan_kernels,
+// qmv_rows_per_simdgroup), and in engines whose steps go deeper the deep tier's (up to
+// MQ_QMV_MAX_ROWS rows, R = MQ_QMV_DEEP_R; shaders/params/quant.h).
 struct QmvVariant {
-  const Pipeline *one = nullptr, *rows = nullptr;
+  const Pipeline *one = nullptr, *rows = nullptr, *deep = nullptr;
   uint32_t r = 0;
-  const Pipeline& pipeline(uint32_t activation_rows) const { return activation_rows == 1 ? *one : *rows; }
-  // Threadgroups over `weight_rows` rows: the grid of every matvec dispatch.
-  uint32_t threadgroups(uint32_t weight_rows) const {
-    const uint32_t per_threadgroup = MQ_QMV_SIMDGROUPS * r;
+  bool is_deep(uint32_t activation_rows) const { return activation_rows > MQ_QMV_SMALL_ROWS; }
+  const Pipeline& pipeline(uint32_t activation_rows) const {
+    return activation_rows == 1 ? *one : is_deep(activation_rows) ? *deep : *rows;
+  }
+  // Threadgroups over `weight_rows` rows at `activation_rows`: the grid of every matvec dispatch.
+  uint32_t threadgroups(uint32_t weight_rows, uint32_t activation_rows) const {
+    const uint32_t per_threadgroup = MQ_QMV_SIMDGROUPS * (is_deep(activation_rows) ? MQ_QMV_DEEP_R : r);
     return (weight_rows + per_threadgroup - 1) / per_threadgroup;
   }
 };
@@ -47,7 +52,7 @@ struct QmvVariant {
 // The pipelines of a projection's format that the model's steps use (Engine::plan_kernels);
 // null for the others.
 struct ProjectionKernels {
-  QmvVariant qmv;                                          // y = W x: 1 row, 2..8 verify rows
+  QmvVariant qmv;                                          // y = W x: 1 row, verify rows (two tiers)
   QmvVariant qmv_norm;                                     // norm-fused (shaders/qmv_norm.metal), R per group
   QmvVariant qmv_norm_silu;                                // gate_proj's: gate, up and silu
   QmvVariant qmv_head_norm;                                // DeltaNet out_proj's: the gated norm's factor folded in

@@ -11,7 +11,7 @@ uint32_t mlp_intermediate(const ModelDims& d) {
 }
 
 uint32_t rows_per_step(const EngineOptions& o) {
-  return uint32_t((std::max(o.prefill_chunk, MQ_QMV_MAX_ROWS) + 7) / 8 * 8);
+  return (std::max(uint32_t(o.prefill_chunk), max_step_rows(o)) + 7) / 8 * 8;
 }
 
 namespace {
@@ -39,7 +39,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
   const size_t nv = size_t(d.lin_v_heads), C = size_t(2 * d.lin_k_heads) * D + nv * D;
   const size_t nq = size_t(d.heads), nkv = size_t(d.kv_heads), I = mlp_intermediate(d), V = size_t(d.vocab);
   const size_t E = size_t(d.experts), P = R * size_t(d.experts_per_token), MI = size_t(d.moe_intermediate);
-  const size_t partials = (V + kArgmaxChunk - 1) / kArgmaxChunk;
+  const size_t partials = (V + kArgmaxChunk - 1) / kArgmaxChunk, S = max_step_rows(o);
   return {
       {&Workspace::x, R * H},
       {&Workspace::x_next, R * H},
@@ -55,8 +55,8 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::k, R * nkv * HD},
       {&Workspace::v, R * nkv * HD},
       {&Workspace::attn, R * nq * HD},
-      {&Workspace::part_o, kMaxVerifyRows * nq * kMaxSplits * HD},
-      {&Workspace::part_ms, kMaxVerifyRows * nq * kMaxSplits * 2},
+      {&Workspace::part_o, S * nq * kMaxSplits * HD},
+      {&Workspace::part_ms, S * nq * kMaxSplits * 2},
       {&Workspace::gate, R * I},
       {&Workspace::up, R * I},
       {&Workspace::act, R * I},
@@ -82,7 +82,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
       {&Workspace::mtp_hidden, o.mtp ? R * H : 0},
       {&Workspace::rope_turns, MQ_ATTN_ROT_DIM},  // uint64 [ROT/2]
       {&Workspace::no_snapshots, 4},
-      {&Workspace::verify_chosen, kMaxVerifyRows},
+      {&Workspace::verify_chosen, S},
       {&Workspace::accepted, MQ_MAX_SEGMENTS},
   };
 }
@@ -101,18 +101,24 @@ std::vector<std::pair<SlotSlot, size_t>> slot_plan(const ModelDims& d, const Eng
           {&Workspace::mtp_carry, o.mtp ? size_t(d.hidden) : 0}};
 }
 std::vector<size_t> delta_layer_slot_words(const ModelDims& d, const EngineOptions& o) {
-  std::vector<size_t> words{state_words(d), history_words(d)};
+  std::vector<size_t> words{state_words(d), history_words(d, o)};
   if (o.max_draft > 0) words.push_back(size_t(o.max_draft) * state_words(d));
   return words;
 }
 
 }  // namespace
 
+uint32_t max_step_rows(const EngineOptions& o) {
+  return o.max_draft + 1 > MQ_QMV_SMALL_ROWS ? MQ_QMV_MAX_ROWS : MQ_QMV_SMALL_ROWS;
+}
+
 size_t state_words(const ModelDims& d) { return size_t(d.lin_v_heads) * MQ_DELTA_HEAD_DIM * MQ_DELTA_HEAD_DIM; }
-uint32_t history_slots(const ModelDims& d) { return uint32_t(d.conv_kernel - 1) + kMaxVerifyRows; }
-size_t history_words(const ModelDims& d) {
+uint32_t history_slots(const ModelDims& d, const EngineOptions& o) {
+  return uint32_t(d.conv_kernel - 1) + max_step_rows(o);
+}
+size_t history_words(const ModelDims& d, const EngineOptions& o) {
   const size_t C = size_t(2 * d.lin_k_heads + d.lin_v_heads) * MQ_DELTA_HEAD_DIM;
-  return history_slots(d) * C;
+  return history_slots(d, o) * C;
 }
 
 uint32_t decode_splits(uint32_t context, uint32_t groups, uint32_t gpu_cores, uint32_t max_splits) {
@@ -131,7 +137,7 @@ SlotStrides slot_strides(const ModelDims& d, const EngineOptions& o) {
   };
   auto words = [](size_t n) { return slot_part_bytes(bytes_of_words(n)) / 4; };
   return {.state_words = fits("DeltaNet state", words(state_words(d))),
-          .history_words = fits("conv history", words(history_words(d))),
+          .history_words = fits("conv history", words(history_words(d, o))),
           .snapshot_words = fits("state snapshot", o.max_draft > 0 ? words(size_t(o.max_draft) * state_words(d)) : 0),
           .cache_bytes = fits("KV cache", kv_cache_slot_bytes(d, o))};
 }
@@ -193,7 +199,7 @@ Workspace::Workspace(gpu::Device& device, const ModelDims& d, const EngineOption
       l.v_cache = slot_bytes(kv_cache_bytes(d, o));
     } else {
       l.state = slot_words(state_words(d));
-      l.hist = slot_words(history_words(d));
+      l.hist = slot_words(history_words(d, o));
       recurrent.push_back(l.state);
       recurrent.push_back(l.hist);
       if (o.max_draft > 0) l.state_snaps = slot_words(size_t(o.max_draft) * state_words(d));

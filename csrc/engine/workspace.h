@@ -10,9 +10,10 @@
 
 namespace mq::engine {
 
-// Steps of up to this many rows (decode, verify) take the matvec and flash-decode
-// path; longer ones the GEMM and prefill-attention path.
-constexpr uint32_t kMaxVerifyRows = MQ_QMV_MAX_ROWS;
+// Steps of up to max_step_rows(options) rows (decode, verify, shared) take the matvec and
+// flash-decode path; longer ones the GEMM and prefill-attention path. MQ_QMV_SMALL_ROWS unless
+// max_draft asks for more (up to MQ_QMV_MAX_ROWS: the deep verify tier, shaders/params/quant.h).
+uint32_t max_step_rows(const EngineOptions& options);
 // silu_mul takes any threadgroup shape; one float4 per thread.
 constexpr uint32_t kSiluMulThreads = 64;
 // residual_add (engines without the head) likewise.
@@ -120,7 +121,8 @@ struct Workspace {
   std::shared_ptr<gpu::Buffer> head_ss;      // [rows][nv][MQ_DELTA_HEAD_PARTIALS]: the scan's sums of y^2
   std::shared_ptr<gpu::Buffer> q, k, v;      // [rows][nq*2*HD], [rows][nkv*HD] x2
   std::shared_ptr<gpu::Buffer> attn;         // [rows][nq*HD]
-  std::shared_ptr<gpu::Buffer> part_o, part_ms;  // decode splits: [8][nq][splits][HD], float2 [8][nq][splits]
+  // Decode splits: [step rows][nq][splits][HD], float2 [step rows][nq][splits] (max_step_rows).
+  std::shared_ptr<gpu::Buffer> part_o, part_ms;
   std::shared_ptr<gpu::Buffer> gate, up, act;    // [rows][I]: dense MLP or shared expert (mlp_intermediate)
   // MoE (pairs = rows * experts_per_token, see shaders/params/moe.h):
   std::shared_ptr<gpu::Buffer> router_logits;    // [rows][experts]
@@ -150,7 +152,7 @@ struct Workspace {
   SlotBuffer logit_bias;  // uint2 [slots][MQ_LOGIT_BIAS_MAX]: (token id, bias bits), unused ids >= vocab
   std::shared_ptr<gpu::Buffer> rope_turns;   // uint64 [ROT/2]
   std::shared_ptr<gpu::Buffer> no_snapshots; // bound where snapshot planes are unused
-  std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [kMaxVerifyRows]: a verify step's choice per row
+  std::shared_ptr<gpu::Buffer> verify_chosen;  // uint [max_step_rows]: a verify step's choice per row
   std::shared_ptr<gpu::Buffer>
       accepted;       // uint [MQ_MAX_SEGMENTS]: drafts each segment of the last verify step accepted
   std::vector<SlotBuffer> recurrent;  // every state/hist buffer, for clearing
@@ -158,11 +160,11 @@ struct Workspace {
 };
 
 // Floats of one DeltaNet layer's recurrent state [nv][D][D] and conv history ring
-// [history_slots][C]: K-1 positions read by a step plus the most a verify step writes,
-// so a rejected draft's rows never overwrite a position the next step reads.
+// [history_slots][C]: K-1 positions read by a step plus the most a verify step writes
+// (max_step_rows), so a rejected draft's rows never overwrite a position the next step reads.
 size_t state_words(const ModelDims& dims);
-uint32_t history_slots(const ModelDims& dims);
-size_t history_words(const ModelDims& dims);
+uint32_t history_slots(const ModelDims& dims, const EngineOptions& options);
+size_t history_words(const ModelDims& dims, const EngineOptions& options);
 inline Arg at(const DeviceTensor& t) { return Arg(t.buffer, t.offset); }
 // The weight, scales and biases slots of a projection kernel (buffers 0..2); formats
 // without scales or biases get the weight bound there (never read).

@@ -20,7 +20,7 @@ synchronously. A request that stops (eos, a stop string) while its next step is 
 drops that step's token; its slot's state keeps the token it fed (``Engine.tokens`` tells).
 
 Speculation composes: a request with a drafter verifies its drafts in its slot's rows, and
-the rows of a step (at most ``MAX_ROWS``) go first to the requests whose drafts are accepted most.
+the rows of a step (at most ``Engine.max_step_rows``) go first to the requests whose drafts are accepted most.
 With the MTP head, each such request drafts its own greedy chain on the GPU in the step's
 command buffer (``Engine.step``'s MTP entries), as single-sequence MTP steps do; prompt lookup
 takes over on a quoted span. While a request's drafter pauses (its drafts were not paying),
@@ -48,7 +48,9 @@ from .generation import Chunk, Generation, Output, Prompt, Request, count_verify
 
 __all__ = ["Scheduler", "Sequence", "MAX_ROWS"]
 
-MAX_ROWS = _core.MAX_STEP_ROWS  # rows of one step on the engine's matvec path (slots plus their drafts)
+# Rows of one step on the engine's matvec path (slots plus their drafts) at most; an engine's own
+# limit is Engine.max_step_rows (SMALL_STEP_ROWS unless loaded with draft_depth >= SMALL_STEP_ROWS).
+MAX_ROWS = _core.MAX_STEP_ROWS
 
 
 @dataclass
@@ -338,7 +340,7 @@ class Scheduler:
         """Drafts per request within the step's rows: one row each, the rest to the requests
         whose policies expect the most from their drafts. Returns the host's drafts and the
         MTP drafts asked of the engine (by ``id`` of the request)."""
-        spare = MAX_ROWS - len(seqs)
+        spare = self._engine.max_step_rows - len(seqs)
         out = {id(s): [] for s in seqs}
         heads: dict[int, int] = {}
         speculating = [s for s in seqs if s.policy is not None and s.left > 1]

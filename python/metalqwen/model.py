@@ -578,10 +578,11 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     ``speculative``: "mtp" (drafts from the checkpoint's multi-token-prediction head, verified
     several tokens per step: see ``speculative``), "lookup" (prompt-lookup drafts), "auto"
     (MTP when the folder has a head, else lookup) or "off"; it reserves a copy of the
-    recurrent state per draft row (``draft_depth`` rows at most, 1..7, default 3 with MTP, 4
-    with lookup), which calls may use or not (``stream(speculative=...)``). ``mtp``: load the
-    MTP head (its weights and a KV cache of max_context rows) — None: when speculation drafts
-    with it, True: required (also for ``mtp_logits``), False: never. ``mtp_hidden``: the trunk
+    recurrent state per draft row (``draft_depth`` rows at most, 1..16, default 3 with MTP, 4
+    with lookup; 8 and more load the deep verify kernels, steps of up to 17 rows), which calls
+    may use or not (``stream(speculative=...)``). ``mtp``: load the MTP head (its weights and a
+    KV cache of max_context rows) — None: when speculation drafts with it, True: required (also
+    for ``mtp_logits``), False: never. ``mtp_hidden``: the trunk
     state the head reads, "post_norm" (after the final norm, as vLLM/SGLang) or "pre_norm".
     ``max_sequences`` (1..8): sequence slots, each with its own KV cache and recurrent state
     (memory grows with it), so that a ``batching.Scheduler`` decodes up to that many

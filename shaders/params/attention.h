@@ -66,7 +66,7 @@ struct AttnPrepParams {
 // kernels work in log2 units (scores times log2(e) / sqrt(HEAD_DIM), exp2), so partial
 // maxima are log2-scaled too. out = softmax(q k^T / sqrt(HEAD_DIM)) v * sigmoid(gate).
 //
-// attn_decode_{q8,f16}_r{1,4} (+ _wf32) (flash-decode for decode and verify steps, 1..8
+// attn_decode_{q8,f16}_r{1,4} (+ _wf32) (flash-decode for decode and verify steps, 1..17
 // rows in practice, any number works) does the step's whole attention prep itself, so a
 // decode layer's attention is one dispatch (plus the combine when split), with no barrier
 // between the append and the read. The step's rows belong to segments (StepSegments,

@@ -57,8 +57,16 @@
 // moe_qmv's fixed R: its grid already has a row of threadgroups per (token, expert) pair.
 #define MQ_QMV_ROWS_PER_SIMDGROUP 4
 #define MQ_QMV_ROWS_PER_THREADGROUP (MQ_QMV_SIMDGROUPS * MQ_QMV_ROWS_PER_SIMDGROUP)
-// qmv_rows takes 1..MQ_QMV_MAX_ROWS activation rows (the engine must not pass more).
-#define MQ_QMV_MAX_ROWS 8
+// Verify matvecs (*_rows, *_deep) take their activation rows in two tiers, the row count M a
+// template parameter: *_rows 1..MQ_QMV_SMALL_ROWS rows in the R = 2, 4, 8 variants, *_deep
+// (host names <op>_deep_r<MQ_QMV_DEEP_R>_<format>) 1..MQ_QMV_MAX_ROWS rows (a DFlash block of
+// 16 drafts + 1) in R = MQ_QMV_DEEP_R only. A lane keeps M * R accumulators: 64 at 8 x 8, 68 at
+// 17 x 4 (17 x 8 = 136, twice the small tier's worst, risks spills), so steps of up to 8 rows never run a deep kernel and a
+// deep step pays a grid of R = 4. The engine picks the tier by the step's rows; the walk order
+// is the same in every tier and R, so a verify row keeps the bits of a decode row.
+#define MQ_QMV_SMALL_ROWS 8
+#define MQ_QMV_MAX_ROWS 17
+#define MQ_QMV_DEEP_R 4
 
 // qmv_norm[_rows] (qmv_norm.metal): the norm-fused matvec over a group of up to
 // MQ_QMV_GROUP_MAX projections reading the same input, each member's rows in its own range of
@@ -87,7 +95,7 @@
 
 // y = W x for the rows of x. W is [out_dim][in_dim] in one of the formats above.
 // qmv reads one x row and ignores rows and the strides; qmv_rows reads `rows`
-// (1..MQ_QMV_MAX_ROWS) x rows; qmm reads any rows >= 1.
+// (1..MQ_QMV_SMALL_ROWS) x rows, qmv_deep 1..MQ_QMV_MAX_ROWS; qmm reads any rows >= 1.
 struct QuantMatmulParams {
   uint in_dim;    // K: multiple of MQ_QUANT_BLOCK and of the group size
   uint out_dim;   // N: any >= 1
@@ -97,7 +105,7 @@ struct QuantMatmulParams {
 };
 
 // Norm-fused matvecs (qmv_norm.metal) over activation rows r < rows (1 for the one-row
-// kernels, 1..MQ_QMV_MAX_ROWS for *_rows): h[r] = x[r] (+ mix[r]), u[r] = h[r] *
+// kernels, 1..MQ_QMV_SMALL_ROWS for *_rows, 1..MQ_QMV_MAX_ROWS for *_deep): h[r] = x[r] (+ mix[r]), u[r] = h[r] *
 // rsqrt(mean(h[r]^2) + eps) * norm_w, then y_m[r] = W_m u[r] for each member m (qmv_norm), or
 // out[r] = silu(W_gate u[r]) * (W_up u[r]) (qmv_norm_silu: members 1, out is member 0).
 // x, mix, x_out and xn are [rows][x_stride]; y_m is [rows][y_stride[m]].
@@ -121,7 +129,7 @@ struct QmvNormParams {
 struct QmvHeadNormParams {
   uint in_dim;     // n_v * MQ_DELTA_HEAD_DIM
   uint out_dim;    // rows of W (any >= 1)
-  uint rows;       // activation rows: 1 (qmv_head_norm), 1..MQ_QMV_MAX_ROWS (*_rows)
+  uint rows;       // activation rows: 1 (qmv_head_norm), 1..MQ_QMV_SMALL_ROWS (*_rows), ..MQ_QMV_MAX_ROWS (*_deep)
   uint x_stride;   // floats from one g row to the next (>= in_dim, multiple of 4)
   uint y_stride;   // floats from one y row to the next (>= out_dim)
   uint ss_stride;  // floats from one head_ss row to the next (multiple of 4)

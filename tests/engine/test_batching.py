@@ -252,6 +252,33 @@ def test_step_refuses_what_it_cannot_run(batched, prompts):
     assert engine.steps_in_flight == 0
 
 
+def test_a_deep_shared_step_gives_each_slot_its_own_tokens(demo, device, batched, prompts):
+    """Loaded for 16 drafts, a shared step holds 17 rows (slot 0: its token + 10 drafts, wrong at
+    the 7th; slot 1: its token + 5 drafts, all right): each slot gets what it gets alone, and the
+    next shared step continues from each slot's rolled-back state. An engine loaded for fewer
+    drafts holds 8 rows, this one 17, and each says so when asked for more."""
+    m = metalqwen.load(demo, device=device, max_context=320, kv_bits=8, progress=False, max_sequences=2,
+                       speculative="lookup", draft_depth=16)
+    engine = m._engine
+    assert (engine.max_step_rows, batched._engine.max_step_rows) == (17, 8)
+    want = [alone(m, p, max_tokens=10)[0] for p in prompts[:2]]
+    for slot, p in enumerate(prompts[:2]):
+        engine.reset(slot)
+        engine.prefill(slot, p)
+    drafts = [list(want[0][1:11]), list(want[1][1:6])]
+    drafts[0][6] = (drafts[0][6] + 1) % m.config.vocab_size
+    assert engine.step([(0, drafts[0], Sampling()), (1, drafts[1], Sampling())]) == [want[0][1:8], want[1][1:7]]
+    assert engine.step([(0, [], Sampling()), (1, want[1][7:9], Sampling())]) == [want[0][8:9], want[1][7:10]]
+    with pytest.raises(RuntimeError, match="more than 17 rows in one step"):
+        engine.step([(0, [1] * 16, Sampling()), (1, [], Sampling())])
+    small = batched._engine
+    for slot in (0, 1):
+        small.reset(slot)
+        small.prefill(slot, prompts[slot])
+    with pytest.raises(RuntimeError, match="more than 8 rows in one step"):
+        small.step([(0, [1] * 4, Sampling()), (1, [1] * 3, Sampling())])
+
+
 def test_slots_cost_memory_and_are_bounded(demo, device, batched):
     one = metalqwen.load(demo, device=device, max_context=320, kv_bits=8, progress=False, speculative="lookup")
     assert batched.counters()["memory_estimate"] > one.counters()["memory_estimate"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import metalqwen
-from metalqwen import speculative as spec
+from metalqwen import _core, speculative as spec
 from metalqwen._core import Sampling
 
 from ..support.model_checks import prompt
@@ -31,16 +31,18 @@ CONTEXT = 320
 
 class Oracle:
     """Drafts the known continuation of `prompt_len` tokens, wrong at depth `wrong_at`
-    (1-based, cycling through 1..4 when "cycle") or never."""
+    (1-based, cycling through 1..period when "cycle": depths past the drafts are never wrong) or never."""
 
-    def __init__(self, continuation, prompt_len, wrong_at=None):
-        self.continuation, self.prompt_len, self.wrong_at, self.steps = continuation, prompt_len, wrong_at, 0
+    def __init__(self, continuation, prompt_len, wrong_at=None, period=4):
+        self.continuation, self.prompt_len, self.wrong_at, self.period = continuation, prompt_len, wrong_at, period
+        self.steps, self.asked = 0, []
 
     def draft(self, history, k):
         done = len(history) - self.prompt_len
         drafts = list(self.continuation[done:done + k])
-        wrong = (self.steps % 4) + 1 if self.wrong_at == "cycle" else self.wrong_at
+        wrong = (self.steps % self.period) + 1 if self.wrong_at == "cycle" else self.wrong_at
         self.steps += 1
+        self.asked.append(k)
         if wrong is not None and wrong <= len(drafts):
             drafts[wrong - 1] = (drafts[wrong - 1] + 1) % 1024
         return drafts
@@ -110,6 +112,95 @@ def test_moe_verify_rows_give_plain_greedy_tokens(converted, device):
     plain = m.generate(ids, max_tokens=32, speculative="off")
     oracle = m.generate(ids, max_tokens=32, speculative=Oracle(plain.tokens, len(ids), wrong_at="cycle"))
     assert oracle.tokens == plain.tokens and oracle.stats.accepted > 0
+
+
+# ---------------------------------------------------------------------------- deep verify steps (16 drafts)
+
+
+def deep(converted, device, name: str, kv_bits: int) -> metalqwen.Model:
+    """The checkpoint loaded for 16 drafts per step: verify steps of up to 17 rows (the deep tier)."""
+    key = (device.kind, name, kv_bits, "deep")
+    if key not in _models:
+        _models[key] = metalqwen.load(converted(name)[1], device=device, max_context=CONTEXT, kv_bits=kv_bits,
+                                      progress=False, speculative="lookup", draft_depth=spec.MAX_DEPTH)
+    return _models[key]
+
+
+def test_sixteen_drafts_are_accepted_and_rolled_back_at_every_depth(converted, device):
+    """A DFlash-sized verify step (16 drafts, 17 rows) right for k drafts then wrong, for every k:
+    it returns the k accepted drafts and plain decoding's next token, rolls the DeltaNet states
+    back to row k and leaves rows past it in the K/V cache to be rewritten, so a verify step from
+    there (2 drafts, right) continues plain decoding's tokens. The context crosses the
+    flash-decode split (128) inside the steps."""
+    m = deep(converted, device, "base", 16)
+    engine, vocab = m._engine, m.config.vocab_size
+    assert spec.MAX_DEPTH == 16 and engine.max_step_rows == 17
+    ids = prompt(vocab, 110, seed=16)
+    plain = m.generate(ids, max_tokens=21, speculative="off").tokens
+    snapshots = []
+    engine.reset(0)
+    engine.prefill(0, ids, snapshot_at=[len(ids)], snapshots=snapshots)
+    assert engine.chosen(0) == plain[0]
+    for k in range(17):
+        engine.restore(0, snapshots[0])
+        drafts = list(plain[1:17])
+        if k < 16:
+            drafts[k] = (drafts[k] + 1) % vocab
+        assert engine.verify(0, drafts) == plain[1:k + 2], f"wrong at draft {k + 1}"
+        assert engine.verify(0, plain[k + 2:k + 4]) == plain[k + 2:k + 5], f"the step after {k} accepted drafts"
+    c = m.counters()
+    assert c["drafted_at"][15] >= 17 and c["accepted_at"][15] >= 1
+
+
+def test_the_memory_estimate_counts_the_deep_snapshot_planes(demo):
+    """Each draft reserves a copy of every DeltaNet state per slot; 8 drafts or more also widen
+    the step to 17 rows, which grows each DeltaNet layer's conv ring by 9 positions per slot and
+    the split partials and verify choices by 9 rows. The estimate load checks counts it all."""
+    desc = metalqwen.load_checkpoint(demo).describe()
+    d = desc["dims"]
+
+    def workspace(max_draft, slots=1):
+        return _core.estimate_memory(d, desc["tensors"], 256, 8, 32, max_sequences=slots,
+                                     max_draft=max_draft)["workspace"]
+
+    def aligned(n):  # a slot's part of a per-slot buffer (kSlotAlign)
+        return -(-n // 256) * 256
+
+    delta = sum(kind == "linear_attention" for kind in d["layer_types"])
+    plane = d["linear_num_value_heads"] * 128 * 128 * 4  # one DeltaNet state [nv][128][128] f32
+    assert delta > 0
+    assert workspace(16) - workspace(9) == 7 * delta * plane
+    assert workspace(16, slots=3) - workspace(9, slots=3) == 3 * 7 * delta * plane
+    assert workspace(7) - workspace(4) == 3 * delta * plane  # the small tier: the planes alone
+    channels = (2 * d["linear_num_key_heads"] + d["linear_num_value_heads"]) * 128
+    ring = aligned((d["linear_conv_kernel_dim"] - 1 + 17) * channels * 4) - aligned(
+        (d["linear_conv_kernel_dim"] - 1 + 8) * channels * 4)
+    partials = 9 * d["num_attention_heads"] * 64 * (256 + 2) * 4  # part_o and part_ms, 64 splits
+    assert workspace(8) - workspace(7) == delta * (plane + ring) + partials + 9 * 4
+
+
+class Deepest(spec.DepthPolicy):
+    """Always the deepest step the engine holds (the policy would go there only gradually)."""
+
+    def depth(self) -> int:
+        return self.max_depth
+
+
+@pytest.mark.parametrize("name, kv_bits", [("moe", 8)])  # dense f16: the test above
+def test_greedy_speculation_at_depth_16_gives_plain_greedy_tokens(converted, device, name, kv_bits):
+    """spec.generate (Model.generate's loop) at 16 drafts per step, wrong at depth 1, 2, ..., 16
+    in turn and sometimes never: exactly plain decoding's tokens (MoE, q8 KV)."""
+    m = deep(converted, device, name, kv_bits)
+    engine = m._engine
+    ids = prompt(m.config.vocab_size, 100, seed=kv_bits)
+    plain = m.generate(ids, max_tokens=40, speculative="off").tokens
+    engine.reset(0)
+    engine.prefill(0, ids)
+    drafter = Oracle(plain, len(ids), wrong_at="cycle", period=17)
+    got = list(spec.generate(engine, 0, engine.chosen(0), 40, Sampling(), drafter, Deepest(spec.MAX_DEPTH),
+                             list(ids)))
+    assert got == plain
+    assert drafter.steps > 3 and drafter.asked[0] == 16
 
 
 def test_speculation_stops_at_max_tokens_and_at_the_context_end(converted, device):
@@ -192,8 +283,8 @@ def test_arguments_are_checked(converted, device):
     path = converted("base")[1]
     with pytest.raises(ValueError, match="speculative must be"):
         metalqwen.load(path, device=device, speculative="medusa")
-    with pytest.raises(ValueError, match="draft_depth must be an integer in 1..7"):
-        metalqwen.load(path, device=device, speculative="lookup", draft_depth=8)
+    with pytest.raises(ValueError, match="draft_depth must be an integer in 1..16"):
+        metalqwen.load(path, device=device, speculative="lookup", draft_depth=17)
     plain = metalqwen.load(path, device=device, max_context=64, progress=False)
     with pytest.raises(ValueError, match="reserved at load"):
         plain.stream([1, 2, 3], speculative="lookup")
@@ -347,6 +438,24 @@ def test_mtp_drafts_are_accepted_and_keep_the_tokens(mtp_folder, device):
     a = m.generate(ids, max_tokens=16, temperature=0.8, top_k=20, seed=3, speculative="mtp")
     b = m.generate(ids, max_tokens=16, temperature=0.8, top_k=20, seed=3, speculative="mtp")
     assert a.tokens == b.tokens and a.stats.accepted > 0
+
+
+def test_deep_mtp_steps_keep_the_tokens(mtp_folder, device):
+    """12 chained MTP drafts per step: the head drafts, then runs over the step's 13 rows on the
+    deep tier; the tokens are plain decoding's and the deep drafts are accepted."""
+    m = metalqwen.load(mtp_folder, device=device, max_context=CONTEXT, kv_bits=16, progress=False,
+                       speculative="mtp", draft_depth=12)
+    engine = m._engine
+    ids = prompt(m.config.vocab_size, 40, seed=8)
+    plain = m.generate(ids, max_tokens=30, speculative="off").tokens
+    engine.reset(0)
+    engine.prefill(0, ids)
+    got = [engine.chosen(0)]
+    while len(got) < len(plain):
+        got += engine.verify_mtp(0, min(12, len(plain) - len(got) - 1), Sampling())
+    assert got == plain
+    c = m.counters()
+    assert c["drafted_at"][11] > 0 and c["accepted_at"][11] > 0, c["accepted_at"]
 
 
 def test_mtp_mode_needs_a_head(converted, device):

@@ -27,7 +27,9 @@ QMV_SIMDGROUPS = C["MQ_QMV_SIMDGROUPS"]
 # Rows per SIMD-group of the decode/verify matvec variants (host names <op>_r<R>_<format>).
 QMV_R = (2, 4, 8)
 QMV_THREADS = C["MQ_QMV_THREADS"]
-QMV_MAX_ROWS = C["MQ_QMV_MAX_ROWS"]
+QMV_SMALL_ROWS = C["MQ_QMV_SMALL_ROWS"]  # rows of the *_rows kernels (R = 2, 4, 8)
+QMV_MAX_ROWS = C["MQ_QMV_MAX_ROWS"]  # rows of the deep tier, *_deep_r<QMV_DEEP_R>
+QMV_DEEP_R = C["MQ_QMV_DEEP_R"]
 QMM_TILE_ROWS = C["MQ_QMM_TILE_ROWS"]
 QMM_TILE_OUT = C["MQ_QMM_TILE_OUT"]
 QMM_THREADS = C["MQ_QMM_THREADS"]

@@ -412,6 +412,7 @@ DECODE_CASES = [
     ("f16", 8, 2, 300, 6, 4, 1000),  # row groups of 4 + 2, one split: output written directly
     ("q8", 24, 4, 1100, 2, 1, 64),  # 27B, long context, 18 splits
     ("f16", 24, 4, 2048, 8, 4, 256),  # 27B, 8 verify rows
+    ("q8", 8, 2, 140, 17, 4, 64),  # a deep verify step (16 drafts + 1): row groups 4 x 4 + 1, across a split edge
 ]
 
 
@@ -586,6 +587,7 @@ DECODE_SEGMENT_CASES = [
     ("f16", 4, [(1, 4, 150), (3, 2, 9)], [40, 128]),
     ("q8", 1, [(3, 1, 300), (0, 1, 0), (2, 1, 140), (1, 1, 7)], [128, 64, 35, 8]),
     ("f16", 1, [(0, 1, 129), (2, 1, 4)], [32, 64]),
+    ("f16", 4, [(1, 12, 140), (0, 5, 60)], [64, 32]),  # a deep shared step: 17 rows
 ]
 
 

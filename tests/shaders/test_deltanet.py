@@ -384,7 +384,7 @@ class Layer:
     def __init__(self, dev, lib, rng, n_k, n_v, ksize, max_rows, position=0):
         self.dev, self.lib, self.n_k, self.n_v, self.ksize = dev, lib, n_k, n_v, ksize
         self.c = channels(n_k, n_v)
-        self.slots = ksize - 1 + 8
+        self.slots = ksize - 1 + max(8, max_rows)  # the engine's ring: K-1 + the rows of its deepest step
         self.position = position
         _, w_bits, hist = conv_inputs(rng, 1, n_k, n_v, ksize)
         _, _, a_log, dt_bias = gate_inputs(rng, 1, n_v)
@@ -399,7 +399,7 @@ class Layer:
         self.state_snaps = nan_buffer(dev, max_rows * self.state_plane)
 
     def step(self, x, a, b, z, snap_rows=0, prefill=False):
-        """A decode/verify step (rows <= 8): [rows][g | partials of y^2]; a prefill step: the
+        """A decode/verify step (rows <= slots - (K-1)): [rows][g | partials of y^2]; a prefill step: the
         normalised rows [rows][n_v * D]."""
         dev, rows = self.dev, x.shape[0]
         ss_stride = self.n_v * HEAD_PARTIALS
@@ -502,6 +502,27 @@ def test_layer_restore_equals_running_only_the_accepted_rows(dev, lib, accepted)
     for seed in range(3):
         x2, a2, b2, z2 = layer_inputs(seeded("restore-next", seed), 1, n_k, n_v)
         np.testing.assert_array_equal(spec.step(x2, a2, b2, z2), plain.step(x2, a2, b2, z2))
+
+
+@pytest.mark.parametrize("accepted", [1, 9, 17])
+def test_deep_verify_rows_equal_row_by_row_and_roll_back(dev, lib, accepted):
+    """A deep verify step (16 drafts + 1: 17 rows, a ring of K-1+17 slots, 16 snapshot planes)
+    gives each kept row decode's bits, and the rollback to `accepted` rows leaves state and ring
+    as running only those rows; decoding then continues identically."""
+    n_k, n_v, ksize, rows = 2, 2, 4, 17
+    x, a, b, z = layer_inputs(seeded("deep-inputs"), rows, n_k, n_v)
+    spec = Layer(dev, lib, seeded("deep"), n_k, n_v, ksize, rows, 40)
+    plain = Layer(dev, lib, seeded("deep"), n_k, n_v, ksize, rows, 40)
+    out = spec.step(x, a, b, z, snap_rows=rows - 1)
+    for t in range(accepted):
+        np.testing.assert_array_equal(plain.step(x[t:t + 1], a[t:t + 1], b[t:t + 1], z[t:t + 1])[0], out[t],
+                                      err_msg=f"output row {t}")
+    spec.restore(accepted - 1, planes=rows - 1)
+    spec.position -= rows - accepted
+    for got, want, name in zip(spec.snapshot(), plain.snapshot(), ("state", "history")):
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} after restoring plane {accepted - 1}")
+    x2, a2, b2, z2 = layer_inputs(seeded("deep-next"), 3, n_k, n_v)
+    np.testing.assert_array_equal(spec.step(x2, a2, b2, z2), plain.step(x2, a2, b2, z2))
 
 
 def test_restore_copies_exactly_the_plane_and_nothing_else(dev, lib):

@@ -17,7 +17,8 @@ from ..support import reference as ref
 from ..support.require import require
 from .deltanet_reference import D, HEAD_PARTIALS, channels, head_partials_ref
 from .quant_reference import (
-    FORMATS, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)
+    FORMATS, QMV_DEEP_R, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_SMALL_ROWS, QMV_THREADS, activations, cdiv,
+    matmul_ref, seeded, tol_f32_dot)
 from .test_deltanet import NORM_EPS, padded, run_norm_history
 from .test_quant import Weights, nan_buffer, run_qmv_rows
 
@@ -61,12 +62,15 @@ def head_norm_params(inp, out_dim, y_stride) -> np.ndarray:
 
 
 def run_head_norm(dev, lib, wt, inp, r=4, y_pad=3):
-    """qmv_head_norm_r<r> (one row) or qmv_head_norm_rows_r<r>; y [rows][out_dim] after checking its
-    guard row and stride padding."""
+    """qmv_head_norm_r<r> (one row), qmv_head_norm_rows_r<r> or (past 8 rows) qmv_head_norm_deep;
+    y [rows][out_dim] after checking its guard row and stride padding."""
     out_dim = wt.value.shape[0]
     stride = out_dim + y_pad
     y = nan_buffer(dev, inp.rows + 1, stride)
-    name = ("qmv_head_norm" if inp.rows == 1 else "qmv_head_norm_rows") + f"_r{r}_" + wt.fmt
+    if inp.rows > QMV_SMALL_ROWS:
+        name, r = f"qmv_head_norm_deep_r{QMV_DEEP_R}_{wt.fmt}", QMV_DEEP_R
+    else:
+        name = ("qmv_head_norm" if inp.rows == 1 else "qmv_head_norm_rows") + f"_r{r}_" + wt.fmt
     b = wt.buffers(dev)
     lib.kernel(name).dispatch({0: b[0], 1: b[1], 2: b[2], 3: inp.g_buf, 4: inp.ss_buf, 5: y,
                                6: head_norm_params(inp, out_dim, stride)},
@@ -113,7 +117,7 @@ def prefill_order(dev, lib, wt, inp):
     c = channels(1, inp.n_v)
     normed, _ = run_norm_history(dev, lib, g=inp.g.reshape(inp.rows, inp.n_v, D), partials=inp.partials,
                                  x=np.zeros((inp.rows, c), np.float32), ring=np.zeros((1, c), np.float32), position=0)
-    return run_qmv_rows(dev, lib, wt, normed.reshape(inp.rows, -1))
+    return run_qmv_rows(dev, lib, wt, normed.reshape(inp.rows, -1), deep=inp.rows > QMV_SMALL_ROWS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -121,7 +125,7 @@ def test_verify_rows_and_prefill_order_match_one_row_bitwise(dev, lib, fmt):
     """qmv_head_norm_rows of every R gives each row exactly what qmv_head_norm (R = 4) gives it, as
     do the one-row kernels of every R (verify reproduces decode), and prefill's two-step order
     (factor in place, then qmv_rows) gives the same bits."""
-    for n_v, rows in ((3, 5), (8, QMV_MAX_ROWS)):
+    for n_v, rows in ((3, 5), (8, QMV_SMALL_ROWS)):
         rng = seeded("qmv_head_norm_bitwise", fmt, n_v)
         wt = Weights.make(rng, fmt, 21, n_v * D)
         inp = HeadRows.random(dev, rng, rows, n_v)
@@ -137,6 +141,24 @@ def test_verify_rows_and_prefill_order_match_one_row_bitwise(dev, lib, fmt):
         two_step = prefill_order(dev, lib, wt, inp)
         for i in range(rows):
             assert np.array_equal(two_step[i].view(np.uint32), single[i].view(np.uint32)), f"{rows}x{n_v}h: prefill row {i}"
+
+
+@pytest.mark.parametrize("fmt", ["b4_g64", "b6_g32", "nvfp4", "f16"])
+def test_deep_verify_rows_match_one_row_bitwise(dev, lib, fmt):
+    """qmv_head_norm_deep (9..17 rows) gives each row the bits of the one-row kernels and of
+    prefill's two-step order, and matches numpy."""
+    for n_v, rows in ((3, QMV_MAX_ROWS), (2, QMV_SMALL_ROWS + 1)):
+        rng = seeded("qmv_head_norm_deep", fmt, n_v)
+        wt = Weights.make(rng, fmt, 21, n_v * D)
+        inp = HeadRows.random(dev, rng, rows, n_v)
+        many = run_head_norm(dev, lib, wt, inp)
+        want, typical = matmul_ref(wt.value, inp.u)
+        ref.assert_close(many, want, tol_f32_dot(n_v * D), f"qmv_head_norm_deep_{fmt}", scale=typical)
+        two_step = prefill_order(dev, lib, wt, inp)
+        for i in range(rows):
+            single = run_head_norm(dev, lib, wt, inp.row(dev, i), r=(2, 8)[i % 2])[0]
+            assert np.array_equal(many[i].view(np.uint32), single.view(np.uint32)), f"{rows}x{n_v}h: row {i}"
+            assert np.array_equal(two_step[i].view(np.uint32), single.view(np.uint32)), f"{rows}x{n_v}h: prefill row {i}"
 
 
 def test_qmv_head_norm_27b_shape(dev, lib):

@@ -17,7 +17,8 @@ from ..support import reference as ref
 from ..support.require import require
 from .params import header_constants
 from .quant_reference import (
-    FORMATS, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_THREADS, activations, cdiv, matmul_ref, seeded, tol_f32_dot)
+    FORMATS, QMV_DEEP_R, QMV_MAX_ROWS, QMV_R, QMV_SIMDGROUPS, QMV_SMALL_ROWS, QMV_THREADS, activations, cdiv,
+    matmul_ref, seeded, tol_f32_dot)
 from .test_quant import Weights, nan_buffer
 
 C = header_constants("quant")
@@ -87,10 +88,20 @@ class Inputs:
         ref.assert_untouched(xn[rows:], f"{what}: xn past the rows")
 
 
+def variant(op, rows, r):
+    """The kernel for `rows` rows (one row, the small verify tier at R = r, or the deep tier at
+    its own R), and its R."""
+    if rows > QMV_SMALL_ROWS:
+        return f"{op}_deep_r{QMV_DEEP_R}", QMV_DEEP_R
+    return (op if rows == 1 else f"{op}_rows") + f"_r{r}", r
+
+
 def run_qmv_norm(dev, lib, members, inp, flags=None, y_pad=3, r=4):
-    """qmv_norm_r<r> (one row) or qmv_norm_rows_r<r> over `members` (Weights of one format);
-    returns each member's y [rows][out_dim] after checking its guard row and stride padding."""
+    """qmv_norm_r<r> (one row), qmv_norm_rows_r<r> or (past 8 rows) qmv_norm_deep over `members`
+    (Weights of one format); returns each member's y [rows][out_dim] after checking its guard row
+    and stride padding."""
     rows, in_dim = inp.x.shape
+    kernel, r = variant("qmv_norm", rows, r)
     outs = [m.value.shape[0] for m in members]
     strides = [o + y_pad for o in outs]
     ends = list(np.cumsum([cdiv(o, QMV_SIMDGROUPS * r) for o in outs]))
@@ -103,7 +114,7 @@ def run_qmv_norm(dev, lib, members, inp, flags=None, y_pad=3, r=4):
     args.update({12: inp.bufs["x"], 13: inp.bufs["mix"], 14: inp.bufs["norm"], 15: inp.bufs["x_out"],
                  16: inp.bufs["xn"],
                  21: norm_params(in_dim, rows, inp.flags if flags is None else flags, outs, strides, ends)})
-    name = ("qmv_norm" if rows == 1 else "qmv_norm_rows") + f"_r{r}_" + members[0].fmt
+    name = f"{kernel}_{members[0].fmt}"
     lib.kernel(name).dispatch(args, threadgroups=(int(ends[-1]),), threads=(QMV_THREADS,))
     got = []
     for y, o, s in zip(ys, outs, strides):
@@ -159,12 +170,13 @@ def test_qmv_norm_writes_nothing_else_when_asked(dev, lib):
 
 def run_qmv_norm_silu(dev, lib, gate, up, inp, y_pad=5, r=4):
     rows, in_dim = inp.x.shape
+    kernel, r = variant("qmv_norm_silu", rows, r)
     out_dim = gate.value.shape[0]
     stride = out_dim + y_pad
     y = nan_buffer(dev, rows + 1, stride)
     g, u = gate.buffers(dev), up.buffers(dev)
     groups = cdiv(out_dim, QMV_SIMDGROUPS * r // 2)  # r / 2 gate and r / 2 up rows per SIMD-group
-    name = ("qmv_norm_silu" if rows == 1 else "qmv_norm_silu_rows") + f"_r{r}_" + gate.fmt
+    name = f"{kernel}_{gate.fmt}"
     lib.kernel(name).dispatch(
         {0: g[0], 1: g[1], 2: g[2], 3: u[0], 4: u[1], 5: u[2], 6: inp.bufs["x"], 7: inp.bufs["mix"],
          8: inp.bufs["norm"], 9: inp.bufs["x_out"], 10: inp.bufs["xn"], 11: y,
@@ -199,7 +211,7 @@ def test_qmv_norm_silu(dev, lib, fmt, rows, in_dim, out_dim, r):
 # (in_dim, rows of the verify step): short rows (a lane's steps fewer than its blocks in flight)
 # and a row with a partial last step; the members' and gate's row counts straddle every
 # variant's threadgroup.
-BITWISE_SHAPES = [(1024, QMV_MAX_ROWS), (384, 2), (2176, 5)]
+BITWISE_SHAPES = [(1024, QMV_SMALL_ROWS), (384, 2), (2176, 5)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -236,6 +248,32 @@ def test_verify_rows_match_one_row_bitwise(dev, lib, fmt):
                     f"{what} row {i}: silu"
 
 
+@pytest.mark.parametrize("fmt", ["b4_g64", "b8_g128", "mxfp4", "bf16"])
+def test_deep_verify_rows_match_one_row_bitwise(dev, lib, fmt):
+    """The deep tier (qmv_norm_deep, qmv_norm_silu_deep: 9..17 rows) gives each row the bits of the
+    one-row kernels (a DFlash verify step of 16 drafts reproduces greedy decode) and matches numpy."""
+    for in_dim, rows in ((1024, QMV_MAX_ROWS), (2176, QMV_SMALL_ROWS + 1)):
+        rng = seeded("qmv_norm_deep", fmt, in_dim)
+        members = [Weights.make(rng, fmt, o, in_dim) for o in (21, 3)]
+        gate, up = Weights.make(rng, fmt, 17, in_dim), Weights.make(rng, fmt, 17, in_dim)
+        wn, wn64 = norm_weight(rng, in_dim, False)
+        x, mix = activations(rng, rows, in_dim), activations(rng, rows, in_dim)
+        inp = Inputs(dev, x, mix, wn, wn64, False)
+        many = run_qmv_norm(dev, lib, members, inp)
+        inp.check_rows(True, f"qmv_norm_deep_{fmt}")
+        for m, y in zip(members, many):
+            want, typical = matmul_ref(m.value, inp.u)
+            ref.assert_close(y, want, tol_f32_dot(in_dim), f"qmv_norm_deep_{fmt}", scale=typical)
+        many_silu = run_qmv_norm_silu(dev, lib, gate, up, inp)
+        for i in range(rows):
+            one = Inputs(dev, x[i:i + 1], mix[i:i + 1], wn, wn64, False)
+            r = (2, 8)[i % 2]
+            for a, b in zip(run_qmv_norm(dev, lib, members, one, r=r), many):
+                assert np.array_equal(a[0].view(np.uint32), b[i].view(np.uint32)), f"{rows} rows, row {i}: qmv_norm"
+            silu = run_qmv_norm_silu(dev, lib, gate, up, one, r=r)
+            assert np.array_equal(silu[0].view(np.uint32), many_silu[i].view(np.uint32)), f"{rows} rows, row {i}: silu"
+
+
 def test_qmv_norm_27b_input_group(dev, lib):
     """The 27B DeltaNet input group's shape (hidden 5120; qkv 10240, z 6144, b 48, a 48), each
     member cut to a slice of its rows (the full matrices are 270 MB of test data)."""
@@ -264,3 +302,6 @@ def test_qmv_norm_has_no_races_or_stray_accesses():
     for r in QMV_R:
         run_qmv_norm(dev, lib, members, inp, r=r)
         run_qmv_norm_silu(dev, lib, *members[0:1] * 2, inp, r=r)
+    deep = Inputs.random(dev, rng, QMV_SMALL_ROWS + 2, 256, True, f32_norm=True)
+    run_qmv_norm(dev, lib, members, deep)
+    run_qmv_norm_silu(dev, lib, *members[0:1] * 2, deep)

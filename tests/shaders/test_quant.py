@@ -7,7 +7,8 @@ quantized by mlx's own ``mx.quantize``; the numpy decoders are first shown to re
 ``mx.dequantize`` bit for bit, so the kernels read mlx's packing. Outputs start as NaN and sit
 between NaN guard rows/columns (so unwritten and stray writes both fail); sizes straddle the
 SIMD width and the kernels' row/tile edges; the matvecs run in every variant of rows per
-SIMD-group R (2, 4, 8), which must all give the same bits; each 27B projection runs once through the decode
+SIMD-group R (2, 4, 8) and in the deep verify tier (up to 17 rows at R = 4), which must all give
+the same bits; each 27B projection runs once through the decode
 matvec on a slice of its rows, dispatched at a buffer offset. Tolerances: `tol_f32_dot`
 (f32 accumulation, see quant_reference.py); the embedding gather is exact.
 """
@@ -18,9 +19,9 @@ import pytest
 from ..support import reference as ref
 from ..support.require import require
 from .quant_reference import (
-    EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_MAX_ROWS, QMV_R,
-    QMV_SIMDGROUPS, QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params, format_weights, matmul_params,
-    matmul_ref, random_quantized, seeded, tol_f32_dot)
+    EMBED_THREADS, FORMATS, QMM_THREADS, QMM_TILE_OUT, QMM_TILE_ROWS, QMV_DEEP_R, QMV_MAX_ROWS, QMV_R,
+    QMV_SIMDGROUPS, QMV_SMALL_ROWS, QMV_THREADS, QUANT_BLOCK, activations, affine_format, cdiv, embed_params,
+    format_weights, matmul_params, matmul_ref, random_quantized, seeded, tol_f32_dot)
 
 
 @pytest.fixture(scope="module")
@@ -190,16 +191,18 @@ def test_qmv_27b_widest_row(dev, lib, fmt):
 # Verify matvec
 
 
-def run_qmv_rows(dev, lib, wt, x, x_stride=None, y_stride=None, r=4):
-    """qmv_rows_r<r> over the rows of x; returns y [rows][y_stride] plus a NaN guard row."""
+def run_qmv_rows(dev, lib, wt, x, x_stride=None, y_stride=None, r=4, deep=False):
+    """qmv_rows_r<r> (or, deep, qmv_deep_r<QMV_DEEP_R>) over the rows of x; returns y
+    [rows][y_stride] plus a NaN guard row."""
     rows, in_dim = x.shape
+    r = QMV_DEEP_R if deep else r
     out_dim = wt.value.shape[0]
     x_stride = in_dim if x_stride is None else x_stride
     y_stride = out_dim if y_stride is None else y_stride
     xs = np.full((rows, x_stride), np.nan, np.float32)  # stride padding is NaN: must be ignored
     xs[:, :in_dim] = x
     y = nan_buffer(dev, rows + 1, y_stride)
-    lib.kernel(f"qmv_rows_r{r}_{wt.fmt}").dispatch(
+    lib.kernel(f"qmv_{'deep' if deep else 'rows'}_r{r}_{wt.fmt}").dispatch(
         {**wt.buffers(dev), 3: dev.buffer(xs), 4: y, 5: matmul_params(in_dim, out_dim, rows, x_stride, y_stride)},
         threadgroups=(cdiv(out_dim, QMV_SIMDGROUPS * r),), threads=(QMV_THREADS,))
     got = y.numpy(np.float32, (rows + 1, y_stride))
@@ -229,7 +232,7 @@ def test_qmv_rows_match_decode_bitwise(dev, lib, fmt):
     """Verify rows use decode's exact per-row reduction order, so a speculative verify
     step reproduces greedy decode bit for bit (same device, same compiler settings).
     Also exercises row strides wider than the data (NaN-filled gaps)."""
-    rows, out_dim, in_dim = QMV_MAX_ROWS, 37, 1280
+    rows, out_dim, in_dim = QMV_SMALL_ROWS, 37, 1280
     rng = seeded("qmv_rows_bitwise", fmt)
     wt = Weights.make(rng, fmt, out_dim, in_dim)
     x = activations(rng, rows, in_dim)
@@ -237,6 +240,25 @@ def test_qmv_rows_match_decode_bitwise(dev, lib, fmt):
     for r in range(rows):
         single = run_qmv(dev, lib, wt, x[r])
         assert np.array_equal(got[r].view(np.uint32), single.view(np.uint32)), f"row {r} differs from qmv"
+
+
+@pytest.mark.parametrize("fmt", ["b4_g64", "b3_g32", "b6_g64_sf32", "mxfp4", "nvfp4", "bf16"])
+def test_deep_verify_rows_match_decode_bitwise(dev, lib, fmt):
+    """The deep tier (qmv_deep: 9..17 rows, a DFlash block of 16 drafts + 1) gives every row the
+    bits of qmv_r2 and qmv_r8 on that row, on a short row and one with a partial last lane-step,
+    the out edge inside a threadgroup; its values match numpy."""
+    for out_dim, in_dim in ((13, 1024), (19, 2176)):
+        rng = seeded("qmv_deep", fmt, out_dim, in_dim)
+        wt = Weights.make(rng, fmt, out_dim, in_dim)
+        x = activations(rng, QMV_MAX_ROWS, in_dim)
+        got = run_qmv_rows(dev, lib, wt, x, x_stride=in_dim + 4, y_stride=out_dim + 3, deep=True)
+        check_matmul(got, wt, x, f"qmv_deep_{fmt} {QMV_MAX_ROWS}x{out_dim}x{in_dim}")
+        nine = run_qmv_rows(dev, lib, wt, x[:QMV_SMALL_ROWS + 1], deep=True)  # the tier's fewest rows
+        for i in range(QMV_MAX_ROWS):
+            single = run_qmv(dev, lib, wt, x[i], r=(2, 8)[i % 2])
+            assert np.array_equal(got[i].view(np.uint32), single.view(np.uint32)), f"qmv_deep row {i} {out_dim}"
+            if i <= QMV_SMALL_ROWS:
+                assert np.array_equal(nine[i].view(np.uint32), single.view(np.uint32)), f"9 deep rows: row {i}"
 
 
 # Short rows (a lane has fewer steps than the blocks it keeps in flight: the lane-divergent tail
@@ -253,13 +275,13 @@ def test_qmv_variants_agree_bitwise(dev, lib, fmt):
     for out_dim, in_dim in VARIANT_SHAPES:
         rng = seeded("qmv_variants", fmt, out_dim, in_dim)
         wt = Weights.make(rng, fmt, out_dim, in_dim)
-        x = activations(rng, QMV_MAX_ROWS, in_dim)
-        singles = [run_qmv(dev, lib, wt, x[i]) for i in range(QMV_MAX_ROWS)]
+        x = activations(rng, QMV_SMALL_ROWS, in_dim)
+        singles = [run_qmv(dev, lib, wt, x[i]) for i in range(QMV_SMALL_ROWS)]
         check_matmul(singles[0], wt, x[:1], f"qmv_r4_{fmt} {out_dim}x{in_dim}")
         for k, r in enumerate(QMV_R):
             one = run_qmv(dev, lib, wt, x[0], r)
             assert np.array_equal(one.view(np.uint32), singles[0].view(np.uint32)), f"qmv_r{r} {out_dim}x{in_dim}"
-            for rows in (1, 2 + 3 * k, QMV_MAX_ROWS):  # 1, then 2, 5 and 8 rows over the variants
+            for rows in (1, 2 + 3 * k, QMV_SMALL_ROWS):  # 1, then 2, 5 and 8 rows over the variants
                 got = run_qmv_rows(dev, lib, wt, x[:rows], r=r)
                 for i in range(rows):
                     assert np.array_equal(got[i].view(np.uint32), singles[i].view(np.uint32)), \
@@ -282,15 +304,17 @@ def test_qmv_has_no_races_or_stray_accesses():
         for r in QMV_R:
             check_matmul(run_qmv(dev, checked, wt, x[0], r), wt, x[:1], f"qmv_r{r} checked")
             check_matmul(run_qmv_rows(dev, checked, wt, x, r=r), wt, x, f"qmv_rows_r{r} checked")
+        check_matmul(run_qmv_rows(dev, checked, wt, x, deep=True), wt, x, "qmv_deep checked")
 
 
 def test_qmv_rows_27b(dev, lib):
-    """Eight verify rows at the 27B hidden size (5120 -> a slice of q_proj)."""
+    """Eight verify rows, and a deep step's 17, at the 27B hidden size (5120 -> a slice of q_proj)."""
     bits, group, in_dim, out_dim = 4, 64, 5120, 72
     rng = seeded("qmv_rows27b")
     wt = weights_from_codes(bits, group, *random_quantized(rng, out_dim, in_dim, bits, group))
     x = activations(rng, QMV_MAX_ROWS, in_dim)
-    check_matmul(run_qmv_rows(dev, lib, wt, x), wt, x, "qmv_rows 8x5120")
+    check_matmul(run_qmv_rows(dev, lib, wt, x[:QMV_SMALL_ROWS]), wt, x[:QMV_SMALL_ROWS], "qmv_rows 8x5120")
+    check_matmul(run_qmv_rows(dev, lib, wt, x, deep=True), wt, x, "qmv_deep 17x5120")
 
 
 # ---------------------------------------------------------------------------
