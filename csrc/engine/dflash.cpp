@@ -113,7 +113,7 @@ void Engine::encode_dflash_context(Encoder& enc, const ForwardPass& pass) {
   const DrafterDims& d = w.dims;
   const uint32_t H = uint32_t(d.hidden), rows = pass.rows, n = uint32_t(d.target_layer_ids.size());
   const uint32_t kv = uint32_t(d.kv_heads * d.head_dim);
-  const bool matvec = rows <= kMaxVerifyRows;
+  const bool matvec = rows <= max_step_rows();
   encode_projection(enc, matvec, w.fc, w.hidden, n * H, w.ctx_raw, H, rows);
   const RmsNormParams np{.dim = H, .x_stride = H, .r_stride = H, .y_stride = H, .eps = d.eps};
   enc.dispatch(*w.hidden_norm_kernel, {w.ctx_raw, at(w.hidden_norm), w.ctx, Arg::value(np)}, {rows});
@@ -143,7 +143,7 @@ void Engine::encode_dflash_block(Encoder& enc, int slot, int position, uint32_t 
   const uint32_t H = uint32_t(d.hidden), V = uint32_t(model_.dims.vocab), I = uint32_t(d.intermediate);
   const uint32_t hd = uint32_t(d.head_dim), nq = uint32_t(d.heads), nkv = uint32_t(d.kv_heads);
   const uint32_t p = uint32_t(position), kv = nkv * hd, qd = nq * hd;
-  const bool matvec = rows <= kMaxVerifyRows;
+  const bool matvec = rows <= max_step_rows();
   const FillParams fp{
       .cols = rows - 1, .rows = 1, .dst_offset = p + 1, .dst_stride = 0, .value_bits = uint32_t(d.mask_token_id)};
   enc.dispatch_threads(*w.fill_u32, {ids(slot), Arg::value(fp)}, {rows - 1, 1});

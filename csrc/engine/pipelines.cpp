@@ -122,7 +122,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
   if (dflash_) {
     // The DFlash drafter (dflash.h): unfused projections, norms, and its own attention kernels.
     DflashWeights& w = *dflash_;
-    plan_projection(plan, cores, w.fc);
+    plan_projection(plan, tiers, w.fc);
     plan.need(w.capture, "dflash_capture", up_to(kCopyThreads));
     plan.need(w.attention, "dflash_attention", exactly(MQ_DFLASH_THREADS));
     plan.need(w.fill_u32, "fill_u32", up_to(kCopyThreads));
@@ -131,7 +131,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
     for (DflashLayer& l : w.layers) {
       for (QuantLinear* p :
            {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
-        plan_projection(plan, cores, *p);
+        plan_projection(plan, tiers, *p);
       plan.need(l.input_norm_first, "rms_norm" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
       plan.need(l.input_norm_residual, "rms_norm_residual" + vector_suffix(l.input_norm), up_to(MQ_NORM_THREADS));
       plan.need(l.post_norm_residual, "rms_norm_residual" + vector_suffix(l.post_norm), up_to(MQ_NORM_THREADS));
