@@ -26,6 +26,7 @@ from ..support.model_checks import assert_logits_close, prompt
 # Layers 1 (Gated DeltaNet) and 3 (the last, full attention) of the 4-layer "base" target.
 TARGET_LAYERS = (1, 3)
 CONTEXT = 192
+DRAFTS = min(_core.MAX_DRAFT, 15)  # the most drafts of the test drafter's 16-row block
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def test_load_arguments(target, drafter, device, tmp_path):
 
 def test_auto_picks_dflash_with_a_drafter(model):
     assert model.speculative == "dflash" and model._engine.has_dflash
-    assert model.draft_depth == _core.MAX_DRAFT  # block_size 16: as many as a verify step holds
+    assert model.draft_depth == DRAFTS  # block_size 16: the whole block
 
 
 def test_bench_reports_dflash_rounds(target, drafter, device, tmp_path):
@@ -132,7 +133,7 @@ def test_bench_reports_dflash_rounds(target, drafter, device, tmp_path):
     spec = json.loads(path.read_text())["metalqwen"]["speculative"]
     # By depth: the acceptance at each block position drafted (8-token runs cap the depth).
     assert spec["verify_steps"] > 0 and spec["drafted"] > 0 and spec["tokens_per_verify_step"] >= 1
-    assert 1 <= len(spec["acceptance_by_depth"]) <= _core.MAX_DRAFT
+    assert 1 <= len(spec["acceptance_by_depth"]) <= DRAFTS
     assert all(0 <= a <= 1 for a in spec["acceptance_by_depth"])
     assert "speculative: " in out.stdout
 
@@ -188,7 +189,8 @@ def test_hidden_states_are_the_target_layers_outputs(model, target):
     assert err <= 1e-3, f"captured hidden states differ by {err:.3g} (relative)"
 
 
-@pytest.mark.parametrize("k", [1, 3, _core.MAX_DRAFT, 15])  # 15: a published 16-row block (GEMM path)
+# 7: the most of the small matvec tier (8 rows); 15: a published 16-row block (the deep tier)
+@pytest.mark.parametrize("k", [1, 3, 7, DRAFTS])
 def test_block_logits_equal_the_reference_drafters(model, target, drafter, k):
     """Given the same target hidden states (the engine's capture of the prompt), the drafter's block
     logits equal mlx-vlm's DFlashDraftModel's in float32 (the same block length), and so do their
@@ -215,7 +217,7 @@ def test_verified_rows_extend_the_context(model, target, drafter):
     ids = prompt(model.config.vocab_size, 21, seed=7)
     engine = _prefill(model, ids)
     rows = [engine.dflash_hidden(len(ids))]
-    for k in (3, 1, _core.MAX_DRAFT, 2):
+    for k in (3, 1, DRAFTS, 2):
         out = engine.verify_dflash(0, k, _core.Sampling())
         rows.append(engine.dflash_hidden(k + 1)[: len(out)])  # the fed token's row and the accepted drafts'
     hidden = np.concatenate(rows)
@@ -228,19 +230,20 @@ def test_verified_rows_extend_the_context(model, target, drafter):
 
 
 def test_accepted_drafts_extend_the_context_at_every_depth(model, target, drafter):
-    """Drafts right for j tokens then wrong (host drafts from plain decoding's tokens), j = 0 .. 7:
+    """Drafts right for j tokens then wrong (host drafts from plain decoding's tokens), j at each edge of
+    the two matvec tiers (every j is test_speculative's):
     each step's accepted rows (and only those) become context, as the reference sees it."""
     import mlx.core as mx
 
     ids = prompt(model.config.vocab_size, 19, seed=8)
     engine = _prefill(model, ids)
     engine.decode_begin(0, 50, _core.Sampling())
-    plain = [engine.decode_next() for _ in range(50)]
+    plain = [engine.decode_next() for _ in range(80)]
     engine.decode_end()
     engine = _prefill(model, ids)
     rows, at = [engine.dflash_hidden(len(ids))], 0  # plain[at]: the token chosen at the slot's position
-    for right in range(_core.MAX_DRAFT + 1):
-        k = min(_core.MAX_DRAFT, right + 1)
+    for right in (0, 1, 2, 6, 7, 8, 14, DRAFTS):
+        k = min(DRAFTS, right + 1)
         drafts = plain[at + 1: at + 1 + k]
         if right < k:
             drafts[right] = (drafts[right] + 1) % model.config.vocab_size
@@ -284,7 +287,7 @@ def test_verify_rounds_give_plain_decodings_tokens(model):
     engine = _prefill(model, ids)
     before = engine.counters()
     got = [engine.chosen(0)]
-    depths = [1, 2, 3, _core.MAX_DRAFT]
+    depths = [1, 2, 3, DRAFTS]
     steps = 0
     while len(got) < len(plain):
         got += engine.verify_dflash(0, depths[steps % len(depths)], _core.Sampling())
@@ -311,7 +314,7 @@ def test_moe_target_with_the_q8_cache_decodes_exactly(converted, device, tmp_pat
     engine = _prefill(model, ids)
     got = [engine.chosen(0)]
     while len(got) < len(plain):
-        got += engine.verify_dflash(0, _core.MAX_DRAFT, _core.Sampling())
+        got += engine.verify_dflash(0, DRAFTS, _core.Sampling())
     assert got[: len(plain)] == plain
 
 
