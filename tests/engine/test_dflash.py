@@ -237,7 +237,7 @@ def test_accepted_drafts_extend_the_context_at_every_depth(model, target, drafte
 
     ids = prompt(model.config.vocab_size, 19, seed=8)
     engine = _prefill(model, ids)
-    engine.decode_begin(0, 50, _core.Sampling())
+    engine.decode_begin(0, 80, _core.Sampling())
     plain = [engine.decode_next() for _ in range(80)]
     engine.decode_end()
     engine = _prefill(model, ids)
