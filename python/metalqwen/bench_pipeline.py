@@ -19,7 +19,8 @@ HOP_REPEATS = 20  # round trips per hop
 def refused(args) -> str:
     """The bench options a pipeline does not run yet ("" when none)."""
     given = {"--compare": args.compare, "--concurrency": args.concurrency, "--plot": args.plot,
-             "--speculative": args.speculative != "off", "--max-sequences": args.max_sequences}
+             "--speculative": args.speculative not in (None, "off"), "--draft": args.draft,
+             "--max-sequences": args.max_sequences}
     return ", ".join(name for name, value in given.items() if value)
 
 
