@@ -107,6 +107,27 @@ void Engine::encode_dflash_capture(Encoder& enc, const ForwardPass& pass, size_t
   }
 }
 
+// Layer l's `nq` query heads (in place in w.q; 0: none) and its key heads normed and rotated, keys and
+// values (w.k, w.v) appended to its context caches at the segments' slots and positions.
+void Engine::encode_dflash_prep(Encoder& enc, const DflashLayer& l, const StepSegments& segs, uint32_t nq,
+                                uint32_t rows) {
+  const DflashWeights& w = *dflash_;
+  const DrafterDims& d = w.dims;
+  const uint32_t hd = uint32_t(d.head_dim), nkv = uint32_t(d.kv_heads);
+  const DflashPrepParams pp{.nq = nq,
+                            .nkv = nkv,
+                            .head_dim = hd,
+                            .q_stride = nq * hd,
+                            .kv_stride = nkv * hd,
+                            .slot_floats = uint32_t(l.k_cache.slot_bytes / 4),
+                            .eps = d.eps,
+                            .log2_theta = float(std::log2(double(d.rope_theta)))};
+  enc.dispatch(*l.prep,
+               {w.q, w.k, w.v, at(l.q_norm), at(l.k_norm), l.k_cache.buffer, l.v_cache.buffer, Arg::value(segs),
+                Arg::value(pp)},
+               {nq + nkv, rows}, {MQ_DFLASH_THREADS});
+}
+
 // The pass's captured rows into every draft layer's context cache at their slots and positions.
 void Engine::encode_dflash_context(Encoder& enc, const ForwardPass& pass) {
   const DflashWeights& w = *dflash_;
@@ -120,18 +141,7 @@ void Engine::encode_dflash_context(Encoder& enc, const ForwardPass& pass) {
   for (const DflashLayer& l : w.layers) {
     encode_projection(enc, matvec, l.k_proj, w.ctx, H, w.k, kv, rows);
     encode_projection(enc, matvec, l.v_proj, w.ctx, H, w.v, kv, rows, true);
-    const DflashPrepParams pp{.nq = 0,
-                              .nkv = uint32_t(d.kv_heads),
-                              .head_dim = uint32_t(d.head_dim),
-                              .q_stride = 0,
-                              .kv_stride = kv,
-                              .slot_floats = uint32_t(l.k_cache.slot_bytes / 4),
-                              .eps = d.eps,
-                              .log2_theta = float(std::log2(double(d.rope_theta)))};
-    enc.dispatch(*l.prep,
-                 {w.q, w.k, w.v, at(l.q_norm), at(l.k_norm), l.k_cache.buffer, l.v_cache.buffer, Arg::value(pass.segs),
-                  Arg::value(pp)},
-                 {uint32_t(d.kv_heads), rows}, {MQ_DFLASH_THREADS});
+    encode_dflash_prep(enc, l, pass.segs, 0, rows);
   }
 }
 
@@ -158,18 +168,7 @@ void Engine::encode_dflash_block(Encoder& enc, int slot, int position, uint32_t 
     encode_projection(enc, matvec, l.q_proj, w.xn, H, w.q, qd, rows);
     encode_projection(enc, matvec, l.k_proj, w.xn, H, w.k, kv, rows, true);
     encode_projection(enc, matvec, l.v_proj, w.xn, H, w.v, kv, rows, true);
-    const DflashPrepParams pp{.nq = nq,
-                              .nkv = nkv,
-                              .head_dim = hd,
-                              .q_stride = qd,
-                              .kv_stride = kv,
-                              .slot_floats = uint32_t(l.k_cache.slot_bytes / 4),
-                              .eps = d.eps,
-                              .log2_theta = float(std::log2(double(d.rope_theta)))};
-    enc.dispatch(*l.prep,
-                 {w.q, w.k, w.v, at(l.q_norm), at(l.k_norm), l.k_cache.buffer, l.v_cache.buffer, Arg::value(block.segs),
-                  Arg::value(pp)},
-                 {nq + nkv, rows}, {MQ_DFLASH_THREADS});
+    encode_dflash_prep(enc, l, block.segs, nq, rows);
     const DflashAttentionParams ap{.nq = nq,
                                    .nkv = nkv,
                                    .head_dim = hd,

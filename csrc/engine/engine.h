@@ -87,6 +87,7 @@ struct TokenLogprobs {
 struct LayerWeights;
 struct MtpWeights;
 struct DflashWeights;
+struct DflashLayer;
 struct MlpWeights;
 struct MoeWeights;
 struct Workspace;
@@ -579,6 +580,8 @@ class Engine {
   void encode_dflash_context(Encoder& enc, const ForwardPass& pass);
   // A drafter block of `rows` rows at `position` of `slot`; drafts into ids[position + 1 ..].
   void encode_dflash_block(Encoder& enc, int slot, int position, uint32_t rows);
+  // A draft layer's q/k norm + RoPE and K/V append (nq query heads: 0 for context rows only).
+  void encode_dflash_prep(Encoder& enc, const DflashLayer& l, const StepSegments& segs, uint32_t nq, uint32_t rows);
 
   std::shared_ptr<gpu::Device> device_;
   ModelDesc model_;
