@@ -79,8 +79,13 @@ class Model:
         per token, weight bytes placed (``weight_bytes``: a pipeline rank's own; the vision tower's too),
         memory estimate (the tower's weights in it), the load's weight buffers, bytes read into arenas and
         resident-set peak (``load_peak_rss``, from ``load_rss_before``), the compiled library's kernels and
-        source bytes; ``*_last_step`` for the latest step."""
-        return self.runner.counters()
+        source bytes; ``*_last_step`` for the latest step; ``vision_tower_runs`` (images the vision tower
+        ran over) and ``vision_features_reused`` (images whose features came from its cache, 0 without
+        a tower)."""
+        counters = self.runner.counters()
+        counters.update(vision_tower_runs=self.vision.runs if self.vision else 0,
+                        vision_features_reused=self.vision.reused if self.vision else 0)
+        return counters
 
     def reset(self) -> None:
         """Forgets the cached conversation."""
