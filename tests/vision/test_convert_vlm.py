@@ -17,7 +17,7 @@ from metalqwen.convert import convert
 
 from ..checkpoint.test_convert import _arrays
 from ..support.model_checks import assert_logits_close, logit_tolerance
-from .test_prompts import case, patches_of, reference_logits, reference_of, TWO
+from .test_prompts import ONE, TWO, case, patches_of, reference_logits, reference_of
 
 
 @pytest.mark.parametrize("quantize", [False, True], ids=["bf16", "q4"])
@@ -41,18 +41,55 @@ def test_the_folder_equals_mlx_vlm_convert_array_for_array(vlm, tmp_path, quanti
         assert "vision_config" not in json.load(f)
 
 
-def test_image_prompt_logits_equal_mlx_vlm_on_the_converted_folder(vlm, tmp_path, device):
-    """The converted folder (language model at 4 bits, MTP head kept) read by metalqwen and by
-    mlx-vlm's loader: a prompt with two pictures and text between them gives mlx-vlm's logits."""
+@pytest.fixture(scope="module")
+def folder(vlm, tmp_path_factory):
+    """The original with an MTP head, converted by metalqwen (language model at 4 bits, head kept)."""
     hf, _ = vlm(quantize=True, mtp=True, original=True)
-    folder = convert(hf, tmp_path / "ours")
-    model = metalqwen.load(folder, device=device, max_context=128, kv_bits=16, progress=False)
+    return convert(hf, tmp_path_factory.mktemp("convert-vlm") / "q4")
+
+
+@pytest.fixture(scope="module")
+def model(folder, device):
+    return metalqwen.load(folder, device=device, max_context=128, kv_bits=16, progress=False)
+
+
+def test_image_prompt_logits_equal_mlx_vlm_on_the_converted_folder(folder, model):
+    """The converted folder read by metalqwen and by mlx-vlm's loader: a prompt with two pictures and
+    text between them gives mlx-vlm's logits."""
     assert model.vision is not None and model.checkpoint.mtp
     prompt, images = case(TWO)
     ids = model.prompt_ids(prompt, chat=True, images=images)
     rows, grids = patches_of(model, images)
     want = np.array(reference_logits(reference_of(folder), ids, rows, grids))
     assert_logits_close(model.score(prompt, images=images, chat=True), want, logit_tolerance(model.config, 16))
+
+
+def test_mtp_drafts_after_an_image_prompt_give_plain_decoding(ckpt_root, device):
+    """The MTP head reads the image rows' features and rotary positions at prefill and drafts after
+    the prompt at cache row + rope_delta: with a head that predicts the quiet trunk (test_speculative's),
+    converted with the tower by metalqwen, its drafts are accepted and the tokens are plain greedy's."""
+    from ..engine.test_speculative import _mtp_predicts_the_trunk
+    from .conftest import write_vlm_checkpoint
+
+    hf, _ = write_vlm_checkpoint(ckpt_root, "vlm-mtp-spec", seed=11, tied=False, mtp=True, mixer_gain=1e-4,
+                                 edit=_mtp_predicts_the_trunk)
+    folder = convert(hf, os.path.join(ckpt_root, "vlm-mtp-spec-b8"), bits=8)
+    model = metalqwen.load(folder, device=device, max_context=96, progress=False, speculative="mtp")
+    prompt, images = case(ONE)
+    plain = model.generate(prompt, max_tokens=8, images=images, chat=True, speculative="off")
+    spec = model.generate(prompt, max_tokens=8, images=images, chat=True, speculative="mtp")
+    assert len(plain.tokens) == 8 and spec.tokens == plain.tokens
+    assert spec.stats.verify_steps > 0 and spec.stats.accepted > 0
+
+
+def test_the_cli_converts_without_quantizing(vlm, tmp_path):
+    from ..support.cli import run
+
+    hf, reference = vlm(mtp=True, original=True)
+    out = run("convert", hf, str(tmp_path / "cli"), "--no-quantize", "--mtp", "drop")
+    assert out.returncode == 0, out.stderr
+    theirs, mine = _arrays(reference), _arrays(tmp_path / "cli")
+    assert sorted(mine) == sorted(theirs) and all(np.array_equal(mine[k][1], theirs[k][1]) for k in theirs)
 
 
 def test_an_original_with_a_tower_but_no_vision_config_is_refused(vlm, tmp_path):
