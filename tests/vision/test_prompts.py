@@ -80,15 +80,24 @@ TWO = dict(messages=[{"role": "user", "content": [
     images=[(96, 64), (64, 64)])
 
 
+# An image after a long text: the prompt's first prefill chunk (64 rows) holds text only, the image
+# starts in the second.
+LATE = dict(messages=[{"role": "user", "content": [
+    {"type": "text", "text": "The quick brown fox jumps over the lazy dog. " * 3}, {"type": "image"},
+    {"type": "text", "text": "What is it?"}]}], images=[(64, 96)])
+
+
 def case(c):
     images = [picture(h, w, seed=h * w) for h, w in c["images"]]
     return (c["messages"] or c["text"]), images
 
 
-@pytest.mark.parametrize("c", [ONE, TWO], ids=["one image first", "text between two images"])
+@pytest.mark.parametrize("c", [ONE, TWO, LATE], ids=["one image first", "text between two images",
+                                              "image after a long text"])
 def test_logits_equal_mlx_vlm(model, reference, c):
     prompt, images = case(c)
     ids = model.prompt_ids(prompt, chat=True, images=images)
+    assert c is not LATE or ids.index(PAD) > 64
     rows, grids = patches_of(model, images)
     assert ids.count(PAD) == sum(h * w // 4 for _, h, w in grids)
     got = model.score(prompt, images=images, chat=True)
