@@ -105,7 +105,7 @@ class _Job:
 def _mlx_name(name: str) -> str | None:
     """The MLX name of an original's tensor (the tower's as mlx-vlm names it), or None for tensors
     no MLX folder holds."""
-    for prefix in ("model.visual.", "model.language_model.visual."):
+    for prefix in ("model.visual.", "model.language_model.visual.", "visual."):
         if name.startswith(prefix):
             return None if "position_ids" in name else _VISION + name[len(prefix):]
     if name.startswith("model.language_model."):
