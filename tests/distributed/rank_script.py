@@ -4,6 +4,7 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
 
     rank_script.py CHECKPOINT OUT SCENARIO
     run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
+    mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts in lockstep and led by rank 0
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
@@ -56,6 +57,20 @@ def run(model, out: str) -> dict:
             "accepted": after["accepted"] - before["accepted"],
             "layers": list(model.layers), **cache,
             "split": [list(r) for r in model.split], "weight_bytes": model.counters()["weight_bytes"]}
+
+
+def mtp(model, out: str) -> dict:
+    """The MTP head on the last rank: logits and plain tokens, then MTP speculative decoding (greedy
+    and seeded sampling) with every rank calling, and greedy again with rank 0 leading."""
+    np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
+    plain = model.generate(PROMPT, max_tokens=16, speculative="off").tokens
+    drafted = model.generate(PROMPT, max_tokens=16, speculative="mtp")
+    sampled = model.generate(PROMPT, max_tokens=16, speculative="mtp", **SAMPLED).tokens
+    led = model.lead_with(lambda: model.generate(PROMPT, max_tokens=16).tokens)
+    return {"plain": plain, "speculative": drafted.tokens, "drafted": drafted.stats.drafted,
+            "accepted": drafted.stats.accepted, "sampled": sampled, "led": led, "mode": model.speculative,
+            "layers": list(model.layers), "mtp_bytes": model.mtp_bytes,
+            "weight_bytes": model.counters()["weight_bytes"]}
 
 
 def cached(model) -> dict:
@@ -122,7 +137,7 @@ def serve_args(path: str, port: str) -> list[str]:
 
 def hang_in_second_request() -> None:
     """Rank 1 of serve-hang: the second call it follows sleeps (mlx.launch SIGTERMs it once rank 0 exits)."""
-    from metalqwen.model import PipelineModel
+    from metalqwen.pipeline_model import PipelineModel
 
     follow, calls = PipelineModel._follow_stream, []
 
@@ -165,13 +180,15 @@ def main(path: str, out: str, scenario: str, *extra: str) -> int:
     rank = int(os.environ.get("MLX_RANK", "-1"))
     started = time.monotonic()
     try:
-        model = metalqwen.load(path, **OPTIONS, distributed="pipeline",
+        options = {**OPTIONS, "speculative": "auto"} if scenario == "mtp" else OPTIONS
+        model = metalqwen.load(path, **options, distributed="pipeline",
                                prefix_cache_bytes=CACHE_BYTES if scenario == "run" else 0,
                                distributed_timeout=60 if scenario == "run" else TIMEOUT,
                                layer_split="0:3,2:4" if scenario == "badsplit" else None)
         rank = model.rank
         started = time.monotonic()
-        result = run(model, out) if scenario == "run" else fail_mid_stream(model, scenario)
+        scenarios = {"run": run, "mtp": mtp}
+        result = scenarios[scenario](model, out) if scenario in scenarios else fail_mid_stream(model, scenario)
     except Exception as e:  # reported in the result file
         result = {"error": type(e).__name__, "message": str(e)}
     result["seconds"] = time.monotonic() - started

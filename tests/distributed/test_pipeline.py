@@ -70,6 +70,29 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
         assert got["weight_bytes"] == range_bytes(tiny, first, end) < single["weight_bytes"]
 
 
+def test_moe_with_an_mtp_head_across_ranks(tiny_moe_mtp, launch):
+    """The MoE checkpoint's logits and tokens, bit for bit; MTP drafts made by the last rank, fed by
+    rank 0: plain decoding's tokens, and the drafts and seeded draws of one process (same drafts)."""
+    options = {**rank_script.OPTIONS, "speculative": "auto"}
+    alone = metalqwen.load(tiny_moe_mtp, **options)
+    plain = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="off").tokens
+    drafted = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp")
+    sampled = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp", **rank_script.SAMPLED).tokens
+    assert drafted.tokens == plain and drafted.stats.accepted > 0
+    results = launch(tiny_moe_mtp, "mtp")
+    for rank, got in enumerate(results):
+        assert "error" not in got, got
+        logits = np.load(os.path.join(got["dir"], f"rank{rank}.npy"))
+        np.testing.assert_array_equal(logits.view(np.uint32), alone.score(rank_script.PROMPT).view(np.uint32))
+        assert got["mode"] == "mtp" and got["plain"] == got["speculative"] == plain
+        assert (got["drafted"], got["accepted"]) == (drafted.stats.drafted, drafted.stats.accepted), got
+        assert got["sampled"] == sampled
+    assert results[0]["led"] == plain and results[1]["led"] is None
+    # The head (and the embedding it reads) on the last rank only.
+    assert results[0]["mtp_bytes"] == 0 < results[1]["mtp_bytes"] == alone.mtp_bytes
+    assert results[1]["weight_bytes"] == range_bytes(tiny_moe_mtp, 2, 4) + alone.mtp_bytes
+
+
 def test_overlapping_split_refused_on_every_rank(tiny, launch):
     for got in launch(tiny, "badsplit"):
         assert got["error"] == "ValueError"
