@@ -10,7 +10,7 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
     kill      rank 1 dies (SIGKILL) in the middle of a stream
     cli       metalqwen generate --distributed pipeline (its stdout and stderr kept)
     chat      metalqwen chat --distributed pipeline, reading what mlx.launch passes on
-    bench     metalqwen bench --quick --distributed pipeline --json OUT/bench.json
+    bench     metalqwen bench --quick --distributed pipeline --json OUT/bench.json (and the extra arguments)
     serve     metalqwen serve --distributed pipeline --port PORT (the extra argument)
     serve-hang  as serve, with rank 1 hanging in the second request it follows
 
@@ -157,7 +157,7 @@ def command(path: str, out: str, scenario: str, extra: list[str]) -> list[str]:
         return chat_args(path) + ["--distributed", "pipeline"]
     if scenario == "bench":
         return ["bench", "-m", path, "--device", "cpu", "--kv-bits", "16", "--quick", "--decode-tokens", "4",
-                "--distributed", "pipeline", "--json", os.path.join(out, "bench.json")]
+                "--distributed", "pipeline", "--json", os.path.join(out, "bench.json"), *extra]
     if scenario == "serve-hang" and os.environ["MLX_RANK"] == "1":
         hang_in_second_request()
     return serve_args(path, extra[0])

@@ -38,8 +38,9 @@ def test_chat_reads_on_rank_0_and_answers_as_one_process(tiny, launch, monkeypat
     assert second["stdout"] == second["stderr"] == ""
 
 
-def test_bench_reports_hops(tiny, launch):
-    first, second = launch(tiny, "bench")
+def test_bench_reports_hops(tiny_moe_mtp, start):
+    """On the MoE checkpoint, decoding with MTP drafts: the hops, and the verify steps' figures."""
+    first, second = start(tiny_moe_mtp, "bench", extra=["--speculative", "mtp"]).results()
     assert first["code"] == second["code"] == 0, (first, second)
     assert second["stdout"] == second["stderr"] == ""
     assert "pipeline: 2 ranks, layers 0:2, 2:4" in first["stdout"]
@@ -56,6 +57,9 @@ def test_bench_reports_hops(tiny, launch):
     for share, d in zip(pipe["share_of_step"], decode):
         assert d["tokens_per_second"] > 0
         assert share["share"] == pytest.approx(pipe["hop_seconds_per_step"] * d["tokens_per_second"])
+    spec = data["metalqwen"]["speculative"]
+    assert spec["verify_steps"] > 0 and 0 < spec["accepted"] <= spec["drafted"], spec
+    assert "speculative: " in first["stdout"]
 
 
 def wait_for_server(port: int, launch: conftest.Launch, seconds: float = 100) -> None:
