@@ -215,6 +215,8 @@ class Engine {
   // decode_end. Step k+1 is committed before step k is waited for (its input id is read on the
   // GPU), so the GPU never waits for the CPU. After decode_end the state holds every returned
   // token but possibly the last (tokens() tells). decode_end also waits for shared steps in flight.
+  // A token mask (Sampling::token_mask) only with max_tokens 2: its one step reads the slot's
+  // token_masks row as the host wrote it before decode_begin.
   void decode_begin(int slot, int max_tokens, const Sampling& sampling);
   std::optional<uint32_t> decode_next();
   void decode_end();

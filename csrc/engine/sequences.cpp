@@ -191,10 +191,11 @@ void Engine::decode_begin(int slot, int max_tokens, const Sampling& sampling) {
                       std::to_string(max_tokens) + "): each waits for rows or a choice from another engine");
   q.mtp_carry = false;  // decode steps do not run the MTP head
   check_sampling(sampling);
-  if (sampling.token_mask)
+  // One step (max_tokens 2: the chosen token, then the step) reads the mask the host wrote before.
+  if (sampling.token_mask && max_tokens > 2)
     throw EngineError(
-        "[engine] decode steps take no token mask (each step's mask follows the token before it): "
-        "step the slot instead");
+        "[engine] decode steps take no token mask beyond one step (each step's mask follows the token before "
+        "it): step the slot instead, or decode_begin(max_tokens=2) with the step's mask written");
   write_logit_bias(slot, sampling);  // read by every step in flight: not written again until decode_end
   q.logprob_position = -1;
   decoding_.emplace();

@@ -26,8 +26,7 @@ from . import speculative as spec
 from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = ("several sequences at once (max_sequences, generate_batch), mtp_logits, structured output (grammars, "
-           "json_schema, response_format) and images")
+NOT_YET = "several sequences at once (max_sequences, generate_batch), mtp_logits, DFlash drafters (draft) and images"
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
 
@@ -268,8 +267,10 @@ class PipelineRunner(Runner):
 
     def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (), constraint=None,
                     images=None) -> int:
-        # constraint and images never come here: PipelineModel refuses them (NOT_YET).
+        # Images never come here: PipelineModel refuses them (NOT_YET). The last rank masks the first choice.
         reuse, snapshot_at = self.resume(ids, boundaries)
+        if constraint is not None and self._engine.has_head:
+            constraint.mask(self._engine.token_masks()[0])
         if self.prefix_cache is None:
             self._prefill(ids[reuse:], sampling, "none")
             return reuse
@@ -322,6 +323,30 @@ class PipelineRunner(Runner):
                 raise
             if n + 1 == budget:
                 return
+            try:
+                self._through(1, lambda: self._decode_step(chosen_by))
+            except _Stopped:
+                return
+            token = self._share_choice(sampling["logprobs"])
+
+    def constrained_tokens(self, budget: int, sampling: dict, constraint) -> Iterator[int]:
+        """plain_tokens under a grammar: before each step the last rank advances ``constraint``
+        (its own; the others may pass None) with the token the step feeds and writes the next
+        mask, which the step's choice reads (a host decision per token, as alone)."""
+        engine, chosen_by = self._engine, _core.Sampling(**sampling)
+        token = engine.chosen(0)  # chosen by prefill under the first mask
+        for n in range(budget):
+            try:
+                yield token
+            except GeneratorExit:  # see plain_tokens
+                if n + 1 < budget:
+                    self._stop_here()
+                raise
+            if n + 1 == budget:
+                return
+            if engine.has_head:
+                constraint.advance(token)
+                constraint.mask(engine.token_masks()[0])
             try:
                 self._through(1, lambda: self._decode_step(chosen_by))
             except _Stopped:

@@ -114,8 +114,13 @@ class PipelineModel(Model):
     def _follow_stream(self, message: dict) -> None:
         """Rank 0's generation, step for step: its prompt, then decode steps until its budget or its stop."""
         sampling = {**message["sampling"], "logit_bias": [tuple(p) for p in message["sampling"]["logit_bias"]]}
-        self.runner.feed_prompt(message["ids"], sampling, message["boundaries"])
-        if message["speculative"]:  # rank 0 (or the MTP head) drafts: the drafts come with each step's rows
+        # Under a grammar the last rank masks each choice: it alone rebuilds rank 0's constraint.
+        grammar = message["grammar"] if self._engine.has_head else None
+        constraint = self.grammars.again(grammar) if grammar is not None else None
+        self.runner.feed_prompt(message["ids"], sampling, message["boundaries"], constraint)
+        if message["grammar"] is not None:
+            tokens = self.runner.constrained_tokens(message["budget"], sampling, constraint)
+        elif message["speculative"]:  # rank 0 (or the MTP head) drafts: the drafts come with each step's rows
             tokens = self.runner.speculative_tokens(message["ids"], message["budget"], sampling, None,
                                                     self.draft_depth, mtp=message["speculative"] == "mtp")
         else:
@@ -140,22 +145,17 @@ class PipelineModel(Model):
         self._call("hop_seconds", repeats=repeats)
         return self.runner.hop_seconds(repeats)
 
-    def request(self, *args, **kwargs) -> Request:
-        request = super().request(*args, **kwargs)
-        if request.constraint is not None:
-            self._refuse("structured output")
-        return request
-
     def _run(self, request: Request) -> Iterator[Chunk]:
         if self._leading:  # the followers take rank 0's sampling, seed included
             budget = min(request.max_tokens, self.max_context - len(request.ids))
             self._call("stream", ids=request.ids, budget=budget, sampling=request.sampling,
-                       boundaries=[int(b) for b in request.boundaries], speculative=_drafting(request))
+                       boundaries=[int(b) for b in request.boundaries], speculative=_drafting(request),
+                       grammar=_grammar(request))
         else:  # only the last rank samples: a seed left to chance may differ
             sampling = {k: v for k, v in request.sampling.items() if k != "seed"}
             self._call("generate/stream", ids=request.ids, max_tokens=request.max_tokens, sampling=sampling,
                        stop=request.stop, boundaries=[int(b) for b in request.boundaries],
-                       speculative=_drafting(request))
+                       speculative=_drafting(request), grammar=_grammar(request))
         yield from super()._run(request)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
@@ -171,3 +171,8 @@ def _drafting(request: Request) -> str | None:
     if request.drafter is None:
         return None
     return "mtp" if isinstance(request.drafter, spec.MtpHead) else "host"
+
+
+def _grammar(request: Request) -> str | None:
+    """The request's grammar (llguidance's text; None: unconstrained)."""
+    return request.constraint.grammar if request.constraint is not None else None

@@ -4,7 +4,8 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
 
     rank_script.py CHECKPOINT OUT SCENARIO
     run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
-    mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts in lockstep and led by rank 0
+    mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts and a JSON schema, in lockstep
+              and led by rank 0
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
@@ -40,6 +41,7 @@ SAMPLED = dict(temperature=0.8, top_p=0.9, seed=7)
 CACHE_BYTES = 2 * (82432 + 10240) + (82432 + 13312) + (82432 + 6144) // 2
 # Prompts after PROMPT (snapshotted at 6 and 10): the first resumes at 6, the second at 10.
 CACHED = [PROMPT[:6] + [400, 401, 402, 403], PROMPT + [11, 12, 13]]
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (steps of this model take well under 1 s)
 
 
@@ -61,14 +63,18 @@ def run(model, out: str) -> dict:
 
 def mtp(model, out: str) -> dict:
     """The MTP head on the last rank: logits and plain tokens, then MTP speculative decoding (greedy
-    and seeded sampling) with every rank calling, and greedy again with rank 0 leading."""
+    and seeded sampling) and a JSON schema's tokens with every rank calling, and the same greedy
+    and constrained generations with rank 0 leading."""
     np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
     plain = model.generate(PROMPT, max_tokens=16, speculative="off").tokens
     drafted = model.generate(PROMPT, max_tokens=16, speculative="mtp")
     sampled = model.generate(PROMPT, max_tokens=16, speculative="mtp", **SAMPLED).tokens
-    led = model.lead_with(lambda: model.generate(PROMPT, max_tokens=16).tokens)
+    constrained = model.generate(PROMPT, max_tokens=12, json_schema=SCHEMA).tokens
+    led = model.lead_with(lambda: [model.generate(PROMPT, max_tokens=16).tokens,
+                                   model.generate(PROMPT, max_tokens=12, json_schema=SCHEMA).tokens])
     return {"plain": plain, "speculative": drafted.tokens, "drafted": drafted.stats.drafted,
-            "accepted": drafted.stats.accepted, "sampled": sampled, "led": led, "mode": model.speculative,
+            "accepted": drafted.stats.accepted, "sampled": sampled, "constrained": constrained, "led": led,
+            "mode": model.speculative,
             "layers": list(model.layers), "mtp_bytes": model.mtp_bytes,
             "weight_bytes": model.counters()["weight_bytes"]}
 

@@ -176,6 +176,9 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
         mine = [(c.logprob, c.top_logprobs) for c in model.stream(PROMPT, max_tokens=3, logprobs=2)]
         theirs = [(c.logprob, c.top_logprobs) for c in alone.stream(PROMPT, max_tokens=3, logprobs=2)]
         assert mine == theirs and theirs[0][0] is not None
+        schema = rank_script.SCHEMA  # the last rank's masks: here the one rank's
+        assert (model.generate(PROMPT, max_tokens=8, json_schema=schema).tokens
+                == alone.generate(PROMPT, max_tokens=8, json_schema=schema).tokens)
         # The prefix cache: hits at a boundary and at a prompt's end give the cold runs' tokens and logprobs.
         cached = rank_script.cached(metalqwen.load(tiny, **options, distributed="pipeline", prefix_cache_bytes=2**20))
         cold = []

@@ -72,13 +72,16 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
 
 def test_moe_with_an_mtp_head_across_ranks(tiny_moe_mtp, launch):
     """The MoE checkpoint's logits and tokens, bit for bit; MTP drafts made by the last rank, fed by
-    rank 0: plain decoding's tokens, and the drafts and seeded draws of one process (same drafts)."""
+    rank 0: plain decoding's tokens, and the drafts and seeded draws of one process (same drafts);
+    a JSON schema's tokens (the last rank masks each choice), in lockstep and led by rank 0."""
     options = {**rank_script.OPTIONS, "speculative": "auto"}
     alone = metalqwen.load(tiny_moe_mtp, **options)
     plain = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="off").tokens
     drafted = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp")
     sampled = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp", **rank_script.SAMPLED).tokens
+    constrained = alone.generate(rank_script.PROMPT, max_tokens=12, json_schema=rank_script.SCHEMA)
     assert drafted.tokens == plain and drafted.stats.accepted > 0
+    assert constrained.text.startswith('{"n"') and constrained.tokens != plain[:12], constrained.text
     results = launch(tiny_moe_mtp, "mtp")
     for rank, got in enumerate(results):
         assert "error" not in got, got
@@ -87,7 +90,8 @@ def test_moe_with_an_mtp_head_across_ranks(tiny_moe_mtp, launch):
         assert got["mode"] == "mtp" and got["plain"] == got["speculative"] == plain
         assert (got["drafted"], got["accepted"]) == (drafted.stats.drafted, drafted.stats.accepted), got
         assert got["sampled"] == sampled
-    assert results[0]["led"] == plain and results[1]["led"] is None
+        assert got["constrained"] == constrained.tokens
+    assert results[0]["led"] == [plain, constrained.tokens] and results[1]["led"] is None
     # The head (and the embedding it reads) on the last rank only.
     assert results[0]["mtp_bytes"] == 0 < results[1]["mtp_bytes"] == alone.mtp_bytes
     assert results[1]["weight_bytes"] == range_bytes(tiny_moe_mtp, 2, 4) + alone.mtp_bytes
