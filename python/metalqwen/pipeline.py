@@ -5,7 +5,7 @@ Rank 0 embeds the tokens; each step's residual rows (hidden x 4 bytes per row) g
 rank; the last rank holds the final norm, lm_head and sampler, and shares its choice (and the
 logits ``score`` asks for) with every rank. Every rank makes the same calls in the same order
 (``load(..., distributed="pipeline")``, then ``generate``/``stream``/``score``) and gets the same
-result; each call's arguments are compared across ranks first (``model.PipelineModel``). See
+result; each call's arguments are compared across ranks first (``pipeline_model.PipelineModel``). See
 docs/distributed.md."""
 
 from __future__ import annotations
