@@ -133,6 +133,13 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     # That stream resumed from the first request's snapshot across the ranks (the reference has no cache).
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         assert "metalqwen_cache_hits_total 1\n" in page.read().decode()
+    # Structured output: the last rank masks each choice, as one process does (no thinking: the answer is JSON).
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": rank_script.SCHEMA}}
+    asked, no_thinking = {**CHAT, "max_tokens": 8, "response_format": schema}, {"enable_thinking": False}
+    want = reference.post("/v1/chat/completions", json={**asked, "chat_template_kwargs": no_thinking}).json()
+    assert want["choices"][0]["message"]["content"].startswith("{"), want  # JSON (whitespace allowed)
+    got = client.chat.completions.create(**asked, extra_body={"chat_template_kwargs": no_thinking})
+    assert got.choices[0].message.content == want["choices"][0]["message"]["content"]
     os.kill(int((launch.out / "rank0.pid").read_text()), signal.SIGTERM)
     first, second = launch.results()
     assert first["code"] == second["code"] == 0, (first, second)
