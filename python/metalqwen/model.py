@@ -466,7 +466,7 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     A step the GPU fails raises GpuError once and resets the sequence it ran (its tokens are
     forgotten); the model stays usable.
     ``distributed="pipeline"`` (in a script every rank of ``mlx.launch`` runs): this rank loads
-    only its layers (``layer_split`` such as "0:20,20:40", one range per rank; default: in
+    only its layers (the last rank the MTP head too; ``layer_split`` such as "0:20,20:40", one range per rank; default: in
     proportion to each rank's GPU memory) and every rank must then make the same calls, which
     return the same results; a rank that waits more than ``distributed_timeout`` seconds for
     another raises DistributedError (docs/distributed.md).
