@@ -508,7 +508,8 @@ def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
         memory = model.counters()["memory_estimate"] / 2**30
 
         first, end = model.layers if args.distributed else (0, 0)
-        ranks = f" on rank 0 of {model.group.size} (layers {first}:{end})" if args.distributed else ""
+        ranks = (f" on rank 0 of {model.group.size} (layers {first}:{end}; requests one at a time across the ranks)"
+                 if args.distributed else "")
 
         def say_serving() -> None:
             print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "
