@@ -124,6 +124,7 @@ class _InterruptNotice:
         os.set_blocking(self._write, False)  # set_wakeup_fd requires it
         self._previous = signal.set_wakeup_fd(self._write)
         self._closing = False
+        self.acknowledged = threading.Event()  # set once the text is out (tests wait on it)
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
@@ -133,6 +134,7 @@ class _InterruptNotice:
                 return
             if signal.SIGINT in data:
                 _line(self.text, end="\n")
+                self.acknowledged.set()
 
     def close(self) -> None:
         signal.set_wakeup_fd(self._previous)
