@@ -188,7 +188,7 @@ def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
     if model.speculative != "off":
         drafter = {"mtp": spec.MtpHead, "dflash": spec.DflashBlock}.get(model.speculative, spec.PromptLookup)()
         steps = spec.generate(engine, 0, engine.chosen(0), tokens + 1, _core.Sampling(), drafter,
-                              spec.DepthPolicy(model.draft_depth), history=list(prompt))
+                              spec.policy_for(drafter, model.draft_depth), history=list(prompt))
         next(steps)  # the prefill's choice: not a decode step
         start = time.perf_counter()
         for _ in steps:
