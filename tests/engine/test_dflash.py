@@ -423,3 +423,26 @@ def test_policy_scales_untimed_block_lengths_by_timed_rounds():
     mtp.observe_plain(1, 0.010)
     mtp.observe_verify(3, 0.1)
     assert mtp.cost(1) == mtp.modelled_cost(1) and mtp.cost(3) == pytest.approx(10)
+
+
+def test_sampled_rounds_verify_the_blocks_drafts_by_the_point_mass_rule(model):
+    """A sampled DFlash round (15 drafts, the deep tier) chooses exactly what a verify step of the
+    same drafts given by the host chooses for the same seed: the block's drafts are the drafter's
+    argmaxes, point masses independent of the sampler's draws, verified by the rule whose
+    distribution test_speculative checks at every row of a 16-row step. Seeds that choose
+    differently (temperature 1, top-k 4) show that the comparison is not of one fixed answer."""
+    ids = prompt(model.config.vocab_size, 26, seed=14)
+    engine = model._engine
+    engine.reset(0)
+    snapshots = []
+    engine.prefill(0, ids, _core.Sampling(), "none", snapshot_at=[len(ids)], snapshots=snapshots)
+    drafts = [int(t) for t in np.argmax(engine.dflash_block(0, DRAFTS), axis=1)]
+    outs = set()
+    for seed in range(4):
+        sampling = _core.Sampling(temperature=1.0, top_k=4, seed=seed)
+        engine.restore(0, snapshots[0])
+        got = engine.verify_dflash(0, DRAFTS, sampling)
+        engine.restore(0, snapshots[0])
+        assert got == engine.verify(0, drafts, sampling), f"seed {seed}"
+        outs.add(tuple(got))
+    assert len(outs) > 1, outs
