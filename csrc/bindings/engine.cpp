@@ -151,11 +151,12 @@ void bind_engine(py::module_& m) {
   m.def(
       "estimate_memory",
       [](py::dict dims, py::dict tensors, int max_context, int kv_bits, int prefill_chunk, int max_sequences,
-         int first_layer, int end_layer, int max_draft) {
+         int first_layer, int end_layer, int max_draft, bool mtp) {
         const EngineOptions options{.max_context = max_context,
                                     .kv_bits = kv_bits,
                                     .prefill_chunk = prefill_chunk,
                                     .max_draft = max_draft,
+                                    .mtp = mtp,
                                     .max_sequences = max_sequences,
                                     .first_layer = first_layer,
                                     .end_layer = end_layer};
@@ -168,7 +169,8 @@ void bind_engine(py::module_& m) {
         return out;
       },
       py::arg("dims"), py::arg("tensors"), py::arg("max_context"), py::arg("kv_bits"), py::arg("prefill_chunk"),
-      py::arg("max_sequences") = 1, py::arg("first_layer") = 0, py::arg("end_layer") = -1, py::arg("max_draft") = 0);
+      py::arg("max_sequences") = 1, py::arg("first_layer") = 0, py::arg("end_layer") = -1, py::arg("max_draft") = 0,
+      py::arg("mtp") = false);
   // Device memory holding a sequence state (see engine.h); Engine.restore puts it back.
   py::class_<Snapshot, std::shared_ptr<Snapshot>>(m, "Snapshot")
       .def_readonly("position", &Snapshot::position)
@@ -263,7 +265,7 @@ void bind_engine(py::module_& m) {
           "prefill",
           [](Engine& e, int slot, std::vector<uint32_t> tokens, const Sampling& sampling, const std::string& logits,
              py::object progress, std::vector<int> snapshot_at, py::object snapshots, py::object rope_positions,
-             const ImageFeatures& features) -> py::object {
+             const ImageFeatures& features, std::optional<uint32_t> next_token) -> py::object {
             if (logits != "none" && logits != "last" && logits != "all")
               throw py::value_error("logits must be 'none', 'last' or 'all'");
             // Between chunks: a pending Ctrl-C raises KeyboardInterrupt here (the chunks
@@ -279,7 +281,7 @@ void bind_engine(py::module_& m) {
             {
               py::gil_scoped_release release;
               out = e.prefill(slot, tokens, sampling, logits == "all", logits == "last", between_chunks, snapshot_at,
-                              &taken, images ? &*images : nullptr);
+                              &taken, images ? &*images : nullptr, next_token);
             }
             if (!snapshots.is_none())
               for (auto& s : taken) snapshots.attr("append")(s);
@@ -289,10 +291,11 @@ void bind_engine(py::module_& m) {
           py::arg("slot"), py::arg("tokens"), py::arg("sampling") = Sampling{}, py::arg("logits") = "none",
           py::arg("progress") = py::none(), py::arg("snapshot_at") = std::vector<int>{},
           py::arg("snapshots") = py::none(), py::arg("rope_positions") = py::none(),
-          py::arg("features") = ImageFeatures{},
+          py::arg("features") = ImageFeatures{}, py::arg("next_token") = py::none(),
           "rope_positions: int32 [prompt rows][3] (time, height, width) of a prompt with images, from the slot's "
           "row 0 (tokens are its rows from position(); the slot's rope_delta follows from them); features: (first "
-          "prompt row, rows, Buffer of f32 [rows][hidden]) replacing those embeddings")
+          "prompt row, rows, Buffer of f32 [rows][hidden]) replacing those embeddings; next_token: the prompt's "
+          "token after these, fed by a later call (nothing is chosen)")
       .def("rope_delta", &Engine::rope_delta, py::arg("slot"))
       .def("restore", &Engine::restore, py::arg("slot"), py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
       .def("decode_begin", &Engine::decode_begin, py::arg("slot"), py::arg("max_tokens"),
@@ -316,6 +319,8 @@ void bind_engine(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("verify_accept", &Engine::verify_accept, py::arg("slot"), py::arg("drafts"), py::arg("accepted"),
            py::arg("next"), py::call_guard<py::gil_scoped_release>())
+      .def("mtp_drafts", &Engine::mtp_drafts, py::arg("slot"), py::arg("drafts"),
+           py::call_guard<py::gil_scoped_release>())
       .def("verify_dflash", &Engine::verify_dflash, py::arg("slot"), py::arg("drafts"),
            py::arg("sampling") = Sampling{}, py::call_guard<py::gil_scoped_release>())
       .def(

@@ -59,7 +59,8 @@ Engine::Engine(std::shared_ptr<gpu::Device> device, ModelDesc model, EngineOptio
                       " (a verify step holds at most " + std::to_string(MQ_QMV_MAX_ROWS) + " rows), got " +
                       std::to_string(options_.max_draft));
   layers_ = load_layers(weights_, model_.dims, range_);
-  if (embeds() || (has_head() && model_.dims.tied)) embed_ = weights_.linear("language_model.model.embed_tokens");
+  if (embeds() || (has_head() && (model_.dims.tied || options_.mtp)))
+    embed_ = weights_.linear("language_model.model.embed_tokens");
   if (has_head()) {
     lm_head_ = model_.dims.tied ? embed_ : weights_.linear("language_model.lm_head");
     final_norm_ = weights_.tensor("language_model.model.norm.weight");

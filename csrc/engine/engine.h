@@ -196,11 +196,14 @@ class Engine {
   // features (rows from 0: `tokens` are its rows [position(), position() + tokens.size())). The
   // slot's rope_delta becomes that of its rows so far, largest rotary position + 1 - position()
   // (a snapshot's too); text rows after the prompt rotate at cache row + it (until reset).
+  // `next_token`: the prompt's token after `tokens`, fed by a later call (a pipeline rank feeds a
+  // prompt a chunk per call): written at ids[end] and nothing chosen, so the MTP head's last row
+  // pairs with it as in a whole prompt's prefill.
   std::vector<float> prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling, bool all_logits,
                              bool last_logits, const PrefillProgress& progress = {},
                              const std::vector<int>& snapshot_at = {},
                              std::vector<std::shared_ptr<Snapshot>>* snapshots = nullptr,
-                             const PromptImages* images = nullptr);
+                             const PromptImages* images = nullptr, std::optional<uint32_t> next_token = {});
   // The slot's rotary offset: rotary position - cache row of its text rows (0 without images).
   int rope_delta(int slot) const { return sequence(slot).rope_delta; }
   // Puts a snapshot's state into `slot` (any slot: the parts are alike): position() and
@@ -212,6 +215,8 @@ class Engine {
   // decode_end. Step k+1 is committed before step k is waited for (its input id is read on the
   // GPU), so the GPU never waits for the CPU. After decode_end the state holds every returned
   // token but possibly the last (tokens() tells). decode_end also waits for shared steps in flight.
+  // A token mask (Sampling::token_mask) only with max_tokens 2: its one step reads the slot's
+  // token_masks row as the host wrote it before decode_begin.
   void decode_begin(int slot, int max_tokens, const Sampling& sampling);
   std::optional<uint32_t> decode_next();
   void decode_end();
@@ -243,6 +248,11 @@ class Engine {
   // their states rolled back to `accepted` drafts, `next` at ids[position()] after them.
   void verify_rows(int slot, const std::vector<uint32_t>& drafts);
   void verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_t next);
+  // The MTP head's next `drafts` drafts (at most max_draft, within the context) for the slot, as
+  // verify_mtp would make them, in a step of their own (written to ids after position(), not
+  // fed); none without the head's state (mtp_ready). A pipeline's last engine drafts so, after
+  // its step, for the first engine to feed them as host drafts of the next (verify, verify_rows).
+  std::vector<uint32_t> mtp_drafts(int slot, uint32_t drafts);
   // The same with `drafts` drafts (at most max_draft) made on the GPU by the DFlash drafter in the
   // same command buffer: its greedy block of drafts + 1 rows at position() (point masses).
   std::vector<uint32_t> verify_dflash(int slot, uint32_t drafts, const Sampling& sampling);
@@ -324,7 +334,8 @@ class Engine {
   // choice with set_chosen. Prefill takes at most max_rows() tokens per call and decode_begin
   // one step (max_tokens 2) then, since each step waits for rows from another engine; verify
   // with host drafts runs on the head's engine (verify_rows and verify_accept on the others);
-  // step and the MTP head need the whole model.
+  // the MTP head goes with the head (the embedding too, then), drafting with mtp_drafts; step
+  // needs the whole model.
   bool embeds() const { return range_.first == 0; }
   bool has_head() const { return range_.end == model_.dims.layers; }
   LayerRange layers() const { return range_; }

@@ -86,18 +86,18 @@ ModelDesc keep_layer_range(ModelDesc model, const EngineOptions& options) {
     throw EngineError("[engine] layers [" + std::to_string(range.first) + ", " + std::to_string(range.end) +
                       ") are not a non-empty range of the model's " + std::to_string(d.layers) + " layers");
   if (range.whole(d)) return model;
-  if (options.mtp)
-    throw EngineError("[engine] the MTP head needs the embedding and the lm_head: not with layers [" +
+  const bool first = range.first == 0, last = range.end == d.layers;
+  if (options.mtp && !last)
+    throw EngineError("[engine] the MTP head goes with the lm_head (the last layers' engine): not with layers [" +
                       std::to_string(range.first) + ", " + std::to_string(range.end) + ") of " +
                       std::to_string(d.layers));
   const std::string layer_prefix = kModel + "layers.", embed = kModel + "embed_tokens.";
-  const bool first = range.first == 0, last = range.end == d.layers;
   auto keep = [&](const std::string& name) {
     if (name.rfind(layer_prefix, 0) == 0) {
       const int layer = std::stoi(name.substr(layer_prefix.size()));
       return layer >= range.first && layer < range.end;
     }
-    if (name.rfind(embed, 0) == 0) return first || (last && d.tied);
+    if (name.rfind(embed, 0) == 0) return first || (last && (d.tied || options.mtp));  // the MTP head embeds
     return last;  // the final norm, lm_head, MTP head
   };
   std::erase_if(model.tensors, [&](const auto& entry) { return !keep(entry.first); });

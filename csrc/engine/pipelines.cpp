@@ -88,7 +88,7 @@ void plan_part(KernelPlan& plan, MatvecTiers t, W& part, const LayerTensor<W> (&
 
 void Engine::plan_kernels(KernelPlan& plan) {
   const MatvecTiers tiers{device_->gpu_cores(), max_step_rows() > MQ_QMV_SMALL_ROWS};
-  if (embeds()) plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
+  if (embeds() || mtp_) plan.need(embed_.kernels.embed, "embed" + quant_suffix(embed_), exactly(MQ_EMBED_THREADS));
   if (has_head()) {
     plan_projection(plan, tiers, lm_head_);
     plan.need(k_.final_norm, "rms_norm_residual" + vector_suffix(final_norm_), up_to(MQ_NORM_THREADS));

@@ -31,7 +31,8 @@ uint32_t Engine::chosen(int slot) const { return host_ids(slot)[sequence(slot).p
 std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens, const Sampling& sampling,
                                    bool all_logits, bool last_logits, const PrefillProgress& progress,
                                    const std::vector<int>& snapshot_at,
-                                   std::vector<std::shared_ptr<Snapshot>>* snapshots, const PromptImages* images) {
+                                   std::vector<std::shared_ptr<Snapshot>>* snapshots, const PromptImages* images,
+                                   std::optional<uint32_t> next_token) {
   Sequence& q = sequence(slot);
   decode_end();
   if (tokens.empty()) throw EngineError("[engine] prefill needs at least one token");
@@ -50,11 +51,14 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
   const uint32_t vocab = uint32_t(model_.dims.vocab);
   for (uint32_t t : tokens)
     if (t >= vocab) throw EngineError("[engine] token id " + std::to_string(t) + " is outside the vocabulary");
+  if (next_token && *next_token >= vocab)
+    throw EngineError("[engine] next token id " + std::to_string(*next_token) + " is outside the vocabulary");
   std::memcpy(host_ids(slot) + q.position, tokens.data(), tokens.size() * 4);
 
   const int end = q.position + int(tokens.size());
+  if (next_token) host_ids(slot)[end] = *next_token;
   q.generated_from = end;
-  q.logprob_position = sampling.logprobs >= 0 ? end : -1;  // the choice's entry (ring slot end)
+  q.logprob_position = sampling.logprobs >= 0 && !next_token ? end : -1;  // the choice's entry (ring slot end)
   for (size_t i = 0; i < snapshot_at.size(); ++i)
     if (snapshot_at[i] <= q.position || snapshot_at[i] > end || (i > 0 && snapshot_at[i] <= snapshot_at[i - 1]))
       throw EngineError("[engine] snapshot positions must ascend within (" + std::to_string(q.position) + ", " +
@@ -91,7 +95,7 @@ std::vector<float> Engine::prefill(int slot, const std::vector<uint32_t>& tokens
     ForwardPass head;  // the MTP head's rows: the same positions, features of the tokens one further
     if (images) rope_positions.push_back(bind_images(*images, q, uint32_t(q.position), rows, pass, head));
     Encoder enc(*device_, kernels_, "prefill chunk");
-    encode_prefill_rows(enc, pass, head, last, sampling);
+    encode_prefill_rows(enc, pass, head, last && !next_token, sampling);
     if (next_snapshot != snapshot_at.end() && *next_snapshot == q.position + int(rows)) {
       if (snapshots) snapshots->push_back(encode_snapshot(enc, slot, *next_snapshot));
       ++next_snapshot;
@@ -187,10 +191,11 @@ void Engine::decode_begin(int slot, int max_tokens, const Sampling& sampling) {
                       std::to_string(max_tokens) + "): each waits for rows or a choice from another engine");
   q.mtp_carry = false;  // decode steps do not run the MTP head
   check_sampling(sampling);
-  if (sampling.token_mask)
+  // One step (max_tokens 2: the chosen token, then the step) reads the mask the host wrote before.
+  if (sampling.token_mask && max_tokens > 2)
     throw EngineError(
-        "[engine] decode steps take no token mask (each step's mask follows the token before it): "
-        "step the slot instead");
+        "[engine] decode steps take no token mask beyond one step (each step's mask follows the token before "
+        "it): step the slot instead, or decode_begin(max_tokens=2) with the step's mask written");
   write_logit_bias(slot, sampling);  // read by every step in flight: not written again until decode_end
   q.logprob_position = -1;
   decoding_.emplace();

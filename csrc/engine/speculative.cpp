@@ -146,6 +146,27 @@ void Engine::verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_
   count_verified(drafts, accepted);
 }
 
+std::vector<uint32_t> Engine::mtp_drafts(int slot, uint32_t drafts) {
+  if (!mtp_) throw EngineError("[engine] mtp_drafts needs the MTP head (load it with the engine option mtp)");
+  Sequence& q = sequence(slot);
+  if (drafts > uint32_t(options_.max_draft))
+    throw EngineError("[engine] " + std::to_string(drafts) + " drafts exceed max_draft " +
+                      std::to_string(options_.max_draft) + " (set at load)");
+  decode_end();
+  if (!q.mtp_carry || drafts == 0) return {};
+  check_room(size_t(drafts) + 2, q);  // as the verify step that feeds them
+  Encoder enc(*device_, kernels_, "MTP drafts");
+  encode_mtp_drafts(enc, slot, q.position, drafts);
+  Submitted step = commit(enc);
+  try {
+    wait(step);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed("MTP drafts", {slot}, e);
+  }
+  const auto* ids = host_ids(slot) + q.position + 1;
+  return std::vector<uint32_t>(ids, ids + drafts);
+}
+
 std::vector<uint32_t> Engine::verify_dflash(int slot, uint32_t drafts, const Sampling& sampling) {
   if (!dflash_) throw EngineError("[engine] verify_dflash needs a DFlash drafter (load it with draft=)");
   return run_verify(slot, drafts, sampling, nullptr);

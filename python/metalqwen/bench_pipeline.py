@@ -2,15 +2,16 @@
 rank 0 measuring (the others follow its calls). Prefill tok/s and time to first token, decode
 tok/s at each context (through ``Model.generate``, eos ignored), and the hops: one decode
 step's rows from each rank to the next and the chosen token back to rank 0, each timed by
-round trips halved (the Macs share no clock), with their share of a decode step. On loopback
-the figures only show that everything runs."""
+round trips halved (the Macs share no clock), with their share of a decode step; with
+``--speculative``, decoding drafts as the model's mode says and the figures are those of its
+verify steps (acceptance too). On loopback the figures only show that everything runs."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from .bench import EngineFigures, plan, prompt_ids, report, table
+from .bench import EngineFigures, plan, prompt_ids, report, speculative_stats, table
 from .progress import phase
 
 HOP_REPEATS = 20  # round trips per hop
@@ -19,7 +20,7 @@ HOP_REPEATS = 20  # round trips per hop
 def refused(args) -> str:
     """The bench options a pipeline does not run yet ("" when none)."""
     given = {"--compare": args.compare, "--concurrency": args.concurrency, "--plot": args.plot,
-             "--speculative": args.speculative not in (None, "off"), "--draft": args.draft,
+             "--draft": args.draft,
              "--max-sequences": args.max_sequences}
     return ", ".join(name for name, value in given.items() if value)
 
@@ -34,6 +35,7 @@ def measure(model, p, vocab: int) -> tuple[EngineFigures, list[float]]:
         model.reset()
         s = model.generate(prompt_ids(vocab, n), max_tokens=1).stats  # the prefill chooses the first token
         figures.prefill.append(dict(tokens=n, tokens_per_second=n / s.prompt_seconds, ttft_seconds=s.prompt_seconds))
+    before = model.counters()
     for context in p.decode_contexts:
         phase(f"metalqwen: decode {p.decode_tokens} tokens at context {context}")
         model.reset()
@@ -41,6 +43,7 @@ def measure(model, p, vocab: int) -> tuple[EngineFigures, list[float]]:
         figures.decode.append(dict(context=context, tokens=p.decode_tokens,
                                    tokens_per_second=s.decode_tokens_per_second))
     counters = model.counters()
+    figures.speculative = speculative_stats(before, counters)  # rank 0's engine counts every verify step
     figures.memory_bytes = counters.get("memory_estimate")
     figures.engine = {k: counters.get(k) for k in ("weight_bytes_per_token", "dispatches_last_step",
                                                     "barriers_last_step", "host_encode_us_last_step")}
@@ -85,7 +88,7 @@ def run(args) -> int:
     ckpt = load_checkpoint(args.model)  # a Hub id resolves here, once, to its snapshot folder
     device = args.device or gpu.Device().kind
     model = load(ckpt.path, device=device, max_context=p.max_context, kv_bits=args.kv_bits, progress=False,
-                 distributed="pipeline", layer_split=args.layer_split,
+                 speculative=args.speculative, distributed="pipeline", layer_split=args.layer_split,
                  distributed_timeout=args.distributed_timeout)
     measured = model.lead_with(lambda: measure(model, p, ckpt.config.vocab_size))
     if measured is None:  # a follower: rank 0 prints

@@ -517,7 +517,8 @@ def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
         memory = model.counters()["memory_estimate"] / 2**30
 
         first, end = model.layers if args.distributed else (0, 0)
-        ranks = f" on rank 0 of {model.group.size} (layers {first}:{end})" if args.distributed else ""
+        ranks = (f" on rank 0 of {model.group.size} (layers {first}:{end}; requests one at a time across the ranks)"
+                 if args.distributed else "")
 
         def say_serving() -> None:
             print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "
@@ -534,7 +535,8 @@ def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from .convert import convert
 
-    out = convert(args.hf_dir, args.out_dir, bits=args.bits, group_size=args.group_size, mtp=args.mtp, progress=True)
+    out = convert(args.hf_dir, args.out_dir, bits=args.bits, group_size=args.group_size, mtp=args.mtp,
+                  quantize=not args.no_quantize, vision=args.vision, progress=True)
     print(f"metalqwen: wrote {out}", file=sys.stderr)
     return 0
 
@@ -758,7 +760,8 @@ def parser() -> argparse.ArgumentParser:
                             "the streams) to FILE (.png; needs matplotlib)")
     _add_distributed_options(bench)
     bench.set_defaults(run=_bench)
-    convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head kept")
+    convert = commands.add_parser("convert", help="a Hugging Face Qwen3.5 original -> an MLX folder, MTP head and "
+                                  "vision tower kept")
     convert.add_argument("hf_dir", help="the original's folder (config.json, *.safetensors, tokenizer)")
     convert.add_argument("out_dir", help="the MLX folder to write (must not exist)")
     convert.add_argument("--bits", type=int, choices=[4, 8], default=4, help="affine quantization bits (default 4)")
@@ -766,6 +769,10 @@ def parser() -> argparse.ArgumentParser:
                          help="quantization group size (default 64)")
     convert.add_argument("--mtp", choices=["keep", "drop"], default="keep",
                          help="keep the multi-token-prediction head (default; mlx_lm.convert drops it)")
+    convert.add_argument("--vision", choices=["keep", "drop"], default="keep",
+                         help="keep the vision tower as mlx_vlm.convert writes it (default; drop: a text-only folder)")
+    convert.add_argument("--no-quantize", action="store_true",
+                         help="cast to the original's dtype without quantizing (--bits/--group-size unused)")
     convert.set_defaults(run=_convert)
     add_mtp = commands.add_parser("add-mtp", help="graft an original's MTP head into an MLX folder (mtp.safetensors)")
     add_mtp.add_argument("hf_dir", help="the original's folder: its index and the shards holding mtp.* suffice")

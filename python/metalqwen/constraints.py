@@ -142,15 +142,20 @@ class Grammars:
         matcher = llguidance.LLMatcher(self._llg, grammar, log_level=0)
         if matcher.is_error():
             raise ConstraintError(f"[constraints] {what}: {matcher.get_error()}")
-        return Constraint(matcher, self.tokenizer, self.vocab_size)
+        return Constraint(matcher, self.tokenizer, self.vocab_size, grammar)
+
+    def again(self, grammar: str) -> Constraint:
+        """A fresh constraint of a ``Constraint.grammar`` (another process's, e.g. a pipeline rank's)."""
+        return self._constraint(grammar, "the grammar given")
 
 
 class Constraint:
     """One sequence's grammar state. Not thread-safe: one step's calls at a time (the mask of
     step s+1 after ``advance`` of step s's token)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, tokenizer: Tokenizer, vocab_size: int):
+    def __init__(self, matcher: llguidance.LLMatcher, tokenizer: Tokenizer, vocab_size: int, grammar: str):
         self._m = matcher
+        self.grammar = grammar  # llguidance's grammar text (Grammars.again makes it anew)
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.mask_words = mask_words(vocab_size)

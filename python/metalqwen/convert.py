@@ -1,15 +1,18 @@
-"""Hugging Face Qwen3.5 originals -> MLX folders, with numpy only, keeping the MTP head.
+"""Hugging Face Qwen3.5 originals -> MLX folders, with numpy only, keeping the MTP head and the
+vision tower.
 
 ``convert(hf_dir, out_dir)`` writes what ``mlx_lm.convert -q`` writes for the same input
 (same tensor names, dtypes and values; mlx-lm loads the result) plus, unless ``mtp="drop"``,
-the ``mtp.*`` tensors mlx-lm deletes. ``add_mtp(hf_dir, mlx_dir)`` grafts only the MTP
-tensors of an original into an existing MLX folder as the sidecar ``mtp.safetensors``,
-reading only the shards that hold them.
+the ``mtp.*`` tensors mlx-lm deletes, and, unless ``vision="drop"``, the vision tower as
+``mlx_vlm.convert`` writes it (``vision_config`` and the image processor's files kept).
+``quantize=False`` casts without quantizing (``mlx_lm.convert`` without ``-q``).
+``add_mtp(hf_dir, mlx_dir)`` grafts only the MTP tensors of an original into an existing MLX
+folder as the sidecar ``mtp.safetensors``, reading only the shards that hold them.
 
 What mlx-lm does to a ``qwen3_5`` checkpoint (its models/qwen3_5.py ``sanitize``,
 convert.py and utils.py ``quantize_model``/``save_config``), which this module repeats:
 - names ``model.language_model.X`` -> ``language_model.model.X``, ``lm_head.weight`` ->
-  ``language_model.lm_head.weight`` (dropped when the embeddings are tied); vision dropped;
+  ``language_model.lm_head.weight`` (dropped when the embeddings are tied);
 - conv1d ``[C, 1, K]`` -> ``[C, K, 1]``;
 - the zero-centred RMSNorm weights (``input_layernorm``, ``post_attention_layernorm``,
   ``model.norm``, ``q_norm``, ``k_norm``) become ``1 + w``, computed in the stored dtype;
@@ -21,6 +24,10 @@ convert.py and utils.py ``quantize_model``/``save_config``), which this module r
 MTP tensors are named ``mtp.*`` as in the original, quantized like the trunk, and all
 their RMSNorms (``pre_fc_norm_*``, the layer's four, ``mtp.norm``) stored as ``1 + w``:
 the convention of the trunk's norms in MLX folders (see shaders/README.md, MTP).
+The vision tower as mlx-vlm 0.7.10 converts it (models/qwen3_5 ``sanitize_key``, qwen3_vl
+vision ``sanitize``, convert.py): ``model.visual.X`` -> ``vision_tower.X``; the Conv3d patch
+embedding from PyTorch's [out, C, T, P, P] to MLX's [out, T, P, P, C]; ``position_ids`` dropped;
+cast to the config's dtype like the rest and never quantized (``skip_multimodal_module``).
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ _MTP_SHIFTED_NORMS = _SHIFTED_NORMS + (".pre_fc_norm_embedding.weight", ".pre_fc
 _DTYPE_TAG = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "added_tokens.json", "chat_template.jinja", "chat_template.json", "generation_config.json")
+# The image processor's settings, which the vision tower's preprocessing reads (vision_preprocess.py).
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+_VISION = "vision_tower."
 _MAX_SHARD_BYTES = 5 << 30  # mlx-lm's shard size
 _BLOCK_ROWS = 4096  # rows converted at a time: memory stays bounded for the largest tensors
 
@@ -93,9 +103,11 @@ class _Job:
 
 
 def _mlx_name(name: str) -> str | None:
-    """The MLX name of an original's tensor, or None for tensors the text model does not use."""
-    if name.startswith("model.visual.") or name.startswith("visual."):
-        return None
+    """The MLX name of an original's tensor (the tower's as mlx-vlm names it), or None for tensors
+    no MLX folder holds."""
+    for prefix in ("model.visual.", "model.language_model.visual.", "visual."):
+        if name.startswith(prefix):
+            return None if "position_ids" in name else _VISION + name[len(prefix):]
     if name.startswith("model.language_model."):
         return "language_model.model." + name[len("model.language_model."):]
     if name.startswith("model."):  # flat Qwen3_5ForCausalLM originals
@@ -105,11 +117,18 @@ def _mlx_name(name: str) -> str | None:
     return name  # mtp.*
 
 
-def _plan(t: TensorInfo, name: str, dtype: str | None, bits: int, group: int) -> _Job:
+def _plan(t: TensorInfo, name: str, dtype: str | None, bits: int | None, group: int) -> _Job:
     """How ``t`` becomes ``name`` (and its scales/biases) in the MLX folder; ``dtype`` is the
-    float tag everything is cast to, None to keep each tensor's own (no dtype in the config)."""
+    float tag everything is cast to, None to keep each tensor's own (no dtype in the config);
+    ``bits`` None: nothing quantized."""
     mtp = name.startswith("mtp.")
     dtype = dtype or t.dtype
+    if name.startswith(_VISION):
+        bits = None  # mlx-vlm leaves the tower float
+        if name.endswith("patch_embed.proj.weight") and len(t.shape) == 5 and t.shape[-1] != t.shape[1]:
+            out = _Out(name, dtype, (t.shape[0], *t.shape[2:], t.shape[1]))  # [out, C, T, P, P] -> [out, T, P, P, C]
+            return _Job(t, (out,), lambda a: iter([(name, 0, _encode(dtype, _to_f32(t.dtype, a)).transpose(
+                0, 2, 3, 4, 1))]))
     if name.endswith("conv1d.weight") and len(t.shape) == 3:
         c, one, k = t.shape
         out = _Out(name, dtype, (c, k, one))
@@ -122,7 +141,7 @@ def _plan(t: TensorInfo, name: str, dtype: str | None, bits: int, group: int) ->
             stored = _encode(t.dtype, _to_f32(t.dtype, a) + np.float32(1.0))
             yield name, 0, _encode(dtype, _to_f32(t.dtype, stored))
         return _Job(t, (_Out(name, dtype, t.shape),), shifted)
-    if len(t.shape) == 2 and name.endswith(".weight") and t.shape[1] % group == 0:
+    if bits is not None and len(t.shape) == 2 and name.endswith(".weight") and t.shape[1] % group == 0:
         rows, cols = t.shape
         base = name[: -len(".weight")]
         outs = (_Out(name, "U32", (rows, cols * bits // 32)), _Out(base + ".scales", dtype, (rows, cols // group)),
@@ -257,11 +276,14 @@ def _check_quant(bits: int, group_size: int) -> None:
 
 
 def convert(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, bits: int = 4, group_size: int = 64,
-            mtp: str = "keep", progress: bool = False) -> str:
-    """Converts a Hugging Face Qwen3.5 original into a new MLX folder; returns its path."""
+            mtp: str = "keep", progress: bool = False, quantize: bool = True, vision: str = "keep") -> str:
+    """Converts a Hugging Face Qwen3.5 original into a new MLX folder; returns its path.
+    ``quantize=False``: float tensors cast to the config's dtype, none quantized (bits and
+    group_size unused); ``vision="drop"``: a text-only folder, as mlx_lm.convert writes."""
     _check_quant(bits, group_size)
-    if mtp not in ("keep", "drop"):
-        raise ValueError(f"mtp must be 'keep' or 'drop', got {mtp!r}")
+    for option, value in (("mtp", mtp), ("vision", vision)):
+        if value not in ("keep", "drop"):
+            raise ValueError(f"{option} must be 'keep' or 'drop', got {value!r}")
     hf_dir = os.fspath(hf_dir)
     config = _read_config(hf_dir)
     text = config.get("text_config", config)
@@ -270,19 +292,26 @@ def convert(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, bits: int = 4
     jobs = []
     for name, t in sorted(_source_tensors(hf_dir, only_mtp=False).items()):
         target = _mlx_name(name)
-        if target is None or (tied and name == "lm_head.weight") or (mtp == "drop" and target.startswith("mtp.")):
+        if target is None or (tied and name == "lm_head.weight") or (mtp == "drop" and target.startswith("mtp.")) or (
+                vision == "drop" and target.startswith(_VISION)):
             continue
-        jobs.append(_plan(t, target, dtype, bits, group_size))
+        jobs.append(_plan(t, target, dtype, bits if quantize else None, group_size))
+    has_tower = any(j.outputs[0].name.startswith(_VISION) for j in jobs)
+    if has_tower and "vision_config" not in config:
+        raise CheckpointError(f"[convert] {hf_dir}/config.json: the original has model.visual.* tensors but no "
+                              "vision_config (give vision='drop' for a text-only folder)")
     out_dir = _new_folder(out_dir)
     try:
         bar = ByteBar("converting", sum(j.source.nbytes for j in jobs)) if progress else None
         _write_model(out_dir, jobs, bar)
-        quantization = {"group_size": group_size, "bits": bits, "mode": "affine"}
-        config = {k: v for k, v in config.items() if k not in ("_name_or_path", "vision_config")}
-        config.update(quantization=quantization, quantization_config=quantization)
+        dropped = ("_name_or_path",) if has_tower else ("_name_or_path", "vision_config")
+        config = {k: v for k, v in config.items() if k not in dropped}
+        if quantize:
+            quantization = {"group_size": group_size, "bits": bits, "mode": "affine"}
+            config.update(quantization=quantization, quantization_config=quantization)
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(dict(sorted(config.items())), f, indent=4)
-        for name in _TOKENIZER_FILES:
+        for name in _TOKENIZER_FILES + (_PROCESSOR_FILES if has_tower else ()):
             if os.path.isfile(os.path.join(hf_dir, name)):
                 shutil.copy(os.path.join(hf_dir, name), out_dir)
     except BaseException:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -54,7 +53,7 @@ class PreparedImages:
     rope_positions: np.ndarray     # int32 [len(ids), 3]: (time, height, width) per token
     rope_delta: int                # rotary position - cache row after the prompt
     features: list = field(default_factory=list)  # (first row, rows, _core.Buffer f32 [rows][hidden])
-    hashes: list[str] = field(default_factory=list)  # sha256 of each image's preprocessed patches
+    hashes: list[str] = field(default_factory=list)  # sha256 of each image's patch grid and patches
     places: list[tuple[int, int]] = field(default_factory=list)  # (pad index in the ids as given, rows)
 
     def expanded_position(self, position: int) -> int:
@@ -173,13 +172,14 @@ def image_tokens(height: int, width: int, processor) -> int:
 
 
 def prepare(ids: Sequence[int], images: Sequence, tower, tokens: ImageTokens) -> PreparedImages:
-    """Runs the tower over each image (its features stay on the device) and lays the prompt out."""
-    grids, features, hashes = [], [], []
+    """Runs the tower over each image whose features it has not cached (vision.VisionTower.
+    prompt_features; they stay on the device) and lays the prompt out."""
+    grids, features, hashes, seen = [], [], [], {}
     for image in images:
-        rows, grid = tower.patches(image)
-        hashes.append(hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest())
+        buffer, grid, digest = tower.prompt_features(image, seen)
+        hashes.append(digest)
         grids.append(grid)
-        features.append(tower.features_buffer(rows, grid[1], grid[2]))
+        features.append(buffer)
     merge = tower.config.spatial_merge_size
     counts = [t * h * w // (merge * merge) for t, h, w in grids]
     full = expand(ids, counts, tokens)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -15,7 +13,7 @@ from . import _core, arguments, gpu, images as image_prompts, pipeline, speculat
 from .batching import Scheduler
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ModelConfig
-from .errors import ContextFullError, EngineError
+from .errors import ContextFullError
 from .generation import (Chunk, Generation, GenerationStats, Output, Prompt, Request, Runner,
                          count_speculation)
 from .dflash_checkpoint import load_drafter
@@ -25,7 +23,7 @@ from .progress import LoadProgress
 from .sampling import check as check_sampling, check_logit_bias
 from .tokenizer import Tokenizer
 
-__all__ = ["load", "Model", "PipelineModel", "Generation", "GenerationStats", "Chunk"]
+__all__ = ["load", "Model", "Generation", "GenerationStats", "Chunk"]
 
 
 class Model:
@@ -79,8 +77,13 @@ class Model:
         per token, weight bytes placed (``weight_bytes``: a pipeline rank's own; the vision tower's too),
         memory estimate (the tower's weights in it), the load's weight buffers, bytes read into arenas and
         resident-set peak (``load_peak_rss``, from ``load_rss_before``), the compiled library's kernels and
-        source bytes; ``*_last_step`` for the latest step."""
-        return self.runner.counters()
+        source bytes; ``*_last_step`` for the latest step; ``vision_tower_runs`` (images the vision tower
+        ran over) and ``vision_features_reused`` (images whose features came from its cache, 0 without
+        a tower)."""
+        counters = self.runner.counters()
+        counters.update(vision_tower_runs=self.vision.runs if self.vision else 0,
+                        vision_features_reused=self.vision.reused if self.vision else 0)
+        return counters
 
     def reset(self) -> None:
         """Forgets the cached conversation."""
@@ -90,6 +93,11 @@ class Model:
     def mtp_bytes(self) -> int:
         """Bytes of the MTP head's weights in the checkpoint (0 when it was not loaded)."""
         return sum(t.nbytes for t in self.checkpoint.mtp.values()) if self._engine.has_mtp else 0
+
+    @property
+    def _mtp_loaded(self) -> bool:
+        """Whether the MTP head was loaded (anywhere: a pipeline's last rank holds it)."""
+        return self._engine.has_mtp
 
     def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """The MTP head's logits (float32 [len(token_ids) - 1, vocab]) from a fresh state: row t
@@ -329,7 +337,7 @@ class Model:
                                  f"got {mode!r}")
             if mode == "off":
                 return None
-            if mode == "mtp" and not self._engine.has_mtp:
+            if mode == "mtp" and not self._mtp_loaded:
                 raise ValueError("speculative='mtp' needs the MTP head: load with speculative='mtp' or 'auto' "
                                  "(or mtp=True)")
             if mode == "dflash" and not self._engine.has_dflash:
@@ -413,152 +421,23 @@ def _vision_tower(ckpt: Checkpoint, device: gpu.Device):
         return None, str(e)
 
 
-class PipelineModel(Model):
-    """A Model whose layers are spread over the ranks ``mlx.launch`` started (``load(...,
-    distributed="pipeline")``; ``split``: each rank's layers). Either every rank makes the same
-    calls in the same order and gets the same results (each call's arguments are compared across
-    ranks first), or rank 0 leads (``lead``: it sends each call to the others, which ``follow``
-    it until its ``release``): how the CLI and the server run. What does not run across ranks
-    yet is refused (``pipeline.NOT_YET``)."""
-
-    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer, device: gpu.Device, engine, progress: bool,
-                 group, split: pipeline.Split, prefix_cache: PrefixCache | None = None, speculative: str = "off",
-                 draft_depth: int = 0):
-        super().__init__(checkpoint, tokenizer, device, engine, progress, speculative=speculative,
-                         draft_depth=draft_depth,
-                         no_vision=f"not yet with distributed='pipeline' (not yet: {pipeline.NOT_YET})")
-        self.group, self.split = group, split
-        c = checkpoint.config
-        self.runner = pipeline.PipelineRunner(engine, group, c.hidden_size, c.vocab_size, prefix_cache, progress)
-        self._leading = False
-
-    @property
-    def rank(self) -> int:
-        return self.group.rank
-
-    @property
-    def layers(self) -> tuple[int, int]:
-        """This rank's layers [first, end)."""
-        return self.split[self.rank]
-
-    def _refuse(self, what: str):
-        raise EngineError(f"[distributed] {what} is not yet supported with distributed='pipeline' (not yet: "
-                          f"{pipeline.NOT_YET})")
-
-    def _call(self, what: str, **arguments) -> None:
-        """Before a call: rank 0, leading, sends it to the followers; else every rank checks that
-        the others make the same call."""
-        if self._leading:
-            self.group.share_message({"call": what, **arguments}, f"sending {what} to the other ranks")
-        else:
-            pipeline.agree(self.group, f"the arguments of {what}", pipeline.digest(what, arguments))
-
-    def lead(self) -> None:
-        """Rank 0: from now on each call (stream, generate, score, reset, hop_seconds) is sent to
-        the other ranks, which run it in ``follow``, until ``release``."""
-        if self.rank != 0:
-            raise ValueError(f"[distributed] rank {self.rank}: only rank 0 leads (the others follow)")
-        self._leading = True
-
-    def release(self) -> None:
-        """Rank 0, done leading: the followers return from ``follow``; each confirms (one that is
-        gone raises DistributedError)."""
-        self._leading = False
-        self.group.share_message({"call": "done"}, "releasing the other ranks")
-        self.group.all_gather(np.ones(1, dtype=np.uint8), "confirming the other ranks are done")
-
-    def lead_with(self, work: Callable[[], Any]) -> Any:
-        """What the CLI runs on every rank: on rank 0, ``work()`` (reading the terminal, serving,
-        measuring) with the other ranks following its calls, released at its end (unless the group
-        broke); on the others, ``follow`` (returns None)."""
-        if self.rank != 0:
-            self.follow()
-            return None
-        self.lead()
-        try:
-            return work()
-        finally:
-            if not self.group.broken:
-                self.release()
-
-    def follow(self) -> None:
-        """Ranks > 0: run rank 0's calls as they come (waiting for each as long as rank 0 is
-        connected) until its ``release``. Ctrl-C is left to rank 0 (it reaches every local rank)."""
-        if self.rank == 0:
-            raise ValueError("[distributed] rank 0 leads: follow() is for the other ranks")
-        handlers = {"stream": self._follow_stream, "score": lambda m: self.runner.score(m["ids"]),
-                    "reset": lambda m: self._engine.reset(0),
-                    "hop_seconds": lambda m: self.runner.hop_seconds(m["repeats"])}
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        try:
-            while True:
-                message = self.group.share_message(None, "waiting for rank 0's next call", forever=True)
-                if message["call"] == "done":
-                    break
-                handlers[message["call"]](message)
-        finally:
-            if main:
-                signal.signal(signal.SIGINT, previous)
-        self.group.all_gather(np.ones(1, dtype=np.uint8), "confirming this rank is done")
-
-    def _follow_stream(self, message: dict) -> None:
-        """Rank 0's generation, step for step: its prompt, then decode steps until its budget or its stop."""
-        sampling = {**message["sampling"], "logit_bias": [tuple(p) for p in message["sampling"]["logit_bias"]]}
-        self.runner.feed_prompt(message["ids"], sampling, message["boundaries"])
-        if message["speculative"]:  # rank 0 drafts: its drafts come with each step's rows
-            tokens = self.runner.speculative_tokens(message["ids"], message["budget"], sampling, None,
-                                                    self.draft_depth)
-        else:
-            tokens = self.runner.plain_tokens(message["budget"], sampling)
-        for _ in tokens:
-            pass
-
-    def reset(self) -> None:
-        if self._leading:
-            self._call("reset")
-        super().reset()
-
-    def score(self, token_ids: Sequence[int]) -> np.ndarray:
-        ids = arguments.token_ids("token_ids", token_ids, self.config.vocab_size)
-        self._check_fits(ids)
-        self._call("score", ids=ids)
-        return self.runner.score(ids)
-
-    def hop_seconds(self, repeats: int = 20) -> list[float]:
-        """Seconds for one decode step's rows to go from rank r to r + 1 (for each r), then for the
-        chosen token to go from the last rank to rank 0 (round trips halved; see bench)."""
-        self._call("hop_seconds", repeats=repeats)
-        return self.runner.hop_seconds(repeats)
-
-    def request(self, *args, **kwargs) -> Request:
-        request = super().request(*args, **kwargs)
-        if request.constraint is not None:
-            self._refuse("structured output")
-        return request
-
-    def _drafter(self, speculative, sampling: dict):
-        if speculative == "mtp":
-            self._refuse("speculative decoding with the MTP head")
-        return super()._drafter(speculative, sampling)
-
-    def _run(self, request: Request) -> Iterator[Chunk]:
-        if self._leading:  # the followers take rank 0's sampling, seed included
-            budget = min(request.max_tokens, self.max_context - len(request.ids))
-            self._call("stream", ids=request.ids, budget=budget, sampling=request.sampling,
-                       boundaries=[int(b) for b in request.boundaries], speculative=request.drafter is not None)
-        else:  # only the last rank samples: a seed left to chance may differ
-            sampling = {k: v for k, v in request.sampling.items() if k != "seed"}
-            self._call("generate/stream", ids=request.ids, max_tokens=request.max_tokens, sampling=sampling,
-                       stop=request.stop, boundaries=[int(b) for b in request.boundaries],
-                       speculative=request.drafter is not None)
-        yield from super()._run(request)
-
-    def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
-        self._refuse("generate_batch")
-
-    def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        self._refuse("the MTP head")
+def _speculation(ckpt: Checkpoint, speculative: str, mtp: bool | None, draft_depth: int | None,
+                 drafter=None) -> tuple[str, bool, int]:
+    """(mode, whether the MTP head loads, most drafts per verify step: 0 when "off") of load's
+    checked options for this checkpoint (``drafter``: the DFlash drafter, if any)."""
+    if (mtp or speculative == "mtp") and not ckpt.mtp:
+        asked = "mtp=True" if mtp else "speculative='mtp'"
+        raise CheckpointError(f"[checkpoint] {asked}, but {how_to_get_mtp(ckpt.path)}")
+    auto = "dflash" if drafter else "mtp" if ckpt.mtp and mtp is not False else "lookup"
+    mode = {"auto": auto}.get(speculative, speculative)
+    with_mtp = mode == "mtp" if mtp is None else mtp
+    if draft_depth is None:
+        draft_depth = {"mtp": spec.DEFAULT_MTP_DEPTH, "dflash": min(drafter.block_size - 1, spec.MAX_DEPTH) if drafter
+                       else 0}.get(mode, spec.DEFAULT_DEPTH)
+    elif mode == "dflash" and draft_depth > drafter.block_size - 1:
+        raise ValueError(f"draft_depth {draft_depth} exceeds what the drafter's block of {drafter.block_size} rows "
+                         f"drafts ({drafter.block_size - 1})")
+    return mode, with_mtp, draft_depth if mode != "off" else 0
 
 
 def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_context: int = 4096, kv_bits: int = 8,
@@ -592,7 +471,7 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     A step the GPU fails raises GpuError once and resets the sequence it ran (its tokens are
     forgotten); the model stays usable.
     ``distributed="pipeline"`` (in a script every rank of ``mlx.launch`` runs): this rank loads
-    only its layers (``layer_split`` such as "0:20,20:40", one range per rank; default: in
+    only its layers (the last rank the MTP head too; ``layer_split`` such as "0:20,20:40", one range per rank; default: in
     proportion to each rank's GPU memory) and every rank must then make the same calls, which
     return the same results; a rank that waits more than ``distributed_timeout`` seconds for
     another raises DistributedError (docs/distributed.md).
@@ -645,42 +524,27 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     if distributed is not None:
         if distributed != "pipeline":
             raise ValueError(f"distributed must be None or 'pipeline', got {distributed!r}")
-        asked = {"speculative='mtp'": speculative == "mtp",
-                 "mtp": bool(mtp), "max_sequences": max_sequences > 1, "draft": draft is not None}
+        asked = {"max_sequences": max_sequences > 1, "draft": draft is not None}
         if any(asked.values()):
             names = ", ".join(name for name, on in asked.items() if on)
             raise ValueError(f"distributed='pipeline' does not yet take {names} (not yet: {pipeline.NOT_YET})")
-        # Prompt lookup only: the MTP head is not split across ranks yet ("auto" means lookup).
-        depth = (draft_depth or spec.DEFAULT_DEPTH) if speculative != "off" else 0
-        ckpt, tokenizer, dev, engine, group, split = pipeline.load_rank(
+        from .pipeline_model import PipelineModel
+
+        loaded = pipeline.load_rank(
             path, device=device, max_context=max_context, kv_bits=kv_bits, prefill_chunk=prefill_chunk,
             prefill_layers_per_buffer=prefill_layers_per_buffer, layer_split=layer_split, timeout=distributed_timeout,
-            max_draft=depth)
-        return PipelineModel(ckpt, tokenizer, dev, engine, show, group, split,
-                             prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None,
-                             speculative="lookup" if depth else "off", draft_depth=depth)
+            speculation=lambda ckpt: _speculation(ckpt, speculative, mtp, draft_depth), mtp_hidden=mtp_hidden)
+        return PipelineModel(loaded, show, PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
     if layer_split is not None:
         raise ValueError("layer_split needs distributed='pipeline'")
     started = time.perf_counter()
     ckpt = load_checkpoint(path)
     tokenizer = Tokenizer.from_folder(ckpt.path)
     dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
-    if (mtp or speculative == "mtp") and not ckpt.mtp:
-        asked = "mtp=True" if mtp else "speculative='mtp'"
-        raise CheckpointError(f"[checkpoint] {asked}, but {how_to_get_mtp(ckpt.path)}")
     drafter = load_drafter(draft, ckpt.config) if draft is not None else None
     if drafter is not None and max_sequences > 1:
         raise ValueError("draft= (DFlash) does not yet work with max_sequences > 1 (docs/speculative.md)")
-    auto = "dflash" if drafter else "mtp" if ckpt.mtp and mtp is not False else "lookup"
-    mode = {"auto": auto}.get(speculative, speculative)
-    with_mtp = mode == "mtp" if mtp is None else mtp
-    if draft_depth is None:
-        draft_depth = {"mtp": spec.DEFAULT_MTP_DEPTH, "dflash": min(drafter.block_size - 1, spec.MAX_DEPTH) if drafter
-                       else 0}.get(mode, spec.DEFAULT_DEPTH)
-    elif mode == "dflash" and draft_depth > drafter.block_size - 1:
-        raise ValueError(f"draft_depth {draft_depth} exceeds what the drafter's block of {drafter.block_size} rows "
-                         f"drafts ({drafter.block_size - 1})")
-    max_draft = draft_depth if mode != "off" else 0
+    mode, with_mtp, max_draft = _speculation(ckpt, speculative, mtp, draft_depth, drafter)
     desc = ckpt.describe()
     tensors = {**desc["tensors"], **desc["mtp"]} if with_mtp else desc["tensors"]
     shown = LoadProgress(dev.kind) if show else None

@@ -5,7 +5,7 @@ Rank 0 embeds the tokens; each step's residual rows (hidden x 4 bytes per row) g
 rank; the last rank holds the final norm, lm_head and sampler, and shares its choice (and the
 logits ``score`` asks for) with every rank. Every rank makes the same calls in the same order
 (``load(..., distributed="pipeline")``, then ``generate``/``stream``/``score``) and gets the same
-result; each call's arguments are compared across ranks first (``model.PipelineModel``). See
+result; each call's arguments are compared across ranks first (``pipeline_model.PipelineModel``). See
 docs/distributed.md."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,10 +26,22 @@ from . import speculative as spec
 from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = ("several sequences at once (max_sequences, generate_batch), the MTP head "
-           "(speculative='mtp', mtp_logits), structured output (grammars, json_schema, response_format) and images")
+NOT_YET = "several sequences at once (max_sequences, generate_batch), mtp_logits, DFlash drafters (draft) and images"
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
+
+
+class RankPart(NamedTuple):
+    """What ``load_rank`` gives a rank: its part of the model and the group."""
+    checkpoint: Checkpoint
+    tokenizer: Any
+    device: Any
+    engine: Any  # _core.Engine of this rank's layers (the last rank's with the MTP head, when loaded)
+    group: Group
+    split: Split
+    speculative: str  # "mtp" | "lookup" | "off"
+    draft_depth: int  # drafts per verify step at most (0 when "off")
+    mtp: bool  # whether the MTP head was loaded (by the last rank)
 
 
 # ---- the layer split
@@ -106,10 +118,12 @@ def digest(*parts) -> bytes:
 
 def model_identity(ckpt: Checkpoint) -> bytes:
     """A digest of the model a rank loads: its config and every tensor's place, type and shape
-    in shards of the same sizes (not the weights' bytes: reading 100s of GB would take minutes)."""
+    (the MTP head's too) in shards of the same sizes (not the weights' bytes: reading 100s of GB
+    would take minutes)."""
     desc = ckpt.describe()
     files = {f["path"]: f["size"] for f in desc["files"]}
-    tensors = {name: (os.path.basename(e[0]), files.get(e[0]), *e[1:]) for name, e in desc["tensors"].items()}
+    tensors = {name: (os.path.basename(e[0]), files.get(e[0]), *e[1:])
+               for name, e in {**desc["tensors"], **desc["mtp"]}.items()}
     return digest(desc["dims"], tensors)
 
 
@@ -241,8 +255,10 @@ class PipelineRunner(Runner):
             size = min(self._chunk, len(ids) - start, *[e - start for e in ends if e > start])
             part, at = ids[start:start + size], [position + start + size] if start + size in ends else []
             asked = logits if engine.has_head else "none"
+            # A chunk before the last chooses nothing; the MTP head's last row pairs with the next chunk's first id.
+            then = ids[start + size] if start + size < len(ids) else None
             got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked, snapshot_at=at,
-                                                                  snapshots=snapshots))
+                                                                  snapshots=snapshots, next_token=then))
             if got is not None:
                 out.append(got)
             start += size
@@ -251,8 +267,10 @@ class PipelineRunner(Runner):
 
     def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (), constraint=None,
                     images=None) -> int:
-        # constraint and images never come here: PipelineModel refuses them (NOT_YET).
+        # Images never come here: PipelineModel refuses them (NOT_YET). The last rank masks the first choice.
         reuse, snapshot_at = self.resume(ids, boundaries)
+        if constraint is not None and self._engine.has_head:
+            constraint.mask(self._engine.token_masks()[0])
         if self.prefix_cache is None:
             self._prefill(ids[reuse:], sampling, "none")
             return reuse
@@ -311,6 +329,30 @@ class PipelineRunner(Runner):
                 return
             token = self._share_choice(sampling["logprobs"])
 
+    def constrained_tokens(self, budget: int, sampling: dict, constraint) -> Iterator[int]:
+        """plain_tokens under a grammar: before each step the last rank advances ``constraint``
+        (its own; the others may pass None) with the token the step feeds and writes the next
+        mask, which the step's choice reads (a host decision per token, as alone)."""
+        engine, chosen_by = self._engine, _core.Sampling(**sampling)
+        token = engine.chosen(0)  # chosen by prefill under the first mask
+        for n in range(budget):
+            try:
+                yield token
+            except GeneratorExit:  # see plain_tokens
+                if n + 1 < budget:
+                    self._stop_here()
+                raise
+            if n + 1 == budget:
+                return
+            if engine.has_head:
+                constraint.advance(token)
+                constraint.mask(engine.token_masks()[0])
+            try:
+                self._through(1, lambda: self._decode_step(chosen_by))
+            except _Stopped:
+                return
+            token = self._share_choice(sampling["logprobs"])
+
     def hop_seconds(self, repeats: int) -> list[float]:
         """Every rank together: the time of one decode step's rows message from rank r to r + 1
         (for each r), then of the chosen token from the last rank to rank 0; each the mean of
@@ -340,18 +382,25 @@ class PipelineRunner(Runner):
                 group.send(group.recv(message.shape, message.dtype, src, what), src, what)
         return float("nan")
 
-    def speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter, draft_depth: int):
-        """spec.generate across the ranks: rank 0 drafts (``drafter``; the others pass None) and
-        decides each step, as spec.generate would alone; a step's message holds draft_depth + 1
-        rows (the chosen token's and the drafts', the rest unused) and, after the flag, the
-        number of drafts and the drafts (padded to draft_depth), so that every rank runs the
-        same step; the last rank verifies and shares (accepted drafts, next token), the others
-        roll back to it (Engine.verify_accept). Greedy output is plain decoding's."""
+    def speculative_tokens(self, ids: list[int], budget: int, sampling: dict, drafter, draft_depth: int,
+                           mtp: bool | None = None) -> Iterator[int]:
+        """spec.generate across the ranks: rank 0 decides each step, as spec.generate would alone,
+        with drafts from ``drafter`` (rank 0's; the others pass None) or, with ``mtp`` (default:
+        whether ``drafter`` is a spec.MtpHead), from the MTP head on the last rank, which drafts
+        after each step for the next (its drafts come back with the step's tokens; a step without
+        drafts is then a one-row verify step, which keeps the head's state). A step's message holds
+        draft_depth + 1 rows (the chosen token's and the drafts', the rest unused) and, after the
+        flag, the number of drafts, the drafts (padded to draft_depth) and how many drafts the head
+        makes after the step, so that every rank runs the same step; the last rank verifies and
+        shares (accepted drafts, next token, its drafts), the others roll back to it
+        (Engine.verify_accept). Greedy output is plain decoding's."""
         engine = self._engine
+        mtp = isinstance(drafter, spec.MtpHead) if mtp is None else mtp
         verify = _core.Sampling(**{k: sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")})
         policy = spec.DepthPolicy(draft_depth) if engine.embeds else None
-        history, left, shape = list(ids), budget, (draft_depth + 1, 1 + draft_depth)
+        history, left, shape = list(ids), budget, (draft_depth + 1, 2 + draft_depth)
         pending, plain = [engine.chosen(0)], 0  # tokens to yield; plain steps left in a pause (rank 0)
+        head = self._first_head_drafts(draft_depth) if mtp else []  # the head's drafts for the next step
         while True:
             for token in pending:
                 history.append(token)
@@ -364,16 +413,18 @@ class PipelineRunner(Runner):
                     raise
             if left <= 0:
                 return
-            drafts = None
+            drafts, want = None, 0
             if policy is not None:
                 drafts = []
                 if plain == 0:
                     k = min(policy.depth(), left - 1)
-                    drafts = drafter.draft(history, k)[:k] if k > 0 else []
+                    drafts = (drafter.draft(history, k)[:k] or head[:k]) if k > 0 else []
                     plain = 0 if drafts else min(policy.plain_tokens(), left)
+                # The head drafts after this step unless the next one is plain for sure (a pause).
+                want = draft_depth if mtp and plain <= 1 else 0
             start = time.perf_counter()
             try:
-                pending = self._verify_through(drafts, verify, draft_depth)
+                pending, head = self._verify_through(drafts, verify, draft_depth, want, mtp)
             except _Stopped:
                 return
             if policy is None:
@@ -385,33 +436,57 @@ class PipelineRunner(Runner):
                 policy.observe_verify(len(drafts), time.perf_counter() - start)
                 policy.update(len(drafts), len(pending) - 1)
 
-    def _verify_through(self, drafts: list[int] | None, sampling, depth: int) -> list[int]:
+    def _room(self) -> int:
+        """Drafts a verify step at the engine's position may feed (the rows and the next token fit)."""
+        return max(0, self._engine.max_context - self._engine.position(0) - 2)
+
+    def _first_head_drafts(self, depth: int) -> list[int]:
+        """The MTP head's drafts after the prompt, made on the last rank for rank 0 (int32 [1 +
+        depth]: their number, then them); [] on the other ranks."""
+        engine, group = self._engine, self.group
+        message = np.zeros(1 + depth, dtype=np.int32)
+        if engine.has_head:
+            made = engine.mtp_drafts(0, min(depth, self._room()))
+            message[0], message[1:1 + len(made)] = len(made), made
+            if group.size > 1:
+                group.send(message, 0, "sending the MTP head's drafts")
+        elif engine.embeds:
+            message = group.recv(message.shape, np.int32, self._last, "receiving the MTP head's drafts")
+        return [int(t) for t in message[1:1 + message[0]]]
+
+    def _verify_through(self, drafts: list[int] | None, sampling, depth: int, want: int,
+                        mtp: bool) -> tuple[list[int], list[int]]:
         """One step of a speculative generation on this rank: ``drafts`` (rank 0's; None on the
-        others, which read them from the rows message) verified, or with none a plain decode
-        step; returns the accepted drafts and the next token (the last rank's)."""
+        others, which read them from the rows message) verified, or with none a plain decode step
+        (with ``mtp``: a one-row verify step); then the last rank's MTP head makes ``want`` drafts
+        (rank 0's number; the others read it). Returns the accepted drafts and the next token (the
+        last rank's), and the head's drafts."""
         engine, group, hidden = self._engine, self.group, self._hidden
         rows = depth + 1
         if engine.embeds:
-            trailer = np.zeros(1 + depth, dtype=np.float32)
-            trailer[0], trailer[1:1 + len(drafts)] = len(drafts), drafts  # ids < 2**24: exact as float32
+            trailer = np.zeros(2 + depth, dtype=np.float32)
+            trailer[0], trailer[1:1 + len(drafts)], trailer[-1] = len(drafts), drafts, want  # exact as float32
         else:
-            message = self._receive_rows(rows, 1 + depth)
+            message = self._receive_rows(rows, 2 + depth)
             if message[rows * hidden] == _STOP:
                 if not engine.has_head:
                     self._send_rows(message[:rows * hidden], _STOP, message[rows * hidden + 1:])
                 raise _Stopped
             trailer = message[rows * hidden + 1:]
-            drafts = [int(t) for t in trailer[1:1 + int(trailer[0])]]
+            drafts, want = [int(t) for t in trailer[1:1 + int(trailer[0])]], int(trailer[-1])
             engine.residual_rows()[:len(drafts) + 1] = message[:(len(drafts) + 1) * hidden].reshape(-1, hidden)
+        verifies = bool(drafts) or mtp
         if engine.has_head:
-            if drafts:
+            if verifies:
                 tokens = engine.verify(0, drafts, sampling)
             else:
                 self._decode_step(sampling)
                 tokens = [engine.chosen(0)]
-            mine = np.array([len(tokens) - 1, tokens[-1]], dtype=np.int32)
+            made = engine.mtp_drafts(0, min(want, self._room())) if want else []
+            mine = np.zeros(3 + depth, dtype=np.int32)
+            mine[:3], mine[3:3 + len(made)] = (len(tokens) - 1, tokens[-1], len(made)), made
         else:
-            if drafts:
+            if verifies:
                 engine.verify_rows(0, drafts)
             else:
                 self._decode_step(sampling)
@@ -419,13 +494,14 @@ class PipelineRunner(Runner):
             out[:len(drafts) + 1] = engine.residual_rows()[:len(drafts) + 1]
             self._send_rows(out, _GO, trailer)
             mine = None
-        accepted, token = (int(v) for v in group.share(mine, self._last, (2,), np.int32, "sharing the verified tokens"))
+        got = group.share(mine, self._last, (3 + depth,), np.int32, "sharing the verified tokens")
+        accepted, token = int(got[0]), int(got[1])
         if not engine.has_head:
-            if drafts:
+            if verifies:
                 engine.verify_accept(0, len(drafts), accepted, token)
             else:
                 engine.set_chosen(0, token)
-        return drafts[:accepted] + [token]
+        return drafts[:accepted] + [token], [int(t) for t in got[3:3 + got[2]]]
 
     def _decode_step(self, sampling) -> None:
         """One decode step feeding the chosen token (the head's engine chooses the next; the
@@ -460,9 +536,11 @@ def package_identity() -> bytes:
 
 
 def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: int, prefill_layers_per_buffer: int,
-              layer_split: str | None, timeout: float, max_draft: int = 0):
-    """This rank's part of the model (see ``metalqwen.load(distributed="pipeline")``): (checkpoint,
-    tokenizer, device, engine, group, split), once every rank has loaded."""
+              layer_split: str | None, timeout: float, speculation: Callable[[Checkpoint], tuple[str, bool, int]],
+              mtp_hidden: str = "post_norm") -> RankPart:
+    """This rank's part of the model (see ``metalqwen.load(distributed="pipeline")``), once every
+    rank has loaded. ``speculation(checkpoint)``: (mode, whether the MTP head loads, most drafts
+    per step), as ``model.load`` decides them; the last rank holds the head."""
     from . import gpu
     from .checkpoint import load_checkpoint
     from .tokenizer import Tokenizer
@@ -473,21 +551,27 @@ def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: in
     agree(group, "the model (config and tensors)", model_identity(ckpt))
     tokenizer = Tokenizer.from_folder(ckpt.path)
     dev = device if isinstance(device, gpu.Device) else gpu.Device(device)
+    mode, with_mtp, max_draft = speculation(ckpt)
     desc = ckpt.describe()
     layers = ckpt.config.num_hidden_layers
     memory = [int(m) for m in group.all_gather(np.array([dev.recommended_working_set], dtype=np.int64),
                                                 "sharing each rank's GPU memory")[:, 0]]
     split = parse_split(layer_split, layers, group.size) if layer_split else proportional_split(layer_bytes(desc),
                                                                                                  memory)
-    needs = [_core.estimate_memory(desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
-                                   first_layer=first, end_layer=end, max_draft=max_draft) for first, end in split]
+    last = group.size - 1
+    head_tensors = {**desc["tensors"], **desc["mtp"]} if with_mtp else desc["tensors"]  # the last rank's
+    needs = [_core.estimate_memory(desc["dims"], head_tensors if rank == last else desc["tensors"], max_context,
+                                   kv_bits, prefill_chunk, first_layer=first, end_layer=end, max_draft=max_draft,
+                                   mtp=with_mtp and rank == last) for rank, (first, end) in enumerate(split)]
     check_fits(split, needs, memory)
     first, end = split[group.rank]
+    mine = group.rank == last
     failure = None
     try:
-        engine = _core.Engine(dev._native, desc["dims"], desc["tensors"], max_context, kv_bits, prefill_chunk,
-                              max_draft=max_draft, progress=None, max_sequences=1,
-                              prefill_layers_per_buffer=prefill_layers_per_buffer, first_layer=first, end_layer=end)
+        engine = _core.Engine(dev._native, desc["dims"], head_tensors if mine else desc["tensors"], max_context,
+                              kv_bits, prefill_chunk, max_draft=max_draft, progress=None, max_sequences=1,
+                              prefill_layers_per_buffer=prefill_layers_per_buffer, first_layer=first, end_layer=end,
+                              mtp=with_mtp and mine, mtp_hidden=mtp_hidden)
     except Exception as e:
         failure = e
     loaded = group.all_gather(np.array([failure is None], dtype=np.uint8), "confirming every rank loaded",
@@ -498,4 +582,4 @@ def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: in
         failed = ", ".join(str(r) for r in range(group.size) if not loaded[r])
         raise DistributedError(f"[distributed] rank {group.rank}: rank {failed} could not load its layers "
                                "(see its error)")
-    return ckpt, tokenizer, dev, engine, group, split
+    return RankPart(ckpt, tokenizer, dev, engine, group, split, mode if max_draft else "off", max_draft, with_mtp)

@@ -4,12 +4,14 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
 
     rank_script.py CHECKPOINT OUT SCENARIO
     run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
+    mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts and a JSON schema, in lockstep
+              and led by rank 0
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
     cli       metalqwen generate --distributed pipeline (its stdout and stderr kept)
     chat      metalqwen chat --distributed pipeline, reading what mlx.launch passes on
-    bench     metalqwen bench --quick --distributed pipeline --json OUT/bench.json
+    bench     metalqwen bench --quick --distributed pipeline --json OUT/bench.json (and the extra arguments)
     serve     metalqwen serve --distributed pipeline --port PORT (the extra argument)
     serve-hang  as serve, with rank 1 hanging in the second request it follows
 
@@ -39,6 +41,7 @@ SAMPLED = dict(temperature=0.8, top_p=0.9, seed=7)
 CACHE_BYTES = 2 * (82432 + 10240) + (82432 + 13312) + (82432 + 6144) // 2
 # Prompts after PROMPT (snapshotted at 6 and 10): the first resumes at 6, the second at 10.
 CACHED = [PROMPT[:6] + [400, 401, 402, 403], PROMPT + [11, 12, 13]]
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (steps of this model take well under 1 s)
 
 
@@ -56,6 +59,24 @@ def run(model, out: str) -> dict:
             "accepted": after["accepted"] - before["accepted"],
             "layers": list(model.layers), **cache,
             "split": [list(r) for r in model.split], "weight_bytes": model.counters()["weight_bytes"]}
+
+
+def mtp(model, out: str) -> dict:
+    """The MTP head on the last rank: logits and plain tokens, then MTP speculative decoding (greedy
+    and seeded sampling) and a JSON schema's tokens with every rank calling, and the same greedy
+    and constrained generations with rank 0 leading."""
+    np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
+    plain = model.generate(PROMPT, max_tokens=16, speculative="off").tokens
+    drafted = model.generate(PROMPT, max_tokens=16, speculative="mtp")
+    sampled = model.generate(PROMPT, max_tokens=16, speculative="mtp", **SAMPLED).tokens
+    constrained = model.generate(PROMPT, max_tokens=12, json_schema=SCHEMA).tokens
+    led = model.lead_with(lambda: [model.generate(PROMPT, max_tokens=16).tokens,
+                                   model.generate(PROMPT, max_tokens=12, json_schema=SCHEMA).tokens])
+    return {"plain": plain, "speculative": drafted.tokens, "drafted": drafted.stats.drafted,
+            "accepted": drafted.stats.accepted, "sampled": sampled, "constrained": constrained, "led": led,
+            "mode": model.speculative,
+            "layers": list(model.layers), "mtp_bytes": model.mtp_bytes,
+            "weight_bytes": model.counters()["weight_bytes"]}
 
 
 def cached(model) -> dict:
@@ -122,7 +143,7 @@ def serve_args(path: str, port: str) -> list[str]:
 
 def hang_in_second_request() -> None:
     """Rank 1 of serve-hang: the second call it follows sleeps (mlx.launch SIGTERMs it once rank 0 exits)."""
-    from metalqwen.model import PipelineModel
+    from metalqwen.pipeline_model import PipelineModel
 
     follow, calls = PipelineModel._follow_stream, []
 
@@ -142,7 +163,7 @@ def command(path: str, out: str, scenario: str, extra: list[str]) -> list[str]:
         return chat_args(path) + ["--distributed", "pipeline"]
     if scenario == "bench":
         return ["bench", "-m", path, "--device", "cpu", "--kv-bits", "16", "--quick", "--decode-tokens", "4",
-                "--distributed", "pipeline", "--json", os.path.join(out, "bench.json")]
+                "--distributed", "pipeline", "--json", os.path.join(out, "bench.json"), *extra]
     if scenario == "serve-hang" and os.environ["MLX_RANK"] == "1":
         hang_in_second_request()
     return serve_args(path, extra[0])
@@ -165,13 +186,15 @@ def main(path: str, out: str, scenario: str, *extra: str) -> int:
     rank = int(os.environ.get("MLX_RANK", "-1"))
     started = time.monotonic()
     try:
-        model = metalqwen.load(path, **OPTIONS, distributed="pipeline",
+        options = {**OPTIONS, "speculative": "auto"} if scenario == "mtp" else OPTIONS
+        model = metalqwen.load(path, **options, distributed="pipeline",
                                prefix_cache_bytes=CACHE_BYTES if scenario == "run" else 0,
                                distributed_timeout=60 if scenario == "run" else TIMEOUT,
                                layer_split="0:3,2:4" if scenario == "badsplit" else None)
         rank = model.rank
         started = time.monotonic()
-        result = run(model, out) if scenario == "run" else fail_mid_stream(model, scenario)
+        scenarios = {"run": run, "mtp": mtp}
+        result = scenarios[scenario](model, out) if scenario in scenarios else fail_mid_stream(model, scenario)
     except Exception as e:  # reported in the result file
         result = {"error": type(e).__name__, "message": str(e)}
     result["seconds"] = time.monotonic() - started

@@ -38,8 +38,9 @@ def test_chat_reads_on_rank_0_and_answers_as_one_process(tiny, launch, monkeypat
     assert second["stdout"] == second["stderr"] == ""
 
 
-def test_bench_reports_hops(tiny, launch):
-    first, second = launch(tiny, "bench")
+def test_bench_reports_hops(tiny_moe_mtp, start):
+    """On the MoE checkpoint, decoding with MTP drafts: the hops, and the verify steps' figures."""
+    first, second = start(tiny_moe_mtp, "bench", extra=["--speculative", "mtp"]).results()
     assert first["code"] == second["code"] == 0, (first, second)
     assert second["stdout"] == second["stderr"] == ""
     assert "pipeline: 2 ranks, layers 0:2, 2:4" in first["stdout"]
@@ -56,6 +57,9 @@ def test_bench_reports_hops(tiny, launch):
     for share, d in zip(pipe["share_of_step"], decode):
         assert d["tokens_per_second"] > 0
         assert share["share"] == pytest.approx(pipe["hop_seconds_per_step"] * d["tokens_per_second"])
+    spec = data["metalqwen"]["speculative"]
+    assert spec["verify_steps"] > 0 and 0 < spec["accepted"] <= spec["drafted"], spec
+    assert "speculative: " in first["stdout"]
 
 
 def wait_for_server(port: int, launch: conftest.Launch, seconds: float = 100) -> None:
@@ -129,6 +133,13 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     # That stream resumed from the first request's snapshot across the ranks (the reference has no cache).
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         assert "metalqwen_cache_hits_total 1\n" in page.read().decode()
+    # Structured output: the last rank masks each choice, as one process does (no thinking: the answer is JSON).
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": rank_script.SCHEMA}}
+    asked, no_thinking = {**CHAT, "max_tokens": 8, "response_format": schema}, {"enable_thinking": False}
+    want = reference.post("/v1/chat/completions", json={**asked, "chat_template_kwargs": no_thinking}).json()
+    assert want["choices"][0]["message"]["content"].startswith("{"), want  # JSON (whitespace allowed)
+    got = client.chat.completions.create(**asked, extra_body={"chat_template_kwargs": no_thinking})
+    assert got.choices[0].message.content == want["choices"][0]["message"]["content"]
     os.kill(int((launch.out / "rank0.pid").read_text()), signal.SIGTERM)
     first, second = launch.results()
     assert first["code"] == second["code"] == 0, (first, second)

@@ -73,6 +73,36 @@ def test_two_ranges_give_the_whole_models_bits(engines):
     assert first.tokens(0) == second.tokens(0) == whole.tokens(0)[:len(first.tokens(0))]
 
 
+def test_the_last_range_drafts_with_the_mtp_head_as_the_whole_model(loud_mtp, device):
+    """The MTP head on the last range's engine (with the embedding it reads): fed the prompt a chunk
+    per call, each with the next chunk's first id (its head's cache rows pair as in one prefill),
+    then a verify step of those drafts, it drafts what the whole model's head drafts."""
+    desc = metalqwen.load_checkpoint(loud_mtp).describe()
+
+    def engine(first, end, mtp=False):
+        tensors = {**desc["tensors"], **desc["mtp"]} if mtp else desc["tensors"]
+        return _core.Engine(device._native, desc["dims"], tensors, 64, 16, 4, max_draft=3, first_layer=first,
+                            end_layer=end, mtp=mtp)
+
+    whole, first, last = engine(0, -1, mtp=True), engine(0, 2), engine(2, 4, mtp=True)
+    whole.prefill(0, PROMPT)
+    for start in range(0, len(PROMPT), 4):
+        part = PROMPT[start:start + 4]
+        then = PROMPT[start + 4] if start + 4 < len(PROMPT) else None
+        through(first, last, len(part), lambda e: e.prefill(0, part, next_token=then))
+    assert last.chosen(0) == whole.chosen(0)
+    drafts = whole.mtp_drafts(0, 3)
+    assert last.mtp_drafts(0, 3) == drafts and len(drafts) == 3
+    first.set_chosen(0, last.chosen(0))
+    want = whole.verify(0, drafts, _core.Sampling())
+    got = through(first, last, len(drafts) + 1,
+                  lambda e: e.verify(0, drafts, _core.Sampling()) if e.has_head else e.verify_rows(0, drafts))[1]
+    first.verify_accept(0, len(drafts), len(got) - 1, got[-1])
+    assert got == want
+    assert last.mtp_drafts(0, 3) == whole.mtp_drafts(0, 3)
+    assert first.tokens(0) == last.tokens(0) == whole.tokens(0)
+
+
 def test_each_range_holds_only_its_tensors(engines, tiny):
     whole, first, second, _ = engines
     desc = metalqwen.load_checkpoint(tiny).describe()
@@ -94,6 +124,9 @@ def test_range_refusals(engines):
         engine(3, 3)
     with pytest.raises(EngineError, match=r"layers \[2, 5\)"):
         engine(2, 5)
+    with pytest.raises(EngineError, match=r"the MTP head goes with the lm_head \(the last layers' engine\): not "
+                                          r"with layers \[0, 2\)"):
+        engine(0, 2, mtp=True)
     with pytest.raises(EngineError, match="one chunk of input rows per call"):
         second.prefill(0, PROMPT)
     with pytest.raises(EngineError, match="an engine up to layer 2 computes no logits"):
@@ -123,8 +156,10 @@ def test_split_parsing_and_fit():
 
 
 def test_load_refuses_what_pipelines_do_not_run_yet(tiny):
-    with pytest.raises(ValueError, match="does not yet take speculative='mtp', max_sequences"):
-        metalqwen.load(tiny, distributed="pipeline", speculative="mtp", max_sequences=2)
+    with pytest.raises(ValueError, match="does not yet take max_sequences"):
+        metalqwen.load(tiny, distributed="pipeline", max_sequences=2)
+    with pytest.raises(metalqwen.CheckpointError, match="speculative='mtp', but"):  # no head in the folder
+        metalqwen.load(tiny, distributed="pipeline", speculative="mtp")
     with pytest.raises(ValueError, match="layer_split needs distributed='pipeline'"):
         metalqwen.load(tiny, layer_split="0:2,2:4")
 
@@ -141,6 +176,9 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
         mine = [(c.logprob, c.top_logprobs) for c in model.stream(PROMPT, max_tokens=3, logprobs=2)]
         theirs = [(c.logprob, c.top_logprobs) for c in alone.stream(PROMPT, max_tokens=3, logprobs=2)]
         assert mine == theirs and theirs[0][0] is not None
+        schema = rank_script.SCHEMA  # the last rank's masks: here the one rank's
+        assert (model.generate(PROMPT, max_tokens=8, json_schema=schema).tokens
+                == alone.generate(PROMPT, max_tokens=8, json_schema=schema).tokens)
         # The prefix cache: hits at a boundary and at a prompt's end give the cold runs' tokens and logprobs.
         cached = rank_script.cached(metalqwen.load(tiny, **options, distributed="pipeline", prefix_cache_bytes=2**20))
         cold = []
@@ -149,8 +187,7 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
             cold.append([[c.token, c.logprob, [list(e) for e in c.top_logprobs]]
                          for c in alone.stream(ids, max_tokens=4, logprobs=3) if c.token is not None])
         assert cached["reused"] == [6, 10] and cached["cached"] == cold
-        for what, call in [("speculative decoding with the MTP head",
-                            lambda: model.generate(PROMPT, speculative="mtp")),
+        for what, call in [("mtp_logits", lambda: model.mtp_logits(PROMPT)),
                            ("generate_batch", lambda: model.generate_batch([PROMPT]))]:
             with pytest.raises(EngineError, match=f"{what} is not yet supported with distributed='pipeline'"):
                 call()

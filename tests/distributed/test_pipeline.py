@@ -70,6 +70,36 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
         assert got["weight_bytes"] == range_bytes(tiny, first, end) < single["weight_bytes"]
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_moe_with_an_mtp_head_across_ranks(tiny_moe_mtp, launch, ranks):
+    """The MoE checkpoint's logits and tokens, bit for bit; MTP drafts made by the last rank, fed by
+    rank 0 (3 ranks: through a middle rank that neither drafts nor chooses): plain decoding's
+    tokens, and the drafts and seeded draws of one process (same drafts); a JSON schema's tokens
+    (the last rank masks each choice), in lockstep and led by rank 0."""
+    options = {**rank_script.OPTIONS, "speculative": "auto"}
+    alone = metalqwen.load(tiny_moe_mtp, **options)
+    plain = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="off").tokens
+    drafted = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp")
+    sampled = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp", **rank_script.SAMPLED).tokens
+    constrained = alone.generate(rank_script.PROMPT, max_tokens=12, json_schema=rank_script.SCHEMA)
+    assert drafted.tokens == plain and drafted.stats.accepted > 0
+    assert constrained.text.startswith('{"n"') and constrained.tokens != plain[:12], constrained.text
+    results = launch(tiny_moe_mtp, "mtp", ranks)
+    for rank, got in enumerate(results):
+        assert "error" not in got, got
+        logits = np.load(os.path.join(got["dir"], f"rank{rank}.npy"))
+        np.testing.assert_array_equal(logits.view(np.uint32), alone.score(rank_script.PROMPT).view(np.uint32))
+        assert got["mode"] == "mtp" and got["plain"] == got["speculative"] == plain
+        assert (got["drafted"], got["accepted"]) == (drafted.stats.drafted, drafted.stats.accepted), got
+        assert got["sampled"] == sampled
+        assert got["constrained"] == constrained.tokens
+    assert results[0]["led"] == [plain, constrained.tokens] and all(r["led"] is None for r in results[1:])
+    # The head (and the embedding it reads) on the last rank only.
+    assert [r["mtp_bytes"] for r in results] == [0] * (ranks - 1) + [alone.mtp_bytes] and alone.mtp_bytes > 0
+    first, end = results[-1]["layers"]
+    assert end == 4 and results[-1]["weight_bytes"] == range_bytes(tiny_moe_mtp, first, end) + alone.mtp_bytes
+
+
 def test_overlapping_split_refused_on_every_rank(tiny, launch):
     for got in launch(tiny, "badsplit"):
         assert got["error"] == "ValueError"

@@ -87,17 +87,19 @@ def quantize_everything(path, module):
 
 
 def write_vlm_checkpoint(root, name: str = "vlm", *, seed: int = 0, quantize: bool = False, dtype: str = "bfloat16",
-                         vision: dict | None = None, tower_quant: tuple[int, int] | None = None) -> tuple[str, str]:
+                         vision: dict | None = None, tower_quant: tuple[int, int] | None = None,
+                         **hf_options) -> tuple[str, str]:
     """(hf_path, mlx_path) of a tiny Qwen3.5 VLM: the original, and mlx_vlm.convert's folder of it
     (``dtype``: what the converter casts float parameters to; with ``quantize`` the language model at
     4 bits, mlx-vlm's default, the tower left float; with ``tower_quant`` = (bits, group) the tower's
     linears and position grid too, where the group divides their input width, and the language
-    model). ``vision`` overrides VISION_CONFIG's fields."""
+    model). ``vision`` overrides VISION_CONFIG's fields; ``hf_options`` go to write_hf_checkpoint
+    (``mtp``: the original has an MTP head, which mlx_vlm.convert drops; ``moe``: a qwen3_5_moe model)."""
     require("mlx_vlm")
     from mlx_vlm.convert import convert
 
     config = {**VISION_CONFIG, **(vision or {})}
-    hf = mf.write_hf_checkpoint(os.path.join(root, name + "-hf"), seed=seed)
+    hf = mf.write_hf_checkpoint(os.path.join(root, name + "-hf"), seed=seed, **hf_options)
     add_vision_tokens(hf)
     tensors = vision_tensors(seed, config)
     mf.add_tensors(os.path.join(hf, "model.safetensors"),
@@ -128,22 +130,28 @@ _built: dict = {}
 
 # A tower whose sizes are not multiples of 32 (head dim 24, MLP width 72, merged width 192) in one block.
 ODD_VISION = dict(depth=1, hidden_size=48, intermediate_size=72, num_heads=2)
+# The MoE language model of model_fixtures' "moe" variant (8 experts, top-2).
+MOE = mf.VARIANTS["moe"].moe
 
 
 @pytest.fixture(scope="session")
 def vlm(ckpt_root):
-    """vlm(quantize=False, dtype="bfloat16", odd=False, tower_quant=None) -> the mlx-vlm folder of the
-    tiny VLM (``odd``: the ODD_VISION tower; ``tower_quant``: (bits, group) of a quantized tower),
+    """vlm(quantize=False, dtype="bfloat16", odd=False, tower_quant=None, moe=False, mtp=False,
+    original=False) -> the mlx-vlm folder of the tiny VLM (``odd``: the ODD_VISION tower;
+    ``tower_quant``: (bits, group) of a quantized tower; ``moe``: the MOE language model; ``mtp``:
+    the original has an MTP head; ``original``: (the Hugging Face original, the mlx-vlm folder)),
     each variant built once per session."""
 
     def get(quantize: bool = False, dtype: str = "bfloat16", odd: bool = False,
-            tower_quant: tuple[int, int] | None = None) -> str:
-        key = (quantize, dtype, odd, tower_quant)
+            tower_quant: tuple[int, int] | None = None, moe: bool = False, mtp: bool = False,
+            original: bool = False):
+        key = (quantize, dtype, odd, tower_quant, moe, mtp)
         if key not in _built:
             name = ("vlm" + "-q4" * quantize + ("" if dtype == "bfloat16" else "-" + dtype) + "-odd" * odd
-                    + ("-tower-b{}-g{}".format(*tower_quant) if tower_quant else ""))
+                    + ("-tower-b{}-g{}".format(*tower_quant) if tower_quant else "") + "-moe" * moe + "-mtp" * mtp)
             _built[key] = write_vlm_checkpoint(ckpt_root, name, quantize=quantize, dtype=dtype,
-                                               vision=ODD_VISION if odd else None, tower_quant=tower_quant)[1]
-        return _built[key]
+                                               vision=ODD_VISION if odd else None, tower_quant=tower_quant,
+                                               moe=MOE if moe else None, mtp=mtp)
+        return _built[key] if original else _built[key][1]
 
     return get

@@ -80,15 +80,24 @@ TWO = dict(messages=[{"role": "user", "content": [
     images=[(96, 64), (64, 64)])
 
 
+# An image after a long text: the prompt's first prefill chunk (64 rows) holds text only, the image
+# starts in the second.
+LATE = dict(messages=[{"role": "user", "content": [
+    {"type": "text", "text": "The quick brown fox jumps over the lazy dog. " * 3}, {"type": "image"},
+    {"type": "text", "text": "What is it?"}]}], images=[(64, 96)])
+
+
 def case(c):
     images = [picture(h, w, seed=h * w) for h, w in c["images"]]
     return (c["messages"] or c["text"]), images
 
 
-@pytest.mark.parametrize("c", [ONE, TWO], ids=["one image first", "text between two images"])
+@pytest.mark.parametrize("c", [ONE, TWO, LATE], ids=["one image first", "text between two images",
+                                              "image after a long text"])
 def test_logits_equal_mlx_vlm(model, reference, c):
     prompt, images = case(c)
     ids = model.prompt_ids(prompt, chat=True, images=images)
+    assert c is not LATE or ids.index(PAD) > 64
     rows, grids = patches_of(model, images)
     assert ids.count(PAD) == sum(h * w // 4 for _, h, w in grids)
     got = model.score(prompt, images=images, chat=True)
@@ -180,24 +189,80 @@ def test_a_snapshot_before_an_image_resumes_a_text_prompt(model):
 def test_a_conversation_with_a_picture_resumes_each_turn(model):
     """Conversation boundaries are positions with one pad per image; Model.request moves them past each
     image's rows, so the second turn resumes at the end of the first user turn (picture included) and
-    answers as the same prompt does from a fresh state."""
+    answers as the same prompt does from a fresh state. The tower ran once for the picture: the
+    second turn takes its cached features, and a cold run whose tower runs again answers the same."""
     from metalqwen.conversation import Conversation
+    from metalqwen.images import image_tokens
 
     img = picture(64, 64, seed=14)
-    conversation = Conversation(model.tokenizer, image_tokens=lambda p: model.vision.features(p).shape[0])
+    conversation = Conversation(model.tokenizer, image_tokens=lambda p: image_tokens(*p.shape[:2],
+                                                                                     model.vision.processor))
+    runs = model.counters()["vision_tower_runs"]
     first = conversation.prompt("What is it?", [img])
     out = model.generate(first.ids, boundaries=first.boundaries, images=first.images, max_tokens=3)
     conversation.record(first, "What is it?", out.text, [img])
     second = conversation.prompt("And now?")
+    reused = model.counters()["vision_features_reused"]
     hit = answer(model, second.ids, second.images, boundaries=second.boundaries)
     user_end = max(first.boundaries) + first.length - len(first.ids)  # past the picture's rows
     assert hit[2] == user_end
+    counters = model.counters()
+    assert counters["vision_tower_runs"] == runs + 1 and counters["vision_features_reused"] == reused + 1
     cache, model.runner.prefix_cache = model.runner.prefix_cache, None
+    model.vision.clear_cache()
     try:
         cold = answer(model, second.ids, second.images)
     finally:
         model.runner.prefix_cache = cache
+    assert model.counters()["vision_tower_runs"] == runs + 2
     assert cold[2] == 0 and cold[:2] == hit[:2]
+
+
+def test_a_picture_given_twice_runs_the_tower_once(model):
+    """The same picture twice in one prompt (and again in the next request) runs the tower once; the
+    logits equal those of a run where the tower computes each image (no cache, no reuse)."""
+    from metalqwen.vision import VisionTower
+
+    img = picture(64, 96, seed=15)
+    prompt = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "and"},
+                                           {"type": "image", "image": img.copy()}]}]
+    model.vision.clear_cache()
+    before = model.counters()
+    got = model.score(prompt)
+    again = model.score(prompt)
+    after = model.counters()
+    assert after["vision_tower_runs"] - before["vision_tower_runs"] == 1
+    assert after["vision_features_reused"] - before["vision_features_reused"] == 3
+    tower, limit = model.vision, model.vision.cache_bytes
+    tower.cache_bytes = 0
+    tower.clear_cache()
+    tower.prompt_features = lambda image, seen=None: VisionTower.prompt_features(tower, image)
+    try:
+        cold = model.score(prompt)
+    finally:
+        del tower.prompt_features
+        tower.cache_bytes = limit
+    assert model.counters()["vision_tower_runs"] - after["vision_tower_runs"] == 2
+    assert np.array_equal(got, cold) and np.array_equal(again, cold)
+
+
+def test_the_feature_cache_keeps_the_latest_pictures_within_its_bytes(model):
+    tower, limit = model.vision, model.vision.cache_bytes
+    one = 6 * tower.config.out_hidden_size * 4  # a 96 x 64 picture: 6 features of f32 [out_hidden]
+    pictures = [picture(96, 64, seed=30 + i) for i in range(3)]
+    tower.clear_cache()
+    tower.cache_bytes = 2 * one
+    try:
+        for p in pictures:
+            tower.prompt_features(p)
+        runs = tower.runs
+        tower.prompt_features(pictures[2])
+        tower.prompt_features(pictures[1])
+        assert tower.runs == runs
+        tower.prompt_features(pictures[0])  # dropped: the least recently used
+        assert tower.runs == runs + 1
+    finally:
+        tower.cache_bytes = limit
 
 
 def test_the_tower_is_in_the_memory_estimate(model, folder):

@@ -100,9 +100,12 @@ def alone(model, messages, max_tokens=6):
     return g.text, g.stats.prompt_tokens
 
 
-def test_an_image_answer_equals_generate_streamed_too(model, client):
+def test_an_image_answer_equals_generate_streamed_too(model, client, server):
+    """Also: the server's requests take the picture's features from the tower's cache (the tower ran
+    for it once, in Model.generate), as /metrics counts."""
     messages = asking(data_url(png(64, 96)))
     want, prompt_tokens = alone(model, messages)
+    runs, reused = model.counters()["vision_tower_runs"], model.counters()["vision_features_reused"]
     text_only = len(model.prompt_ids([{"role": "user", "content": "What is this?"}], enable_thinking=False))
     # 64 x 96 pixels: 4 x 6 patches, merged 2 x 2 into 6 image tokens in place of one text token.
     assert prompt_tokens == text_only + 2 + 6
@@ -112,6 +115,9 @@ def test_an_image_answer_equals_generate_streamed_too(model, client):
     chunks = list(ask(client, messages, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     assert chunks[-1].usage.prompt_tokens == prompt_tokens
+    metrics = httpx.get(server.url + "/metrics").text
+    assert f"metalqwen_vision_tower_runs_total {runs}\n" in metrics
+    assert f"metalqwen_vision_features_reused_total {reused + 2}\n" in metrics
 
 
 def test_an_image_request_beside_a_text_one(model, client):

@@ -37,6 +37,11 @@ class Metrics:
             ("drafted_tokens_total", "counter", "draft tokens verified", counters["drafted"]),
             ("accepted_tokens_total", "counter", "draft tokens accepted", counters["accepted"]),
         ]
+        if self.model.vision is not None:
+            rows += [("vision_tower_runs_total", "counter", "images the vision tower ran over",
+                      counters["vision_tower_runs"]),
+                     ("vision_features_reused_total", "counter", "images whose features came from the tower's cache",
+                      counters["vision_features_reused"])]
         cache = self.model.prefix_cache
         if cache is not None:
             rows += [("prefix_cache_bytes", "gauge", "device memory the prefix cache holds", cache.bytes),
