@@ -251,7 +251,7 @@ class Scheduler:
         seq.left = min(seq.request.max_tokens, room)
         seq.history = list(ids)
         if seq.request.drafter is not None:
-            seq.policy = spec.DepthPolicy(self.model.draft_depth)
+            seq.policy = spec.policy_for(seq.request.drafter, self.model.draft_depth)
         if seq.request.constraint is not None:  # the first token's mask, read by the prompt's last chunk
             seq.request.constraint.mask(self._engine.token_masks()[seq.slot])
 

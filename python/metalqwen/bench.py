@@ -188,7 +188,7 @@ def _metalqwen_decode(model, prompt: list[int], tokens: int) -> float:
     if model.speculative != "off":
         drafter = {"mtp": spec.MtpHead, "dflash": spec.DflashBlock}.get(model.speculative, spec.PromptLookup)()
         steps = spec.generate(engine, 0, engine.chosen(0), tokens + 1, _core.Sampling(), drafter,
-                              spec.DepthPolicy(model.draft_depth), history=list(prompt))
+                              spec.policy_for(drafter, model.draft_depth), history=list(prompt))
         next(steps)  # the prefill's choice: not a decode step
         start = time.perf_counter()
         for _ in steps:
@@ -483,6 +483,9 @@ def run(args) -> int:
     if p.concurrency and max_sequences < p.concurrency[-1]:
         raise ValueError(f"--max-sequences {max_sequences} is less than the largest --concurrency level "
                          f"{p.concurrency[-1]}")
+    if args.draft is not None and max_sequences > 1:
+        raise ValueError(f"--draft (DFlash) does not batch yet: it measures one sequence (leave out --concurrency "
+                         f"levels above 1 and --max-sequences), got {max_sequences} sequences")
     ckpt = load_checkpoint(args.model)  # a Hub id resolves here, once, to its snapshot folder
     vocab = ckpt.config.vocab_size
     device = args.device or gpu.Device().kind

@@ -71,6 +71,12 @@ def _load(args: argparse.Namespace):
     cache_gb = getattr(args, "cache_gb", None)
     cache_gb = cache_gb if cache_gb is not None else _CACHE_GB.get(args.command, 0.0)
     max_sequences = getattr(args, "max_sequences", None)
+    draft = getattr(args, "draft", None)
+    if max_sequences is None and draft is not None and _MAX_SEQUENCES.get(args.command, 1) > 1:
+        # DFlash drafts for one sequence at a time: requests take turns (said at start, not at a request).
+        print("metalqwen: --draft: one sequence at a time (DFlash does not batch yet: requests take turns; "
+              "docs/speculative.md)", file=sys.stderr)
+        max_sequences = 1
     max_sequences = max_sequences if max_sequences is not None else 1 if distributed else _MAX_SEQUENCES.get(
         args.command, 1)
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
@@ -106,12 +112,15 @@ def _follower(model) -> contextlib.AbstractContextManager:
     return quiet
 
 
-def _check_max_sequences(value: int | None) -> None:
-    """--max-sequences, checked before the (possibly long) load."""
+def _check_max_sequences(value: int | None, draft: str | None = None) -> None:
+    """--max-sequences (and with --draft), checked before the (possibly long) load."""
     most = _core.MAX_SEQUENCES
     allowed = f"an integer in 1..{most} (one step holds at most {most} sequences)"
     if value is not None and arguments.integer("--max-sequences", value, low=1, allowed=allowed) > most:
         raise ValueError(f"--max-sequences must be {allowed}, got {value}")
+    if draft is not None and value is not None and value > 1:
+        raise ValueError(f"--draft (DFlash) does not batch yet: it takes --max-sequences 1 (the default with "
+                         f"--draft: requests take turns), got --max-sequences {value}")
 
 
 # The temperature the command line uses when neither the user nor generation_config.json sets one.
@@ -467,7 +476,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .server.graceful import listening_socket
     from .server.image_parts import ImagePolicy
 
-    _check_max_sequences(args.max_sequences)
+    _check_max_sequences(args.max_sequences, args.draft)
     if args.allowed_image_dir is not None and not os.path.isdir(args.allowed_image_dir):
         raise ValueError(f"--allowed-image-dir {args.allowed_image_dir} is not a directory")
     flags = {"max_images": "--max-images", "max_pixels": "--max-image-pixels", "fetch_bytes": "--fetch-max-bytes",
@@ -547,7 +556,7 @@ def _bench(args: argparse.Namespace) -> int:
         arguments.integer("--max-context", args.max_context, low=2, allowed="an integer >= 2")
     if args.decode_tokens is not None:
         arguments.integer("--decode-tokens", args.decode_tokens, low=1, allowed="an integer >= 1")
-    _check_max_sequences(args.max_sequences)
+    _check_max_sequences(args.max_sequences, args.draft)
     return run_pipeline(args) if args.distributed else run(args)
 
 
@@ -699,7 +708,7 @@ def parser() -> argparse.ArgumentParser:
                             "per rank, for its layers' states; 0 = off)")
     serve.add_argument("--max-sequences", type=int, default=None,
                        help="requests decoded together, sharing each step's weight stream, 1..8 (default 4, with "
-                            "--distributed 1; 1 = one "
+                            "--distributed or --draft 1; 1 = one "
                             "at a time, the others wait); each reserves a KV cache of --max-context tokens and a "
                             "DeltaNet state (counted in the memory checked at load)")
     serve.add_argument("--allowed-image-dir", metavar="DIR", default=None,

@@ -96,6 +96,10 @@ def _check_config(path: str, raw: dict, target: ModelConfig) -> dict:
     """The drafter's sizes from config.json, each checked against the target and the kernels."""
     archs = raw.get("architectures") or []
     dflash = raw.get("dflash_config")
+    if "DFlash2DraftModel" in archs or raw.get("model_type") == "dflash2":
+        raise CheckpointError(f"[draft] {path}: a DFlash2 drafter (architectures {archs!r}): not supported yet (its "
+                              f"layers' dynamic convolution and candidate selector have no kernels here; "
+                              f"docs/speculative.md)")
     if "DFlashDraftModel" not in archs or not isinstance(dflash, dict):
         raise CheckpointError(f"[draft] {path}: not a DFlash drafter (architectures {archs!r}, "
                               f'expected ["DFlashDraftModel"] with a dflash_config object)')

@@ -268,4 +268,4 @@ class Runner:
                            draft_depth: int) -> Iterator[int]:
         verify = {k: sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
         return spec.generate(self._engine, 0, self._engine.chosen(0), budget, _core.Sampling(**verify), drafter,
-                             spec.DepthPolicy(draft_depth), history=list(ids))
+                             spec.policy_for(drafter, draft_depth), history=list(ids))

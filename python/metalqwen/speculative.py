@@ -15,7 +15,8 @@ from typing import Iterator, Protocol, Sequence
 
 from . import _core
 
-__all__ = ["Drafter", "PromptLookup", "MtpHead", "DflashBlock", "DepthPolicy", "DEFAULT_DEPTH", "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
+__all__ = ["Drafter", "PromptLookup", "MtpHead", "DflashBlock", "DepthPolicy", "policy_for", "DEFAULT_DEPTH",
+           "DEFAULT_MTP_DEPTH", "MAX_DEPTH"]
 
 MAX_DEPTH = _core.MAX_DRAFT  # a verify step's rows (the engine's matvec path) less the chosen token's
 DEFAULT_DEPTH = 4  # each depth reserves a copy of every DeltaNet state
@@ -91,7 +92,11 @@ class DepthPolicy:
     measured where ``generate`` reports timings (seconds of a verify step of k drafts over
     seconds per plain token); before that a model: ``1 + row_cost * k + wait_cost`` (rows are
     nearly free while the weights dominate; the step ends in a CPU wait that pipelined plain
-    decoding avoids). When no depth beats a plain step, speculation pauses for ``pause``
+    decoding avoids). With ``block`` (a drafter whose one pass drafts every depth: DFlash) a depth
+    not timed yet costs the model scaled as the nearest timed depth's measurement is (a long
+    context or a slow GPU makes every block length dearer at once), and one not tried yet is
+    expected to be accepted as the deepest tried one is (so the block grows to what rounds
+    accept). When no depth beats a plain step, speculation pauses for ``pause``
     tokens, then probes again at depth 1; each probe that fails doubles the pause (up to
     ``max_pause``), an accepted draft resets it."""
 
@@ -104,6 +109,7 @@ class DepthPolicy:
     pause: int = 16
     max_pause: int = 256
     timing_decay: float = 0.8  # weight of the past in the measured costs
+    block: bool = False  # one drafter pass drafts every depth (DFlash): extrapolate costs and acceptance
 
     def __post_init__(self):
         self.acceptance = [self.prior] * self.max_depth
@@ -116,17 +122,26 @@ class DepthPolicy:
         self._verify_seconds: dict[int, float] = {}  # per verify step, by drafts
 
     def expected_tokens(self, k: int) -> float:
+        tried = [j for j in range(self.max_depth) if self._tries[j]]
+        beyond = self.acceptance[tried[-1]] if self.block and tried else self.prior
         total, run = 1.0, 1.0
-        for a in self.acceptance[:k]:
-            run *= a
+        for j in range(k):
+            run *= self.acceptance[j] if self._tries[j] or not self.block else beyond
             total += run
         return total
 
-    def cost(self, k: int) -> float:
-        """A verify step of k drafts, in plain steps: measured when both are, else modelled."""
-        if self._plain_seconds and k in self._verify_seconds:
-            return self._verify_seconds[k] / self._plain_seconds
+    def modelled_cost(self, k: int) -> float:
+        """A verify step of k drafts, in plain steps, as modelled (no timings)."""
         return 1.0 + self.row_cost * k + self.wait_cost
+
+    def cost(self, k: int) -> float:
+        """A verify step of k drafts, in plain steps: measured when both are, else modelled; with
+        ``block``, scaled by the nearest timed depth's measured / modelled cost."""
+        if not self._plain_seconds or not self._verify_seconds or not (self.block or k in self._verify_seconds):
+            return self.modelled_cost(k)
+        timed = min(self._verify_seconds, key=lambda j: (abs(j - k), j))
+        measured = self._verify_seconds[timed] / self._plain_seconds
+        return measured if timed == k else self.modelled_cost(k) * measured / self.modelled_cost(timed)
 
     def speedup(self, k: int) -> float:
         """Tokens per plain-step cost at depth k (a plain step: 1)."""
@@ -173,6 +188,11 @@ class DepthPolicy:
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else self.timing_decay * old + (1.0 - self.timing_decay) * new
+
+
+def policy_for(drafter: Drafter, max_depth: int) -> DepthPolicy:
+    """The depth policy for a request drafted by ``drafter`` (DFlash: a block drafter)."""
+    return DepthPolicy(max_depth, block=isinstance(drafter, DflashBlock))
 
 
 def generate(engine, slot: int, first: int, budget: int, sampling, drafter: Drafter, policy: DepthPolicy,

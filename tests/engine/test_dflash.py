@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import metalqwen
-from metalqwen import _core
+from metalqwen import _core, speculative as spec
 from metalqwen.checkpoint import CheckpointError, load_checkpoint
 from metalqwen.dflash_checkpoint import load_drafter
 
@@ -82,6 +82,7 @@ def test_the_folder_is_what_the_reference_loads(target, drafter):
     ("dflash_config", {"mask_token_id": 5}, "field dflash_config.target_layer_ids is missing"),
     ("head_dim", 96, "field head_dim is 96"),
     ("architectures", ["Qwen3ForCausalLM"], "not a DFlash drafter"),
+    ("architectures", ["DFlash2DraftModel"], "a DFlash2 drafter (architectures ['DFlash2DraftModel']): not supported yet"),
     ("draft_window_size", 1024, "field draft_window_size: a sink + window context cache is not supported"),
 ])
 def test_a_drafter_that_does_not_fit_its_target_is_refused(target, drafter, tmp_path, field, value, message):
@@ -158,6 +159,9 @@ def test_cli_takes_draft(target, drafter, device):
     assert out.returncode == 0 and "speculative (dflash): " in out.stderr, out.stderr
     bad = run_cli("generate", "-m", target, "--device", device.kind, "--speculative", "dflash", "-p", "Hi")
     assert bad.returncode != 0 and "needs draft=PATH" in bad.stderr, bad.stderr
+    batched = run_cli("bench", "-m", target, "--device", device.kind, "--quick", "--draft", drafter, "--concurrency",
+                      "1,2")
+    assert batched.returncode != 0 and "--draft (DFlash) does not batch yet" in batched.stderr, batched.stderr
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -326,3 +330,119 @@ def test_generate_with_dflash_equals_plain(model):
     assert model.counters()["verify_steps"] > 0
     sampled = model.generate(ids, max_tokens=24, temperature=0.8, seed=3)  # point-mass drafts: the sampler's rule
     assert len(sampled.tokens) == 24 or sampled.finish_reason == "stop"
+
+
+# ---------------------------------------------------------------------------- the depth policy
+
+
+def untimed_policy() -> spec.DepthPolicy:
+    """The policy spec.generate gets for DFlash, deciding from acceptance alone (wall times ignored):
+    deterministic."""
+    policy = spec.policy_for(spec.DflashBlock(), DRAFTS)
+    policy.observe_verify = policy.observe_plain = lambda *timing: None
+    return policy
+
+
+class HostRounds:
+    """The engine, with each DFlash round's drafts given by the host: plain decoding's continuation,
+    made wrong at its first draft when ``right`` is False. Records the drafts asked per round."""
+
+    def __init__(self, model, plain: list[int], prompt_len: int, right: bool):
+        self.engine, self.vocab = model._engine, model.config.vocab_size
+        self.plain, self.prompt_len, self.right, self.asked = plain, prompt_len, right, []
+
+    def verify_dflash(self, slot: int, k: int, sampling):
+        self.asked.append(k)
+        at = self.engine.position(slot) - self.prompt_len  # plain[at]: the token chosen last
+        drafts = list(self.plain[at + 1: at + 1 + k])
+        if not self.right:
+            drafts[0] = (drafts[0] + 1) % self.vocab
+        return self.engine.verify(slot, drafts, sampling)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def _plain(model, ids, n):
+    engine = _prefill(model, ids)
+    engine.decode_begin(0, n, _core.Sampling())
+    plain = [engine.decode_next() for _ in range(n)]
+    engine.decode_end()
+    return plain
+
+
+def _rounds(model, ids, n, engine):
+    _prefill(model, ids)
+    return list(spec.generate(engine, 0, model._engine.chosen(0), n, _core.Sampling(), spec.DflashBlock(),
+                              untimed_policy(), list(ids)))
+
+
+def test_policy_grows_the_block_while_drafts_are_right(model):
+    """Rounds whose drafts are all right: the block grows (untried depths expected to be accepted
+    as the deepest tried one is) to the whole block, 15 drafts, and never shrinks until the
+    budget's end; the tokens are plain decoding's."""
+    ids = prompt(model.config.vocab_size, 20, seed=12)
+    plain = _plain(model, ids, 110)
+    rounds = HostRounds(model, plain + [0] * 16, len(ids), right=True)
+    assert _rounds(model, ids, 110, rounds) == plain
+    asked = rounds.asked
+    assert asked[:-1] == sorted(asked[:-1]) and asked[-2] == DRAFTS and len(asked) <= 10, asked
+
+
+def test_policy_stops_drafting_when_drafts_are_wrong(model):
+    """Rounds whose first draft is always wrong: within three rounds the block is one draft, and
+    the policy soon decodes plainly, probing with one-draft blocks after pauses; the tokens are
+    plain decoding's. With the test drafter (random weights: next to nothing accepted) likewise."""
+    ids = prompt(model.config.vocab_size, 20, seed=13)
+    plain = _plain(model, ids, 120)
+    rounds = HostRounds(model, plain + [0] * 16, len(ids), right=False)
+    assert _rounds(model, ids, 120, rounds) == plain
+    asked = rounds.asked
+    assert asked[0] > asked[1] > asked[2] == 1 and set(asked[2:]) == {1} and len(asked) <= 12, asked
+
+    before = model.counters()["verify_steps"]
+    assert _rounds(model, ids, 120, model._engine) == plain
+    assert model.counters()["verify_steps"] - before <= 12
+
+
+def test_policy_scales_untimed_block_lengths_by_timed_rounds():
+    """With a block drafter one timed round prices every block length: rounds dearer than modelled
+    at one depth make every depth dearer, so where no block length beats a plain step the policy
+    stops drafting (a long context, a slow GPU) even with every draft accepted."""
+    policy = spec.policy_for(spec.DflashBlock(), DRAFTS)
+    assert policy.block and not spec.policy_for(spec.MtpHead(), 3).block
+    for _ in range(20):
+        policy.update(DRAFTS, DRAFTS)
+    assert policy.depth() == DRAFTS
+    policy.observe_plain(1, 0.010)
+    policy.observe_verify(DRAFTS, 0.010 * 20 * policy.modelled_cost(DRAFTS))  # 20x dearer than modelled
+    assert policy.cost(DRAFTS) == pytest.approx(20 * policy.modelled_cost(DRAFTS))
+    assert policy.cost(3) == pytest.approx(20 * policy.modelled_cost(3))
+    assert policy.depth() == 0
+    mtp = spec.DepthPolicy(3)  # the MTP head's policy: an untimed depth stays modelled
+    mtp.observe_plain(1, 0.010)
+    mtp.observe_verify(3, 0.1)
+    assert mtp.cost(1) == mtp.modelled_cost(1) and mtp.cost(3) == pytest.approx(10)
+
+
+def test_sampled_rounds_verify_the_blocks_drafts_by_the_point_mass_rule(model):
+    """A sampled DFlash round (15 drafts, the deep tier) chooses exactly what a verify step of the
+    same drafts given by the host chooses for the same seed: the block's drafts are the drafter's
+    argmaxes, point masses independent of the sampler's draws, verified by the rule whose
+    distribution test_speculative checks at every row of a 16-row step. Seeds that choose
+    differently (temperature 1, top-k 4) show that the comparison is not of one fixed answer."""
+    ids = prompt(model.config.vocab_size, 26, seed=14)
+    engine = model._engine
+    engine.reset(0)
+    snapshots = []
+    engine.prefill(0, ids, _core.Sampling(), "none", snapshot_at=[len(ids)], snapshots=snapshots)
+    drafts = [int(t) for t in np.argmax(engine.dflash_block(0, DRAFTS), axis=1)]
+    outs = set()
+    for seed in range(4):
+        sampling = _core.Sampling(temperature=1.0, top_k=4, seed=seed)
+        engine.restore(0, snapshots[0])
+        got = engine.verify_dflash(0, DRAFTS, sampling)
+        engine.restore(0, snapshots[0])
+        assert got == engine.verify(0, drafts, sampling), f"seed {seed}"
+        outs.add(tuple(got))
+    assert len(outs) > 1, outs

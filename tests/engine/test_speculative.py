@@ -203,6 +203,79 @@ def test_greedy_speculation_at_depth_16_gives_plain_greedy_tokens(converted, dev
     assert drafter.steps > 3 and drafter.asked[0] == 16
 
 
+def chi_square_bound(dof: int) -> float:
+    """Above the 1e-4 upper quantile of chi-square with ``dof`` <= 11 degrees of freedom."""
+    return dof + 4.3 * np.sqrt(2 * max(dof, 1)) + 12
+
+
+def assert_fits_distribution(counts, p, what: str) -> None:
+    """Counts of draws against probabilities ``p``: tokens expected >= 5 times each a category,
+    the rest pooled (expected or not: a draw the distribution does not allow counts there)."""
+    expected = counts.sum() * p
+    big = expected >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    wanted = np.append(expected[big], expected[~big].sum())
+    keep = wanted > 0
+    assert observed[~keep].sum() == 0, f"{what}: draws outside the distribution"
+    chi2 = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
+    dof = int(keep.sum()) - 1
+    assert chi2 < chi_square_bound(dof), f"{what}: chi2 {chi2:.1f} ({dof} dof): {observed} vs {wanted.round(1)}"
+
+
+def test_sampled_sixteen_row_steps_have_the_plain_distribution_at_deep_rows(converted, device):
+    """Sampled verify steps of 16 rows (15 drafts: a DFlash block, the deep matvec tier), drafts the
+    greedy chain: at each row the choice, given that the drafts before it were accepted, follows
+    the model's own distribution there (the point-mass rule: accepted with p(draft), else a draw
+    without it). The "repetitive" model at temperature 0.04 is near-deterministic at most rows;
+    the window used is the one whose random rows lie deepest (rows >= 9) with the most draws
+    reaching them. Power, with 32 draws (a 16-row step takes seconds on the CPU runtime): every
+    choice must lie in its row's support, so a choice from another row's logits or counter shows
+    at the near-deterministic rows at once; pooled over the deep random rows, the count of choices
+    other than the draft (about 16 expected, sd 3.5) must be within 4 sd: accepting every draft
+    (about 1 such choice) fails that, never accepting one fails the near-deterministic rows'
+    checks at the first draw; biases of a few percent go unseen."""
+    m = deep(converted, device, "repetitive", 16)
+    engine, vocab, T, draws = m._engine, m.config.vocab_size, 0.04, 32
+    ids = prompt(vocab, 12, seed=1)
+    chain = m.generate(ids, max_tokens=60, speculative="off").tokens
+    logits = m.score(ids + chain).astype(np.float64)[len(ids) - 1:]  # row i: chain[i]'s distribution
+    p = np.exp((logits - logits.max(axis=1, keepdims=True)) / T)
+    p /= p.sum(axis=1, keepdims=True)
+    top = p.max(axis=1)
+
+    def deep_draws(s):  # expected draws (of one) reaching a row >= 9 that is random there
+        reach, mass = 1.0, 0.0
+        for r in range(16):
+            mass += reach * (1 - top[s + 1 + r]) if r >= 9 else 0.0
+            reach *= top[s + 1 + r]
+        return mass
+
+    s = max(range(len(chain) - 17), key=deep_draws)
+    assert deep_draws(s) > 0.4, f"the fixture has no window random at deep rows ({deep_draws(s):.2f})"
+    snapshots = []
+    engine.reset(0)
+    engine.prefill(0, ids + chain[:s], snapshot_at=[len(ids) + s], snapshots=snapshots)
+    assert engine.chosen(0) == chain[s]
+    counts = np.zeros((16, vocab), np.int64)
+    for seed in range(draws):
+        engine.restore(0, snapshots[0])
+        out = engine.verify(0, chain[s + 1:s + 16], Sampling(temperature=T, seed=seed))
+        assert out[:-1] == chain[s + 1:s + len(out)]  # accepted drafts, then a choice
+        for r, token in enumerate(out):
+            assert p[s + 1 + r, token] > 1e-9, f"row {r}: token {token} has probability {p[s + 1 + r, token]:.2g}"
+            counts[r, token] += 1
+    for r in range(16):
+        if counts[r].sum() >= 10:
+            assert_fits_distribution(counts[r], p[s + 1 + r], f"row {r}")
+    deep_random = [r for r in range(9, 16) if top[s + 1 + r] < 0.95]
+    visits = counts[deep_random].sum(axis=1)
+    other = sum(visits[i] - counts[r, chain[s + 1 + r]] for i, r in enumerate(deep_random))
+    q = 1 - top[[s + 1 + r for r in deep_random]]
+    expected, sd = float((visits * q).sum()), float(np.sqrt((visits * q * (1 - q)).sum()))
+    assert expected >= 8, (deep_random, visits)  # the window reaches its deep random rows
+    assert abs(other - expected) < 4 * sd, (other, expected, sd, deep_random, visits)
+
+
 def test_speculation_stops_at_max_tokens_and_at_the_context_end(converted, device):
     m = load(converted, device, "repetitive", 8)
     ids = quoting_prompt(m)
