@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -18,7 +17,7 @@ from metalqwen.checkpoint import load_checkpoint
 from ..support import dflash_fixtures as df
 from ..support.model_checks import prompt
 from ..support.require import require
-from ..support.server_fixtures import free_port
+from ..support.server_fixtures import free_port, wait_until_serving
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +47,7 @@ def test_serve_with_a_drafter_gives_plain_decodings_text(target, drafter, device
     plain = plain_model.generate(ids, max_tokens=40, temperature=0.0)
     proc, url = _serve(target, drafter, device)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not come up"
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        wait_until_serving(proc, url, 180)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
         got = client.completions.create(model="m", prompt=ids, max_tokens=40, temperature=0)
         assert got.choices[0].text == plain.text

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
@@ -16,7 +15,7 @@ import pytest
 import metalqwen
 from metalqwen.server import create_app
 
-from ..support.server_fixtures import LiveServer, free_port
+from ..support.server_fixtures import LiveServer, free_port, wait_until_serving
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +116,7 @@ def test_serve_ends_streams_with_an_error_chunk_and_exits_0_on_a_signal(demo, de
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not come up"
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        wait_until_serving(proc, url, 120)
         body = _chat("go on", max_tokens=480, stream=True)
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
             events = _data_lines(r.iter_lines())

@@ -28,6 +28,20 @@ class LiveServer:
         self.sock.close()
 
 
+def wait_until_serving(proc, url: str, seconds: float) -> None:
+    """Waits for a `metalqwen serve` subprocess to answer /health (failing if it exits first)."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, "serve did not come up"
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
