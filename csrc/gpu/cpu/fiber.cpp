@@ -9,10 +9,6 @@
 #include <stdexcept>
 #include <string>
 
-#if !defined(MQ_FIBER_UCONTEXT) && !(defined(__x86_64__) || defined(__aarch64__))
-#define MQ_FIBER_UCONTEXT 1
-#endif
-
 #if MQ_FIBER_UCONTEXT
 #define _XOPEN_SOURCE 700
 #include <ucontext.h>
@@ -67,19 +63,62 @@ void Fiber::switch_to(Fiber& from, Fiber& to) { swapcontext(&from.context_->uc, 
 
 #else
 
-struct FiberContext {
-  void* sp = nullptr;
-};
-
-Fiber::Fiber() : context_(new FiberContext{}) {}
+Fiber::Fiber() = default;
 Fiber::~Fiber() = default;
 
-void Fiber::prepare(FiberStack& stack, Entry entry, void* arg) {
-  context_->sp = initial_stack(stack.top(), entry, arg);
+void Fiber::prepare(FiberStack& stack, Entry entry, void* arg) { sp_ = initial_stack(stack.top(), entry, arg); }
+
+#endif
+
+#if defined(__x86_64__)
+// MXCSR: all exceptions masked, round to nearest, no FTZ/DAZ; the x87 word: all masked,
+// double-extended precision, round to nearest. The MXCSR's low 6 bits are sticky flags.
+constexpr uint32_t kDefaultMxcsr = 0x1F80, kMxcsrControl = 0xFFC0, kDefaultX87 = 0x037F;
+
+DefaultFloatingPoint::DefaultFloatingPoint() {
+  uint16_t x87 = 0;
+  asm volatile("stmxcsr %0" : "=m"(saved_[0]));
+  asm volatile("fnstcw %0" : "=m"(x87));
+  saved_[1] = x87;
+  if ((saved_[0] & kMxcsrControl) != kDefaultMxcsr) {
+    const uint32_t mxcsr = kDefaultMxcsr;
+    asm volatile("ldmxcsr %0" ::"m"(mxcsr));
+  }
+  if (x87 != kDefaultX87) {
+    const uint16_t word = kDefaultX87;
+    asm volatile("fldcw %0" ::"m"(word));
+  }
 }
 
-void Fiber::switch_to(Fiber& from, Fiber& to) { mq_fiber_switch_asm(&from.context_->sp, to.context_->sp); }
+DefaultFloatingPoint::~DefaultFloatingPoint() {
+  uint32_t mxcsr = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  if ((mxcsr & kMxcsrControl) != (saved_[0] & kMxcsrControl)) {
+    mxcsr = (mxcsr & ~kMxcsrControl) | (saved_[0] & kMxcsrControl);  // keep the flags raised since
+    asm volatile("ldmxcsr %0" ::"m"(mxcsr));
+  }
+  if (saved_[1] != kDefaultX87) {
+    const uint16_t word = uint16_t(saved_[1]);
+    asm volatile("fldcw %0" ::"m"(word));
+  }
+}
 
+#elif defined(__aarch64__)
+// FPCR 0: round to nearest, no flush to zero, default-NaN off, traps disabled.
+DefaultFloatingPoint::DefaultFloatingPoint() {
+  uint64_t fpcr = 0;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  saved_[0] = uint32_t(fpcr);
+  if (fpcr != 0) asm volatile("msr fpcr, %0" ::"r"(uint64_t(0)));
+}
+
+DefaultFloatingPoint::~DefaultFloatingPoint() {
+  if (saved_[0] != 0) asm volatile("msr fpcr, %0" ::"r"(uint64_t(saved_[0])));
+}
+
+#else
+DefaultFloatingPoint::DefaultFloatingPoint() = default;
+DefaultFloatingPoint::~DefaultFloatingPoint() = default;
 #endif
 
 }  // namespace mq::cpu

@@ -1,31 +1,31 @@
 // The fiber context switch in assembly for x86_64 (System V) and aarch64 (AAPCS64,
-// Apple silicon), with the initial frame each expects. Self-contained (stdint only)
+// Apple silicon), with the initial frame each expects. The floating-point control state is
+// not switched: every fiber of an OS thread runs under DefaultFloatingPoint (fiber.h). Self-contained (stdint only)
 // so tests can assemble it for every target we ship, arm64-apple-macos included.
 #pragma once
 #include <stdint.h>
 
 namespace mq::cpu {
 
+// ELF: hidden, so the runtime calls the switch directly, not through the PLT.
 #if defined(__APPLE__)
 #define MQ_ASM_SYM(name) "_" #name
 #define MQ_ASM_TYPE(name) ""
 #else
 #define MQ_ASM_SYM(name) #name
-#define MQ_ASM_TYPE(name) ".type " #name ",@function\n"
+#define MQ_ASM_TYPE(name) ".hidden " #name "\n.type " #name ",@function\n"
 #endif
 
-extern "C" void mq_fiber_switch_asm(void** save_sp, void* load_sp);
-extern "C" void mq_fiber_start_asm();
+extern "C" __attribute__((visibility("hidden"))) void mq_fiber_switch_asm(void** save_sp, void* load_sp);
+extern "C" __attribute__((visibility("hidden"))) void mq_fiber_start_asm();
 
 #if defined(__x86_64__)
-// Saves the System V callee-saved registers plus the SSE/x87 control words.
+// Saves the System V callee-saved general registers.
 asm(".text\n"
     ".globl " MQ_ASM_SYM(mq_fiber_switch_asm) "\n" MQ_ASM_TYPE(mq_fiber_switch_asm)
     MQ_ASM_SYM(mq_fiber_switch_asm) ":\n"
     "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  subq $16, %rsp\n  stmxcsr 8(%rsp)\n  fnstcw (%rsp)\n"
     "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-    "  fldcw (%rsp)\n  ldmxcsr 8(%rsp)\n  addq $16, %rsp\n"
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
     "  ret\n"
     ".globl " MQ_ASM_SYM(mq_fiber_start_asm) "\n" MQ_ASM_TYPE(mq_fiber_start_asm)
@@ -33,7 +33,7 @@ asm(".text\n"
     "  movq %r12, %rdi\n  andq $-16, %rsp\n  callq *%r13\n  ud2\n");
 
 // A fresh stack, lowest address first, as mq_fiber_switch_asm pops it:
-// fpcw, mxcsr, r15, r14, r13 = entry, r12 = arg, rbx, rbp, return = start.
+// r15, r14, r13 = entry, r12 = arg, rbx, rbp, return = start.
 inline void* initial_stack(char* top, void (*entry)(void*), void* arg) {
   auto* s = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t(15));
   *--s = 0;
@@ -44,8 +44,6 @@ inline void* initial_stack(char* top, void (*entry)(void*), void* arg) {
   *--s = reinterpret_cast<uint64_t>(entry);     // r13
   *--s = 0;                                     // r14
   *--s = 0;                                     // r15
-  *--s = 0x1F80;                                // mxcsr: default rounding, exceptions masked
-  *--s = 0x037F;                                // x87 control word default
   return s;
 }
 

@@ -11,7 +11,9 @@ namespace {
 constexpr size_t kFiberStackBytes = 256 << 10;
 constexpr unsigned char kPoison = 0xFF;  // every float width reads 0xFF.. as NaN
 
-thread_local ThreadgroupRunner* t_active = nullptr;
+// Read at every kernel callback: initial-exec, not the dynamic lookup (__tls_get_addr)
+// a module loaded at run time gets by default.
+__attribute__((tls_model("initial-exec"))) thread_local ThreadgroupRunner* t_active = nullptr;
 
 bool same_site(const mq_abi::Site& a, const mq_abi::Site& b) {
   return a.line == b.line && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
@@ -31,14 +33,14 @@ ThreadgroupRunner& ThreadgroupRunner::for_this_thread() {
 const mq_abi::RuntimeApi& ThreadgroupRunner::runtime_api() {
   static const mq_abi::RuntimeApi api = {
       [](mq_abi::CollectiveFn fn, void* data, mq_abi::Site site) {
-        Thread& t = *t_active->threads_[t_active->current_];
+        Thread& t = *t_active->running_;
         t.collective = fn;
         t.collective_data = data;
         t.site = site;
         t_active->yield_current(State::at_simd);
       },
       [](mq_abi::Site site) {
-        t_active->threads_[t_active->current_]->site = site;
+        t_active->running_->site = site;
         t_active->yield_current(State::at_barrier);
       },
       [](const void* key, size_t size, size_t align) { return t_active->threadgroup_alloc(key, size, align); },
@@ -70,15 +72,16 @@ void ThreadgroupRunner::thread_main(void* arg) {
 // The runnable lane of the step after position `from` in its order, or none.
 uint32_t ThreadgroupRunner::next_in_step(uint32_t from) const {
   for (uint32_t k = from; k < step_count_; ++k)
-    if (threads_[step_order_[k]]->state == State::runnable) return k;
+    if (threads_[step_order_[k]].state == State::runnable) return k;
   return kNone;
 }
 
 void ThreadgroupRunner::switch_to_step(Fiber& from, uint32_t position) {
   step_position_ = position;
   current_ = step_order_[position];
+  running_ = &threads_[current_];
   if (checker_) checker_->set_thread(current_);
-  Fiber::switch_to(from, threads_[current_]->fiber);
+  Fiber::switch_to(from, running_->fiber);
 }
 
 // Runs the step's lanes in order, each switching straight to the next when it waits or ends
@@ -92,7 +95,7 @@ void ThreadgroupRunner::run_step() {
 }
 
 void ThreadgroupRunner::yield_current(State state) {
-  Thread& t = *threads_[current_];
+  Thread& t = *running_;
   t.state = state;
   const uint32_t next = next_in_step(step_position_ + 1);
   if (next != kNone) return switch_to_step(t.fiber, next);
@@ -132,7 +135,7 @@ std::string ThreadgroupRunner::simdgroup_name(uint32_t simdgroup) const {
 }
 
 uint32_t ThreadgroupRunner::note_lane_op(const char* name, const mq_abi::Site& site) {
-  Thread& t = *threads_[current_];
+  Thread& t = *running_;
   if (t.lane_ops++ == 0) {
     t.first_lane_op = name;
     t.first_lane_op_site = site;
@@ -147,7 +150,7 @@ uint32_t ThreadgroupRunner::note_lane_op(const char* name, const mq_abi::Site& s
 void ThreadgroupRunner::check_lane_ops(uint32_t first, uint32_t end, uint32_t simdgroup) {
   const Thread* ran = nullptr;
   for (uint32_t i = first; i < end && !ran; ++i)
-    if (threads_[i]->lane_ops) ran = threads_[i].get();
+    if (threads_[i].lane_ops) ran = &threads_[i];
   if (!ran) return;
   const auto inactive = [&](uint32_t lane) {
     return gpu::GpuError("[cpu] " + simdgroup_name(simdgroup) + ": " + ran->first_lane_op + ": lane " +
@@ -158,7 +161,7 @@ void ThreadgroupRunner::check_lane_ops(uint32_t first, uint32_t end, uint32_t si
   };
   if (end - first < mq_abi::kSimdWidth) throw inactive(end - first);
   for (uint32_t i = first; i < end; ++i) {
-    const Thread& t = *threads_[i];
+    const Thread& t = threads_[i];
     if (t.lane_ops == 0) throw inactive(i - first);
     if (t.lane_ops != ran->lane_ops || t.lane_op_trace != ran->lane_op_trace) {
       const bool first_differs = !same_site(t.first_lane_op_site, ran->first_lane_op_site);
@@ -170,8 +173,8 @@ void ThreadgroupRunner::check_lane_ops(uint32_t first, uint32_t end, uint32_t si
     }
   }
   for (uint32_t i = first; i < end; ++i) {
-    threads_[i]->lane_ops = 0;
-    threads_[i]->lane_op_trace = 0;
+    threads_[i].lane_ops = 0;
+    threads_[i].lane_op_trace = 0;
   }
 }
 
@@ -182,12 +185,12 @@ bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
   order_->permute(first, step_count_, step_order_);
   run_step();
   for (uint32_t i = first; i < end; ++i)
-    if (threads_[i]->state == State::failed) throw gpu::GpuError(error_);
+    if (threads_[i].state == State::failed) throw gpu::GpuError(error_);
   check_lane_ops(first, end, simdgroup);
   const Thread* collective = nullptr;
   const Thread* at_barrier = nullptr;
   for (uint32_t i = first; i < end; ++i) {
-    const Thread& t = *threads_[i];
+    const Thread& t = threads_[i];
     if (t.state == State::at_barrier) at_barrier = &t;
     if (t.state != State::at_simd) continue;
     if (!collective) {
@@ -207,7 +210,7 @@ bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
                         " waits at the threadgroup_barrier at " + describe(at_barrier->site) + ")");
   void* lanes[mq_abi::kSimdWidth] = {};
   for (uint32_t i = first; i < end; ++i)
-    if (threads_[i]->state == State::at_simd) lanes[i - first] = threads_[i]->collective_data;
+    if (threads_[i].state == State::at_simd) lanes[i - first] = threads_[i].collective_data;
   // The collective acts for the SIMD-group after every lane's earlier accesses, before any later one.
   if (checker_) {
     checker_->simd_sync(simdgroup);
@@ -216,7 +219,7 @@ bool ThreadgroupRunner::step_simdgroup(uint32_t simdgroup) {
   collective->collective(lanes);
   if (checker_) checker_->simd_sync(simdgroup);
   for (uint32_t i = first; i < end; ++i)
-    if (threads_[i]->state == State::at_simd) threads_[i]->state = State::runnable;
+    if (threads_[i].state == State::at_simd) threads_[i].state = State::runnable;
   return true;
 }
 
@@ -236,7 +239,7 @@ void ThreadgroupRunner::advance_to_barrier(uint32_t simdgroups) {
 void ThreadgroupRunner::release_barrier() {
   const Thread* first = nullptr;
   for (uint32_t i = 0; i < thread_count_; ++i) {
-    Thread& t = *threads_[i];
+    Thread& t = threads_[i];
     if (t.state != State::at_barrier) continue;
     if (first && !same_site(first->site, t.site))
       throw gpu::GpuError("[cpu] kernel '" + std::string(work_->kernel->name) + "' (threadgroup " +
@@ -250,6 +253,7 @@ void ThreadgroupRunner::release_barrier() {
 }
 
 void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position, mq_abi::Dim3 group_size) {
+  const DefaultFloatingPoint ieee;  // for the fibers and the collectives run between them
   t_active = this;
   work_ = &work;
   group_position_ = group_position;
@@ -280,14 +284,11 @@ void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position
   }
 
   thread_count_ = group_size.x * group_size.y * group_size.z;
-  while (threads_.size() < thread_count_) {
-    threads_.push_back(std::make_unique<Thread>());
-    stacks_.push_back(std::make_unique<FiberStack>(kFiberStackBytes));
-  }
+  while (stacks_.size() < thread_count_) stacks_.push_back(std::make_unique<FiberStack>(kFiberStackBytes));
   const mq_abi::Dim3 tpg = work.launch->dispatch_threads_per_threadgroup;
   const uint32_t simdgroups = (thread_count_ + mq_abi::kSimdWidth - 1) / mq_abi::kSimdWidth;
   for (uint32_t i = 0; i < thread_count_; ++i) {
-    Thread& t = *threads_[i];
+    Thread& t = threads_[i];
     mq_abi::Dim3 local = {i % group_size.x, (i / group_size.x) % group_size.y, i / (group_size.x * group_size.y)};
     t.ids.thread_position_in_threadgroup = local;
     t.ids.threadgroup_position_in_grid = group_position;
@@ -313,7 +314,7 @@ void ThreadgroupRunner::run(const GroupLaunch& work, mq_abi::Dim3 group_position
   for (;;) {
     advance_to_barrier(simdgroups);
     bool waiting = false;
-    for (uint32_t i = 0; i < thread_count_ && !waiting; ++i) waiting = threads_[i]->state == State::at_barrier;
+    for (uint32_t i = 0; i < thread_count_ && !waiting; ++i) waiting = threads_[i].state == State::at_barrier;
     if (!waiting) break;
     // Threads that returned count as arrived, as on Apple GPUs.
     release_barrier();

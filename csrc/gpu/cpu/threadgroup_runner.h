@@ -67,10 +67,12 @@ class ThreadgroupRunner {
   void check_access(const void* address, size_t size, mq_abi::AccessKind kind, const void* pc);
 
   Fiber scheduler_;
-  std::vector<std::unique_ptr<Thread>> threads_;
+  // Every thread a group may have, in one array: the runner scans a SIMD-group's states often.
+  std::unique_ptr<Thread[]> threads_{new Thread[mq_abi::kMaxThreadsPerThreadgroup]};
   std::vector<std::unique_ptr<FiberStack>> stacks_;
   uint32_t thread_count_ = 0;
   uint32_t current_ = 0;
+  Thread* running_ = nullptr;  // &threads_[current_]
   // The SIMD-group step running: its lanes in schedule order, and the position of current_.
   uint32_t step_order_[mq_abi::kSimdWidth] = {};
   uint32_t step_count_ = 0, step_position_ = 0;
