@@ -20,7 +20,7 @@ from metalqwen.dflash_checkpoint import load_drafter
 
 from ..support import dflash_fixtures as df
 from ..support import model_fixtures as mf
-from ..support.cli import run as run_cli
+from ..support.cli import call as call_cli
 from ..support.model_checks import assert_logits_close, prompt
 
 # Layers 1 (Gated DeltaNet) and 3 (the last, full attention) of the 4-layer "base" target.
@@ -127,9 +127,10 @@ def test_auto_picks_dflash_with_a_drafter(model):
     assert model.draft_depth == DRAFTS  # block_size 16: the whole block
 
 
-def test_bench_reports_dflash_rounds(target, drafter, device, tmp_path):
+def test_bench_reports_dflash_rounds(target, drafter, device, tmp_path, capfd):
     path = tmp_path / "bench.json"
-    out = run_cli("bench", "-m", target, "--device", device.kind, "--quick", "--draft", drafter, "--json", str(path))
+    out = call_cli(capfd, "bench", "-m", target, "--device", device.kind, "--quick", "--draft", drafter,
+                   "--json", str(path))
     assert out.returncode == 0, out.stderr
     spec = json.loads(path.read_text())["metalqwen"]["speculative"]
     # By depth: the acceptance at each block position drafted (8-token runs cap the depth).
@@ -153,14 +154,14 @@ def test_the_memory_estimate_counts_the_drafter(model, target, drafter, device):
     assert grown == weights + caches + rows * per_row * 4
 
 
-def test_cli_takes_draft(target, drafter, device):
-    out = run_cli("generate", "-m", target, "--device", device.kind, "--draft", drafter, "-p", "Hi",
-                  "--max-tokens", "12", "--temperature", "0", "--stats")
+def test_cli_takes_draft(target, drafter, device, capfd):
+    out = call_cli(capfd, "generate", "-m", target, "--device", device.kind, "--draft", drafter, "-p", "Hi",
+                   "--max-tokens", "12", "--temperature", "0", "--stats")
     assert out.returncode == 0 and "speculative (dflash): " in out.stderr, out.stderr
-    bad = run_cli("generate", "-m", target, "--device", device.kind, "--speculative", "dflash", "-p", "Hi")
+    bad = call_cli(capfd, "generate", "-m", target, "--device", device.kind, "--speculative", "dflash", "-p", "Hi")
     assert bad.returncode != 0 and "needs draft=PATH" in bad.stderr, bad.stderr
-    batched = run_cli("bench", "-m", target, "--device", device.kind, "--quick", "--draft", drafter, "--concurrency",
-                      "1,2")
+    batched = call_cli(capfd, "bench", "-m", target, "--device", device.kind, "--quick", "--draft", drafter,
+                       "--concurrency", "1,2")
     assert batched.returncode != 0 and "--draft (DFlash) does not batch yet" in batched.stderr, batched.stderr
 
 

@@ -540,25 +540,26 @@ def test_mtp_mode_needs_a_head(converted, device):
         load(converted, device, "base", 8).stream([1, 2, 3], speculative="mtp")
 
 
-def test_cli_generate_reports_the_acceptance(mtp_folder, device):
-    from ..support.cli import run as _run
+def test_cli_generate_reports_the_acceptance(mtp_folder, device, capfd):
+    from ..support.cli import call
 
-    r = _run("generate", "-m", mtp_folder, "--device", device.kind, "--raw", "-p", "Hello there", "--max-tokens", "12",
-             "--max-context", "64", "--temperature", "0")
+    r = call(capfd, "generate", "-m", mtp_folder, "--device", device.kind, "--raw", "-p", "Hello there",
+             "--max-tokens", "12", "--max-context", "64", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert "speculative (mtp): " in r.stderr and "tokens per step, acceptance" in r.stderr, r.stderr
-    off = _run("generate", "-m", mtp_folder, "--device", device.kind, "--raw", "-p", "Hello there", "--max-tokens", "12",
-               "--max-context", "64", "--speculative", "off", "--temperature", "0")
+    off = call(capfd, "generate", "-m", mtp_folder, "--device", device.kind, "--raw", "-p", "Hello there",
+               "--max-tokens", "12", "--max-context", "64", "--speculative", "off", "--temperature", "0")
     assert off.returncode == 0 and off.stdout == r.stdout and "speculative" not in off.stderr
 
 
-def test_bench_reports_tokens_per_verify_step_and_acceptance(mtp_folder, device, tmp_path):
+def test_bench_reports_tokens_per_verify_step_and_acceptance(mtp_folder, device, tmp_path, capfd):
     import json
 
-    from ..support.cli import run as _run
+    from ..support.cli import call
 
     out = tmp_path / "bench.json"
-    r = _run("bench", "-m", mtp_folder, "--device", device.kind, "--quick", "--speculative", "mtp", "--json", str(out))
+    r = call(capfd, "bench", "-m", mtp_folder, "--device", device.kind, "--quick", "--speculative", "mtp",
+             "--json", str(out))
     assert r.returncode == 0, r.stderr
     s = json.loads(out.read_text())["metalqwen"]["speculative"]
     assert s["verify_steps"] > 0 and s["tokens_per_verify_step"] > 1.5 and s["acceptance"] > 0.5, s

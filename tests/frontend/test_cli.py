@@ -1,5 +1,7 @@
-"""The `metalqwen` command as a new user meets it, run as a subprocess: the context limit,
-errors as one line, Ctrl-C, chat turns reusing the cache, the demo, --version and help."""
+"""The `metalqwen` command as a new user meets it: the context limit, errors as one line, Ctrl-C,
+chat turns reusing the cache, the demo, --version and help. Run as a subprocess where the test is
+about the process (signals, pipes, stdin, a terminal, the environment); else its main() in this
+process (`_call`), which prints and returns what the process would."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 import metalqwen
 from metalqwen import cli
 
+from ..support.cli import call as _call
 from ..support.cli import default_sigint as _default_sigint
 from ..support.cli import run as _run
 from ..support.model_fixtures import read_header
@@ -84,10 +87,10 @@ def _one_line_error(result, message: str) -> None:
 # ---------------------------------------------------------------------------- context limit, errors
 
 
-def test_generate_stops_at_the_context_limit_and_says_so(demo, device):
+def test_generate_stops_at_the_context_limit_and_says_so(demo, device, capfd):
     # Seeded: the folder's sampling settings apply, and whether lookup drafts get accepted depends on the tokens.
-    out = _run("generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-context", "40",
-               "--max-tokens", "100", "--seed", "1")
+    out = _call(capfd, "generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-context", "40",
+                "--max-tokens", "100", "--seed", "1")
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stdout.strip()
     assert "decode: 28 tokens" in out.stderr and "stopped: context full (max_context 40)" in out.stderr
@@ -97,21 +100,21 @@ def test_generate_stops_at_the_context_limit_and_says_so(demo, device):
     assert all("(0 of " not in line for line in speculative), out.stderr
 
 
-def test_sampling_left_out_comes_from_the_folder_as_in_the_server(demo, device):
+def test_sampling_left_out_comes_from_the_folder_as_in_the_server(demo, device, capfd):
     with open(os.path.join(demo, "generation_config.json")) as f:
         qwen = json.load(f)  # the demo ships Qwen's recommended settings
     common = ["generate", "-m", demo, "--device", device.kind, "--raw", "-p", "Once", "--max-tokens", "8", "--seed", "3"]
-    folder = _run(*common)
-    explicit = _run(*common, "--temperature", str(qwen["temperature"]), "--top-k", str(qwen["top_k"]),
-                    "--top-p", str(qwen["top_p"]))
-    greedy = _run(*common, "--temperature", "0")
+    folder = _call(capfd, *common)
+    explicit = _call(capfd, *common, "--temperature", str(qwen["temperature"]), "--top-k", str(qwen["top_k"]),
+                     "--top-p", str(qwen["top_p"]))
+    greedy = _call(capfd, *common, "--temperature", "0")
     assert folder.returncode == explicit.returncode == greedy.returncode == 0, folder.stderr
     assert folder.stdout == explicit.stdout != greedy.stdout
-    assert "the folder's generation_config.json" in _run("generate", "--help").stdout
+    assert "the folder's generation_config.json" in _call(capfd, "generate", "--help").stdout
 
 
-def test_stats_adds_the_engine_counters_and_the_stop_reason_is_said(demo, device):
-    out = _run("generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "3", "-v")
+def test_stats_adds_the_engine_counters_and_the_stop_reason_is_said(demo, device, capfd):
+    out = _call(capfd, "generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "3", "-v")
     assert out.returncode == 0, out.stderr
     assert "decode: 3 tokens" in out.stderr and "stopped: max tokens" in out.stderr
     assert "dispatches" in out.stderr and "barriers per step" in out.stderr and "MB of weights per token" in out.stderr
@@ -126,12 +129,12 @@ def test_stats_adds_the_engine_counters_and_the_stop_reason_is_said(demo, device
     (["-p", "hi", "--max-context", "1"], "max_context must be an integer >= 2, got 1"),
     (["-p", "hi", "--max-tokens", "0"], "--max-tokens must be an integer >= 1, got 0"),
 ])
-def test_errors_are_one_line_and_exit_1(demo, device, args, message):
-    _one_line_error(_run("generate", "-m", demo, "--device", device.kind, *args), message)
+def test_errors_are_one_line_and_exit_1(demo, device, args, message, capfd):
+    _one_line_error(_call(capfd, "generate", "-m", demo, "--device", device.kind, *args), message)
 
 
-def test_a_file_as_the_model_folder_is_one_line(demo):
-    _one_line_error(_run("generate", "-m", os.path.join(demo, "config.json"), "-p", "hi"), "is a file")
+def test_a_file_as_the_model_folder_is_one_line(demo, capfd):
+    _one_line_error(_call(capfd, "generate", "-m", os.path.join(demo, "config.json"), "-p", "hi"), "is a file")
 
 
 # ---------------------------------------------------------------------------- Ctrl-C
@@ -254,8 +257,8 @@ def test_chat_offers_a_fresh_context_when_full(demo, device):
 # ---------------------------------------------------------------------------- small things
 
 
-def test_version_and_help_for_every_option():
-    out = _run("--version")
+def test_version_and_help_for_every_option(capfd):
+    out = _call(capfd, "--version")
     assert out.returncode == 0 and out.stdout.strip() == f"metalqwen {metalqwen.__version__}"
     commands = next(a for a in cli.parser()._actions if a.dest == "command")
     for name, sub in commands.choices.items():
@@ -268,33 +271,33 @@ def test_python_dash_m_metalqwen_is_the_command():
     assert out.returncode == 0 and out.stdout.strip() == f"metalqwen {metalqwen.__version__}", out.stderr
 
 
-def test_the_prompt_from_stdin_or_a_file_is_the_prompt_given_inline(demo, device, tmp_path):
+def test_the_prompt_from_stdin_or_a_file_is_the_prompt_given_inline(demo, device, tmp_path, capfd):
     prompt = "Why is the sky blue?\nAnswer in one line."  # a newline, as pasted text has
     common = ["generate", "-m", demo, "--device", device.kind, "--raw", "--max-tokens", "4", "--temperature", "0"]
-    inline = _run(*common, "-p", prompt)
+    inline = _call(capfd, *common, "-p", prompt)
     assert inline.returncode == 0 and inline.stdout.strip(), inline.stderr
-    piped = _run(*common, "-p", "-", stdin=prompt)
+    piped = _run(*common, "-p", "-", stdin=prompt)  # a process: its standard input
     (tmp_path / "prompt.txt").write_text(prompt, encoding="utf-8")
-    from_file = _run(*common, "--prompt-file", str(tmp_path / "prompt.txt"))
+    from_file = _call(capfd, *common, "--prompt-file", str(tmp_path / "prompt.txt"))
     assert piped.stdout == inline.stdout == from_file.stdout, (piped.stderr, from_file.stderr)
-    both = _run(*common, "-p", "hi", "--prompt-file", str(tmp_path / "prompt.txt"))
+    both = _call(capfd, *common, "-p", "hi", "--prompt-file", str(tmp_path / "prompt.txt"))
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
-def test_structured_output_from_a_schema_or_a_grammar_file(demo, device, tmp_path):
+def test_structured_output_from_a_schema_or_a_grammar_file(demo, device, tmp_path, capfd):
     common = ["generate", "-m", demo, "--device", device.kind, "--raw", "-p", "Is it?", "--max-tokens", "8"]
     (tmp_path / "answer.schema.json").write_text('{"enum": ["yes", "no"]}')
     (tmp_path / "answer.gbnf").write_text('root ::= "maybe" | "never"')
-    inline = _run(*common, "--json-schema", '{"enum": ["yes", "no"]}')
-    from_file = _run(*common, "--json-schema-file", str(tmp_path / "answer.schema.json"))
+    inline = _call(capfd, *common, "--json-schema", '{"enum": ["yes", "no"]}')
+    from_file = _call(capfd, *common, "--json-schema-file", str(tmp_path / "answer.schema.json"))
     assert inline.returncode == from_file.returncode == 0, (inline.stderr, from_file.stderr)
     assert json.loads(inline.stdout) in ("yes", "no") and from_file.stdout == inline.stdout
-    grammar = _run(*common, "--grammar-file", str(tmp_path / "answer.gbnf"))
+    grammar = _call(capfd, *common, "--grammar-file", str(tmp_path / "answer.gbnf"))
     assert grammar.returncode == 0 and grammar.stdout.strip() in ("maybe", "never"), grammar.stderr
     assert "stopped: end of answer" in grammar.stderr
-    _one_line_error(_run(*common, "--json-schema", "{oops"), "--json-schema: not JSON")
-    _one_line_error(_run(*common, "--grammar-file", str(tmp_path / "missing.lark")), "missing.lark")
-    both = _run(*common, "--json-schema", "{}", "--grammar-file", str(tmp_path / "answer.gbnf"))
+    _one_line_error(_call(capfd, *common, "--json-schema", "{oops"), "--json-schema: not JSON")
+    _one_line_error(_call(capfd, *common, "--grammar-file", str(tmp_path / "missing.lark")), "missing.lark")
+    both = _call(capfd, *common, "--json-schema", "{}", "--grammar-file", str(tmp_path / "answer.gbnf"))
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
@@ -308,35 +311,36 @@ def test_a_reader_that_goes_away_ends_generate_quietly(demo, device):
     assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err, err
 
 
-def test_demo_hf_writes_an_original_that_converts_and_drafts_with_its_mtp_head(device, tmp_path):
+def test_demo_hf_writes_an_original_that_converts_and_drafts_with_its_mtp_head(device, tmp_path, capfd):
     hf, mlx = tmp_path / "original", tmp_path / "original-mlx"
-    out = _run("demo", "--hf", str(hf))
+    out = _call(capfd, "demo", "--hf", str(hf))
     assert out.returncode == 0 and f"metalqwen convert {hf} {mlx}" in out.stderr, out.stderr
     assert any(name.startswith("mtp.") for name in read_header(hf / "model.safetensors"))
-    assert _run("convert", str(hf), str(mlx)).returncode == 0
-    spec = _run("generate", "-m", str(mlx), "--device", device.kind, "--speculative", "mtp", "-p", "Hi",
-                "--max-tokens", "6", "--temperature", "0", "--max-context", "128", "--stats")
+    assert _call(capfd, "convert", str(hf), str(mlx)).returncode == 0
+    spec = _call(capfd, "generate", "-m", str(mlx), "--device", device.kind, "--speculative", "mtp", "-p", "Hi",
+                 "--max-tokens", "6", "--temperature", "0", "--max-context", "128", "--stats")
     assert spec.returncode == 0 and "speculative (mtp): " in spec.stderr, spec.stderr
-    plain = _run("generate", "-m", str(mlx), "--device", device.kind, "--speculative", "off", "-p", "Hi",
-                 "--max-tokens", "6", "--temperature", "0", "--max-context", "128")
+    plain = _call(capfd, "generate", "-m", str(mlx), "--device", device.kind, "--speculative", "off", "-p", "Hi",
+                  "--max-tokens", "6", "--temperature", "0", "--max-context", "128")
     assert plain.stdout == spec.stdout
 
 
-def test_demo_prints_its_prompt_and_removes_its_checkpoint(device, tmp_path):
+def test_demo_prints_its_prompt_and_removes_its_checkpoint(device, tmp_path, capfd):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    out = _run("demo", "--device", device.kind, "--max-tokens", "4", env={"TMPDIR": str(tmp)})
+    out = _run("demo", "--device", device.kind, "--max-tokens", "4", env={"TMPDIR": str(tmp)})  # a process: its TMPDIR
     assert out.returncode == 0, out.stderr
     assert "> Hello! Who are you?" in out.stdout and "tok/s" in out.stderr
     assert list(tmp.iterdir()) == []
-    out = _run("demo", "--device", device.kind, "--max-tokens", "4", "--keep", str(tmp_path / "kept"))
+    out = _call(capfd, "demo", "--device", device.kind, "--max-tokens", "4", "--keep", str(tmp_path / "kept"))
     assert out.returncode == 0 and (tmp_path / "kept" / "config.json").is_file()
 
 
-def _bench(demo, device, tmp_path, *args):
-    """`metalqwen bench --quick --json FILE` on the demo checkpoint: (process, the JSON)."""
+def _bench(run, demo, device, tmp_path, *args):
+    """`metalqwen bench --quick --json FILE` on the demo checkpoint, by ``run`` (a process, or
+    main() here): (its result, the JSON)."""
     path = tmp_path / "bench.json"
-    out = _run("bench", "-m", demo, "--device", device.kind, "--quick", "--json", str(path), *args)
+    out = run("bench", "-m", demo, "--device", device.kind, "--quick", "--json", str(path), *args)
     assert out.returncode == 0, out.stderr
     return out, json.loads(path.read_text())
 
@@ -349,8 +353,8 @@ def _assert_figures(figures: dict, prefill: list, contexts: list, tokens: int) -
     assert figures["load_seconds"] > 0
 
 
-def test_bench_quick_writes_every_figure_and_the_concurrency_levels(demo, device, tmp_path):
-    out, data = _bench(demo, device, tmp_path, "--concurrency", "1,2")
+def test_bench_quick_writes_every_figure_and_the_concurrency_levels(demo, device, tmp_path, capfd):
+    out, data = _bench(lambda *a: _call(capfd, *a), demo, device, tmp_path, "--concurrency", "1,2")
     assert data["model"] == demo and data["device"] == device.kind and data["kv_bits"] == 8
     assert data["notes"] == [] and data["mlx_lm"] is None and data["ratios"] is None
     ours = data["metalqwen"]
@@ -399,8 +403,8 @@ def test_bench_clamps_the_concurrency_prompts_to_max_context():
     (["--concurrency", "1,4", "--max-sequences", "2"], "--max-sequences 2 is less than the largest --concurrency"),
     (["--max-sequences", "0"], "--max-sequences must be an integer in 1..8"),
 ])
-def test_bench_refuses_bad_concurrency_in_one_line(demo, device, args, message):
-    _one_line_error(_run("bench", "-m", demo, "--device", device.kind, "--quick", *args), message)
+def test_bench_refuses_bad_concurrency_in_one_line(demo, device, args, message, capfd):
+    _one_line_error(_call(capfd, "bench", "-m", demo, "--device", device.kind, "--quick", *args), message)
 
 
 def test_serve_passes_max_sequences_to_the_load(monkeypatch):
@@ -423,19 +427,20 @@ def test_distributed_commands_leave_off_batching_which_pipelines_do_not_run_yet(
     assert got == [(2, 4, "auto", 60), (1, 1, "auto", 60), (2, 1, "auto", 60), (1, 1, "auto", 5)]
 
 
-def test_serve_on_a_busy_port_fails_in_one_line_before_loading(tmp_path):
+def test_serve_on_a_busy_port_fails_in_one_line_before_loading(tmp_path, capfd):
     import socket
 
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         # The folder does not exist: only a check made before the load can give this error.
-        out = _run("serve", "-m", str(tmp_path / "absent"), "--port", str(port))
+        out = _call(capfd, "serve", "-m", str(tmp_path / "absent"), "--port", str(port))
     _one_line_error(out, f"cannot listen on 127.0.0.1:{port}: Address already in use")
 
 
 @pytest.mark.parametrize("value", ["0", "9"])
-def test_serve_refuses_max_sequences_outside_1_to_8_before_loading(demo, value):
-    _one_line_error(_run("serve", "-m", demo, "--max-sequences", value), "--max-sequences must be an integer in 1..8")
+def test_serve_refuses_max_sequences_outside_1_to_8_before_loading(demo, value, capfd):
+    _one_line_error(_call(capfd, "serve", "-m", demo, "--max-sequences", value),
+                    "--max-sequences must be an integer in 1..8")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -443,14 +448,15 @@ def test_serve_refuses_max_sequences_outside_1_to_8_before_loading(demo, value):
     (["--fetch-timeout", "-1"], "--fetch-timeout must be positive, got -1.0"),
     (["--allowed-image-dir", "/absent/dir"], "--allowed-image-dir /absent/dir is not a directory"),
 ])
-def test_serve_checks_its_image_options_before_loading(tmp_path, args, message):
+def test_serve_checks_its_image_options_before_loading(tmp_path, args, message, capfd):
     # The folder does not exist: only a check made before the load can give this error.
-    _one_line_error(_run("serve", "-m", str(tmp_path / "absent"), *args), message)
+    _one_line_error(_call(capfd, "serve", "-m", str(tmp_path / "absent"), *args), message)
 
 
 def test_bench_compares_with_mlx_lm_side_by_side(demo, device, tmp_path):
     require("mlx_lm")
-    out, data = _bench(demo, device, tmp_path, "--compare", "mlx-lm", "--concurrency", "2")
+    # A process: mlx-lm's model and threads stay out of the test worker.
+    out, data = _bench(_run, demo, device, tmp_path, "--compare", "mlx-lm", "--concurrency", "2")
     _assert_figures(data["mlx_lm"], [32, 64], [0, 64], 8)
     assert set(data["ratios"]) == {"prefill 32 tok/s", "prefill 64 tok/s", "time to first token at 32, s",
                                    "time to first token at 64, s", "decode at context 0 tok/s",
@@ -483,9 +489,9 @@ def test_bench_without_mlx_lm_says_it_skipped_it_and_clamps_the_sizes(demo, devi
     assert "clamped to [32, 39]" in out.stdout and "clamped to [0, 35]" in out.stdout
 
 
-def test_bench_plot_draws_or_says_matplotlib_is_missing(demo, device, tmp_path):
+def test_bench_plot_draws_or_says_matplotlib_is_missing(demo, device, tmp_path, capfd):
     png = tmp_path / "speed.png"
-    out = _run("bench", "-m", demo, "--device", device.kind, "--quick", "--plot", str(png))
+    out = _call(capfd, "bench", "-m", demo, "--device", device.kind, "--quick", "--plot", str(png))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -505,18 +511,18 @@ def test_the_ttft_bench_hits_the_prefix_cache_on_the_demo_checkpoint(demo, devic
     assert "speed-up from the prefix cache" in out.stdout
 
 
-def test_thinking_can_be_turned_off_or_hidden(demo, device):
+def test_thinking_can_be_turned_off_or_hidden(demo, device, capfd):
     common = ["generate", "-m", demo, "--device", device.kind, "-p", "hi", "--max-tokens", "6", "--temperature", "0"]
     prompt_tokens = lambda out: int(out.stderr.split("prompt: ")[1].split()[0])  # noqa: E731
-    thinking, no_think = _run(*common), _run(*common, "--no-think")
-    as_kwargs = _run(*common, "--chat-template-kwargs", '{"enable_thinking": false}')
+    thinking, no_think = _call(capfd, *common), _call(capfd, *common, "--no-think")
+    as_kwargs = _call(capfd, *common, "--chat-template-kwargs", '{"enable_thinking": false}')
     assert thinking.returncode == no_think.returncode == as_kwargs.returncode == 0, thinking.stderr
     assert prompt_tokens(no_think) == prompt_tokens(as_kwargs) > prompt_tokens(thinking)
     # Off a terminal the text is printed as generated; --hide-thinking keeps only the answer.
-    hidden = _run(*common, "--hide-thinking")
+    hidden = _call(capfd, *common, "--hide-thinking")
     assert hidden.returncode == 0 and thinking.stdout.strip()
     assert hidden.stdout.strip() in thinking.stdout and len(hidden.stdout) < len(thinking.stdout)
-    bad = _run(*common, "--chat-template-kwargs", "[1]")
+    bad = _call(capfd, *common, "--chat-template-kwargs", "[1]")
     assert bad.returncode == 2 and "must be a JSON object" in bad.stderr
 
 
