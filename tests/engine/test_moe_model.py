@@ -11,8 +11,6 @@ take the verify-row path, chunks of 1 the decode path.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -194,8 +192,10 @@ def test_missing_router_is_refused_naming_the_tensor(converted, tmp_path):
         metalqwen.load_checkpoint(_damaged(converted, tmp_path, edit))
 
 
-def test_cli_generate_reports_active_expert_bytes(converted):
-    result = subprocess.run([sys.executable, "-m", "metalqwen.cli", "generate", "-m", converted("moe")[1], "--device",
-                             "cpu", "-p", "hello", "--max-tokens", "4", "--stats"], capture_output=True, text=True, timeout=300)
+def test_cli_generate_reports_active_expert_bytes(converted, capfd):
+    from ..support.cli import call
+
+    result = call(capfd, "generate", "-m", converted("moe")[1], "--device", "cpu", "-p", "hello", "--max-tokens", "4",
+                  "--stats")
     assert result.returncode == 0, result.stderr
     assert "tok/s" in result.stderr and "MB of weights per token (active experts: 2 of 8)" in result.stderr

@@ -366,21 +366,21 @@ def test_what_is_refused(model, demo, device):
         text_only.generate("What is it?", max_tokens=2, images=[img])
 
 
-def test_cli_generate_with_images_answers_as_the_python_api(model, folder, device, tmp_path):
+def test_cli_generate_with_images_answers_as_the_python_api(model, folder, device, tmp_path, capfd):
     from PIL import Image
 
-    from ..support.cli import run
+    from ..support.cli import call
 
     paths = []
     for seed in (3, 4):
         paths.append(str(tmp_path / f"p{seed}.png"))
         Image.fromarray(picture(64, 64, seed=seed)).save(paths[-1])
     want = model.generate("What differs?", max_tokens=3, images=paths, chat=True, enable_thinking=False)
-    out = run("generate", "-m", folder, "--device", device.kind, "--image", paths[0], "--image", paths[1],
-              "-p", "What differs?", "--max-tokens", "3", "--temperature", "0", "--no-think", "--speculative", "off")
+    out = call(capfd, "generate", "-m", folder, "--device", device.kind, "--image", paths[0], "--image", paths[1],
+               "-p", "What differs?", "--max-tokens", "3", "--temperature", "0", "--no-think", "--speculative", "off")
     assert out.returncode == 0, out.stderr
     assert out.stdout == want.text + "\n"
-    missing = run("generate", "-m", folder, "--image", str(tmp_path / "none.png"), "-p", "x")
+    missing = call(capfd, "generate", "-m", folder, "--image", str(tmp_path / "none.png"), "-p", "x")
     assert missing.returncode == 1 and "--image" in missing.stderr and "none.png: no such file" in missing.stderr
 
 
