@@ -9,7 +9,8 @@ from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import ConfigError, ModelConfig
 from .conversation import Conversation
 from .errors import CompileError, ContextFullError, DistributedError, EngineError, GpuError, MetalqwenError
-from .model import Chunk, Generation, GenerationStats, Model, load
+from .loading import load
+from .model import Chunk, Generation, GenerationStats, Model
 from .tokenizer import Tokenizer, TokenizerError
 
 __all__ = [

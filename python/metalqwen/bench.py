@@ -141,7 +141,7 @@ def set_speedups(levels: list[dict]) -> None:
 
 def run_metalqwen(folder: str, device: str | None, kv_bits: int, p: Plan, vocab: int,
                   speculative: str | None = "off", max_sequences: int = 1, draft: str | None = None) -> EngineFigures:
-    from .model import load
+    from .loading import load
 
     figures = EngineFigures("metalqwen")
     phase("metalqwen: loading")

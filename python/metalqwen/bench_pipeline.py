@@ -80,7 +80,7 @@ def run(args) -> int:
     and prints, the others follow."""
     from . import gpu
     from .checkpoint import load_checkpoint
-    from .model import load
+    from .loading import load
 
     if (names := refused(args)):
         raise ValueError(f"bench --distributed pipeline does not take {names} yet (docs/distributed.md)")

@@ -63,7 +63,7 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from .model import load
+    from .loading import load
 
     distributed = getattr(args, "distributed", None)
     # Pipelines do not batch yet: one sequence there (an explicit --max-sequences is refused by
@@ -446,7 +446,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from .conversation import Conversation
     from .demo_checkpoint import write_demo_checkpoint
-    from .model import load
+    from .loading import load
 
     if args.hf:
         from .demo_checkpoint import write_hf_demo_checkpoint

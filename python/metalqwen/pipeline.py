@@ -540,7 +540,7 @@ def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: in
               mtp_hidden: str = "post_norm") -> RankPart:
     """This rank's part of the model (see ``metalqwen.load(distributed="pipeline")``), once every
     rank has loaded. ``speculation(checkpoint)``: (mode, whether the MTP head loads, most drafts
-    per step), as ``model.load`` decides them; the last rank holds the head."""
+    per step), as ``loading.load`` decides them; the last rank holds the head."""
     from . import gpu
     from .checkpoint import load_checkpoint
     from .tokenizer import Tokenizer

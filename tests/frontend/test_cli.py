@@ -409,7 +409,7 @@ def test_bench_refuses_bad_concurrency_in_one_line(demo, device, args, message, 
 
 def test_serve_passes_max_sequences_to_the_load(monkeypatch):
     loads = []
-    monkeypatch.setattr("metalqwen.model.load", lambda *args, **kwargs: loads.append(kwargs["max_sequences"]))
+    monkeypatch.setattr("metalqwen.loading.load", lambda *args, **kwargs: loads.append(kwargs["max_sequences"]))
     for argv in (["serve", "-m", "x"], ["serve", "-m", "x", "--max-sequences", "1"],
                  ["generate", "-m", "x", "-p", "hi"]):
         cli._load(cli.parser().parse_args(argv))
@@ -418,7 +418,7 @@ def test_serve_passes_max_sequences_to_the_load(monkeypatch):
 
 def test_distributed_commands_leave_off_batching_which_pipelines_do_not_run_yet(monkeypatch):
     loads = []
-    monkeypatch.setattr("metalqwen.model.load", lambda *args, **kwargs: loads.append(kwargs))
+    monkeypatch.setattr("metalqwen.loading.load", lambda *args, **kwargs: loads.append(kwargs))
     for argv in (["serve", "-m", "x"], ["chat", "-m", "x"], ["serve", "-m", "x", "--distributed", "pipeline"],
                  ["chat", "-m", "x", "--distributed", "pipeline", "--distributed-timeout", "5"]):
         cli._load(cli.parser().parse_args(argv))
