@@ -22,7 +22,7 @@ import pytest
 
 from metalqwen import gpu
 from metalqwen.cli import main as cli_main
-from metalqwen.model import load
+from metalqwen import load
 
 MAX_BUFFER = "METALQWEN_CPU_MAX_BUFFER_BYTES"
 WORKING_SET = "METALQWEN_CPU_WORKING_SET_BYTES"

@@ -22,7 +22,7 @@ import pytest
 
 from metalqwen import gpu
 from metalqwen.demo_checkpoint import write_demo_checkpoint
-from metalqwen.model import load
+from metalqwen import load
 
 MAX_BUFFER = "METALQWEN_CPU_MAX_BUFFER_BYTES"
 PROMPT = [1, 17, 300, 5, 999, 42, 7, 256, 3]
@@ -80,7 +80,7 @@ def test_the_load_peak_stays_close_to_the_bytes_read(unaligned_demo):
     """Reading the misaligned tensors through the file mapping would add the mapped pages to the
     resident set on top of the arenas (about twice the weights); pread into the arenas does not.
     Measured in a fresh process: in this one, freed memory of earlier loads would be reused."""
-    script = ("import json, sys; from metalqwen.model import load; "
+    script = ("import json, sys; from metalqwen import load; "
               "m = load(sys.argv[1], device='cpu', max_context=64, progress=False); "
               "print(json.dumps(m.counters()))")
     env = {**os.environ}
