@@ -211,12 +211,7 @@ std::vector<float> Engine::dflash_block(int slot, uint32_t k) {
   check_room(size_t(k) + 1, q);
   Encoder enc(*device_, kernels_, "DFlash block");
   encode_dflash_block(enc, slot, q.position, k + 1);
-  Submitted step = commit(enc);
-  try {
-    wait(step);
-  } catch (const gpu::GpuError& e) {
-    throw step_failed("DFlash block", {slot}, e);
-  }
+  commit_and_wait(enc, "DFlash block", slot);
   const float* l = static_cast<const float*>(ws_->logits->contents());
   return std::vector<float>(l, l + size_t(k) * size_t(model_.dims.vocab));
 }

@@ -187,6 +187,15 @@ void Engine::drain(Submitted& step) {
   }
 }
 
+void Engine::commit_and_wait(Encoder& enc, const std::string& kind, int slot) {
+  Submitted step = commit(enc);
+  try {
+    wait(step);
+  } catch (const gpu::GpuError& e) {
+    throw step_failed(kind, {slot}, e);
+  }
+}
+
 gpu::GpuError Engine::step_failed(const std::string& kind, const std::vector<int>& slots, const gpu::GpuError& cause) {
   // The steps queued behind the failed one fail with it (or ran on a state it left half-written).
   std::vector<int> reset = slots;

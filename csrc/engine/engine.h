@@ -475,6 +475,8 @@ class Engine {
   // GPU failures above) and returns the GpuError to throw: `kind` (e.g. "decode step"), the
   // slots, then `cause`'s message.
   gpu::GpuError step_failed(const std::string& kind, const std::vector<int>& slots, const gpu::GpuError& cause);
+  // Commits `enc` and waits for it: one CPU wait; a failure resets `slot` (step_failed, `kind`).
+  void commit_and_wait(Encoder& enc, const std::string& kind, int slot);
 
   // ---- the forward pass (forward.cpp, mlp.cpp, projections.cpp)
   // Every kernel a step may dispatch for this model, with its threadgroup needs, into the

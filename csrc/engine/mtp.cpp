@@ -142,12 +142,7 @@ std::vector<float> Engine::mtp_logits(int slot, const std::vector<uint32_t>& ids
     trunk.split_layers = true;
     encode_forward(enc, trunk);
     if (heads > 0) encode_mtp(enc, slot, heads, q.position, mtp_trunk_hidden(), H, 0);
-    Submitted step = commit(enc);
-    try {
-      wait(step);
-    } catch (const gpu::GpuError& e) {
-      throw step_failed("MTP logits chunk", {slot}, e);
-    }
+    commit_and_wait(enc, "MTP logits chunk", slot);
     const float* l = static_cast<const float*>(ws_->logits->contents());
     logits.insert(logits.end(), l, l + size_t(heads) * V);
     q.position += int(rows);

@@ -86,12 +86,7 @@ void Engine::restore(int slot, const Snapshot& s) {
     encode_copy(enc, *k_.copy_u32, Arg(s.data, at), Arg(r.buffer, r.offset), r.bytes);
     at += r.bytes;
   }
-  Submitted step = commit(enc);
-  try {
-    wait(step);
-  } catch (const gpu::GpuError& e) {
-    throw step_failed("restore", {slot}, e);
-  }
+  commit_and_wait(enc, "restore", slot);
   std::memcpy(host_ids(slot), s.tokens.data(), s.tokens.size() * 4);
   q.position = s.position;
   q.mtp_carry = false;

@@ -103,12 +103,7 @@ void Engine::verify_rows(int slot, const std::vector<uint32_t>& drafts) {
   ForwardPass pass = ForwardPass::one_slot(slot, q.position, k + 1, true);
   pass.snapshot_rows = k;
   encode_forward(enc, pass);
-  Submitted step = commit(enc);
-  try {
-    wait(step);
-  } catch (const gpu::GpuError& e) {
-    throw step_failed("verify rows", {slot}, e);
-  }
+  commit_and_wait(enc, "verify rows", slot);
 }
 
 void Engine::verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_t next) {
@@ -132,12 +127,7 @@ void Engine::verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_
                            {rp.state_floats / 4}, overlap);
       overlap = true;
     }
-    Submitted step = commit(enc);
-    try {
-      wait(step);
-    } catch (const gpu::GpuError& e) {
-      throw step_failed("verify rollback", {slot}, e);
-    }
+    commit_and_wait(enc, "verify rollback", slot);
   }
   q.position += int(accepted) + 1;
   host_ids(slot)[q.position] = next;
@@ -157,12 +147,7 @@ std::vector<uint32_t> Engine::mtp_drafts(int slot, uint32_t drafts) {
   check_room(size_t(drafts) + 2, q);  // as the verify step that feeds them
   Encoder enc(*device_, kernels_, "MTP drafts");
   encode_mtp_drafts(enc, slot, q.position, drafts);
-  Submitted step = commit(enc);
-  try {
-    wait(step);
-  } catch (const gpu::GpuError& e) {
-    throw step_failed("MTP drafts", {slot}, e);
-  }
+  commit_and_wait(enc, "MTP drafts", slot);
   const auto* ids = host_ids(slot) + q.position + 1;
   return std::vector<uint32_t>(ids, ids + drafts);
 }
@@ -209,12 +194,7 @@ std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& s
     const Arg accepted(ws_->accepted);
     encode_mtp_carry(enc, slot, 0, k > 0 ? &accepted : nullptr, k + 1, false);
   }
-  Submitted step = commit(enc);
-  try {
-    wait(step);
-  } catch (const gpu::GpuError& e) {
-    throw step_failed("verify step", {slot}, e);
-  }
+  commit_and_wait(enc, "verify step", slot);
 
   const auto* ids = host_ids(slot);
   const uint32_t a = *static_cast<const uint32_t*>(ws_->accepted->contents());
