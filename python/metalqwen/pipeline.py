@@ -311,9 +311,18 @@ class PipelineRunner(Runner):
         return group.share(value if group.rank == self._last else None, self._last, mine.shape, mine.dtype, what)
 
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
-        engine, chosen_by = self._engine, _core.Sampling(**sampling)
+        return self._decoded_tokens(budget, sampling, None)
 
-        token = engine.chosen(0)
+    def constrained_tokens(self, budget: int, sampling: dict, constraint) -> Iterator[int]:
+        """plain_tokens under a grammar: before each step the last rank advances ``constraint``
+        (its own; the others may pass None) with the token the step feeds and writes the next
+        mask, which the step's choice reads (a host decision per token, as alone)."""
+        return self._decoded_tokens(budget, sampling, constraint)
+
+    def _decoded_tokens(self, budget: int, sampling: dict, constraint) -> Iterator[int]:
+        """Decode steps across the ranks, one token each (under ``constraint`` when given)."""
+        engine, chosen_by = self._engine, _core.Sampling(**sampling)
+        token = engine.chosen(0)  # chosen by prefill (under the first mask with a grammar)
         for n in range(budget):
             try:
                 yield token
@@ -323,28 +332,7 @@ class PipelineRunner(Runner):
                 raise
             if n + 1 == budget:
                 return
-            try:
-                self._through(1, lambda: self._decode_step(chosen_by))
-            except _Stopped:
-                return
-            token = self._share_choice(sampling["logprobs"])
-
-    def constrained_tokens(self, budget: int, sampling: dict, constraint) -> Iterator[int]:
-        """plain_tokens under a grammar: before each step the last rank advances ``constraint``
-        (its own; the others may pass None) with the token the step feeds and writes the next
-        mask, which the step's choice reads (a host decision per token, as alone)."""
-        engine, chosen_by = self._engine, _core.Sampling(**sampling)
-        token = engine.chosen(0)  # chosen by prefill under the first mask
-        for n in range(budget):
-            try:
-                yield token
-            except GeneratorExit:  # see plain_tokens
-                if n + 1 < budget:
-                    self._stop_here()
-                raise
-            if n + 1 == budget:
-                return
-            if engine.has_head:
+            if constraint is not None and engine.has_head:
                 constraint.advance(token)
                 constraint.mask(engine.token_masks()[0])
             try:
@@ -407,7 +395,7 @@ class PipelineRunner(Runner):
                 left -= 1
                 try:
                     yield token
-                except GeneratorExit:  # the consumer stopped: see plain_tokens
+                except GeneratorExit:  # the consumer stopped: see _decoded_tokens
                     if left > 0:
                         self._stop_here(*shape)
                     raise
