@@ -12,6 +12,7 @@ import numpy as np
 from . import arguments, pipeline, speculative as spec
 from .errors import EngineError
 from .generation import Chunk, Generation, Prompt, Request
+from .batching import Scheduler
 from .model import Model
 from .prefix_cache import PrefixCache
 
@@ -97,6 +98,7 @@ class PipelineModel(Model):
             raise ValueError("[distributed] rank 0 leads: follow() is for the other ranks")
         handlers = {"stream": self._follow_stream, "score": lambda m: self.runner.score(m["ids"]),
                     "reset": lambda m: self._engine.reset(0),
+                    "generate_batch": lambda m: self._batch(m["prompts"], m["max_tokens"], m["options"]),
                     "hop_seconds": lambda m: self.runner.hop_seconds(m["repeats"])}
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
@@ -159,7 +161,30 @@ class PipelineModel(Model):
         yield from super()._run(request)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
-        self._refuse("generate_batch")
+        """Model.generate_batch across the ranks: every rank runs the same Scheduler (its decisions
+        follow the tokens, which every rank gets), each shared step's rows going along the ranks
+        (pipeline_steps.RankSteps). Prompt-lookup (host) drafts only."""
+        if self.group.size > 1 and self.max_sequences < 2:
+            raise EngineError("[distributed] generate_batch across ranks needs load(max_sequences=2 or more) "
+                              "(with one slot, call generate for each prompt)")
+        drafter = options.get("speculative")
+        if not isinstance(drafter, (str, type(None))):  # each rank's own Drafter drafts (it must draft alike)
+            if self._leading:
+                raise EngineError("[distributed] generate_batch led by rank 0 takes speculative='lookup' or 'off' "
+                                  "(a Drafter object cannot be sent to the other ranks)")
+            drafter = type(drafter).__name__
+        self._call("generate_batch", prompts=list(prompts), max_tokens=max_tokens,
+                   options={**options, "speculative": drafter} if "speculative" in options else options)
+        return self._batch(prompts, max_tokens, options)
+
+    def _batch(self, prompts, max_tokens: int, options: dict) -> list[Generation]:
+        scheduler = Scheduler(self)
+        requests = [scheduler.submit(p, max_tokens, **options) for p in prompts]
+        if self.group.size > 1 and any(isinstance(r.request.drafter, spec.MtpHead) for r in requests):
+            raise EngineError("[distributed] MTP drafts in shared steps across ranks are not supported: "
+                              "speculative='lookup' or 'off' for generate_batch")
+        scheduler.run()
+        return [r.generation() for r in requests]
 
     def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         self._refuse("mtp_logits")

@@ -6,6 +6,8 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
     run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
     mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts and a JSON schema, in lockstep
               and led by rank 0
+    batch     max_sequences=3: generate_batch of BATCH (greedy with lookup drafts, seeded sampled), in
+              lockstep and led by rank 0
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
@@ -42,6 +44,10 @@ CACHE_BYTES = 2 * (82432 + 10240) + (82432 + 13312) + (82432 + 6144) // 2
 # Prompts after PROMPT (snapshotted at 6 and 10): the first resumes at 6, the second at 10.
 CACHED = [PROMPT[:6] + [400, 401, 402, 403], PROMPT + [11, 12, 13]]
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+# The "batch" scenario's prompts: the second, read 8 tokens a step (max_rows) while the first
+# decodes, repeats itself (prompt lookup drafts from it); the third waits for a slot's turn in order.
+BATCH = [PROMPT, [5, 17, 300, 42, 8, 99, 5, 17, 300, 42, 8, 99, 123, 5, 17, 300, 42, 8, 99, 123, 7, 5, 17, 300,
+                  42, 8, 99, 5, 17, 300], PROMPT[:4]]
 TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (steps of this model take well under 1 s)
 
 
@@ -79,6 +85,22 @@ def mtp(model, out: str) -> dict:
             "weight_bytes": model.counters()["weight_bytes"]}
 
 
+def batch(model, out: str) -> dict:
+    """generate_batch of BATCH across the ranks: plain, greedy with drafts, seeded sampled (prompts resumed
+    from the prefix cache), then led by rank 0."""
+    plain = [g.tokens for g in model.generate_batch(BATCH, max_tokens=12, speculative="off")]
+    before = model.counters()
+    greedy = [g.tokens for g in model.generate_batch(BATCH, max_tokens=12, speculative=HalfRight.of(BATCH, plain))]
+    after = model.counters()
+    sampled = model.generate_batch(BATCH, max_tokens=8, **SAMPLED)
+    led = model.lead_with(lambda: [g.tokens for g in model.generate_batch(BATCH, max_tokens=6)])
+    return {"plain": plain, "greedy": greedy, "sampled": [g.tokens for g in sampled], "led": led,
+            "reused": [g.stats.prompt_tokens_reused for g in sampled],
+            "keys": sorted(len(k) for k in model.prefix_cache._entries),
+            "drafted": after["drafted"] - before["drafted"],
+            "accepted": after["accepted"] - before["accepted"]}
+
+
 def cached(model) -> dict:
     """PROMPT with a snapshot at 6 (and its end), then the CACHED prompts resuming from the cache:
     their greedy tokens and logprobs, tokens reused, and the cache's keys and evictions."""
@@ -100,6 +122,17 @@ class HalfRight:
 
     def __init__(self, prompt: int, plain: list[int]):
         self.prompt, self.plain = prompt, plain
+
+    @staticmethod
+    def of(prompts: list[list[int]], plains: list[list[int]]):
+        """One drafter for several prompts (generate_batch's): each history's own HalfRight."""
+        known = {tuple(p): HalfRight(len(p), plain) for p, plain in zip(prompts, plains)}
+
+        class Batch:
+            def draft(self, history, k):
+                return next(d for p, d in known.items() if tuple(history[:len(p)]) == p).draft(history, k)
+
+        return Batch()
 
     def draft(self, history, k):
         drafts = list(self.plain[len(history) - self.prompt:][:k])
@@ -187,13 +220,15 @@ def main(path: str, out: str, scenario: str, *extra: str) -> int:
     started = time.monotonic()
     try:
         options = {**OPTIONS, "speculative": "auto"} if scenario == "mtp" else OPTIONS
+        if scenario == "batch":
+            options = {**options, "max_sequences": 3}
         model = metalqwen.load(path, **options, distributed="pipeline",
-                               prefix_cache_bytes=CACHE_BYTES if scenario == "run" else 0,
+                               prefix_cache_bytes={"run": CACHE_BYTES, "batch": 2**20}.get(scenario, 0),
                                distributed_timeout=60 if scenario == "run" else TIMEOUT,
                                layer_split="0:3,2:4" if scenario == "badsplit" else None)
         rank = model.rank
         started = time.monotonic()
-        scenarios = {"run": run, "mtp": mtp}
+        scenarios = {"run": run, "mtp": mtp, "batch": batch}
         result = scenarios[scenario](model, out) if scenario in scenarios else fail_mid_stream(model, scenario)
     except Exception as e:  # reported in the result file
         result = {"error": type(e).__name__, "message": str(e)}

@@ -222,8 +222,8 @@ def test_split_parsing_and_fit():
 
 
 def test_load_refuses_what_pipelines_do_not_run_yet(tiny):
-    with pytest.raises(ValueError, match="does not yet take max_sequences"):
-        metalqwen.load(tiny, distributed="pipeline", max_sequences=2)
+    with pytest.raises(ValueError, match="with max_sequences > 1 drafts with prompt lookup only"):
+        metalqwen.load(tiny, distributed="pipeline", max_sequences=2, speculative="mtp")
     with pytest.raises(metalqwen.CheckpointError, match="speculative='mtp', but"):  # no head in the folder
         metalqwen.load(tiny, distributed="pipeline", speculative="mtp")
     with pytest.raises(ValueError, match="layer_split needs distributed='pipeline'"):
@@ -253,9 +253,12 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
             cold.append([[c.token, c.logprob, [list(e) for e in c.top_logprobs]]
                          for c in alone.stream(ids, max_tokens=4, logprobs=3) if c.token is not None])
         assert cached["reused"] == [6, 10] and cached["cached"] == cold
-        for what, call in [("mtp_logits", lambda: model.mtp_logits(PROMPT)),
-                           ("generate_batch", lambda: model.generate_batch([PROMPT]))]:
-            with pytest.raises(EngineError, match=f"{what} is not yet supported with distributed='pipeline'"):
-                call()
+        with pytest.raises(EngineError, match="mtp_logits is not yet supported with distributed='pipeline'"):
+            model.mtp_logits(PROMPT)
+        # Shared steps (one rank: the whole engine's) through the pipeline's Scheduler engine.
+        batched = metalqwen.load(tiny, **options, distributed="pipeline", max_sequences=2, speculative="lookup")
+        prompts = [PROMPT, PROMPT[:4] * 3, PROMPT[2:]]
+        assert ([g.tokens for g in batched.generate_batch(prompts, max_tokens=6)]
+                == [alone.generate(p, max_tokens=6).tokens for p in prompts])
     finally:
         signal.signal(signal.SIGTERM, previous)

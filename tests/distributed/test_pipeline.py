@@ -60,6 +60,8 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
         # Speculative decoding across the ranks: plain decoding's tokens, drafts accepted and refused.
         assert got["speculative"] == single["plain"]
         assert 0 < got["accepted"] < got["drafted"], got
+        assert got["reused"] == results[0]["reused"] and min(got["reused"]) > 0, got
+        assert got["keys"] == results[0]["keys"]  # every rank kept the same snapshots
         assert len(single["logprobs"]) == 5 and all(lp is not None and len(top) == 3 for _, lp, top in got["logprobs"])
         logits = np.load(os.path.join(got["dir"], f"rank{rank}.npy"))
         np.testing.assert_array_equal(logits.view(np.uint32), single["logits"].view(np.uint32))
@@ -68,6 +70,25 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
         assert got["split"] == even == ([[0, 2], [2, 4]] if ranks == 2 else [[0, 2], [2, 3], [3, 4]])
         first, end = got["layers"]
         assert got["weight_bytes"] == range_bytes(tiny, first, end) < single["weight_bytes"]
+
+
+def test_batched_steps_across_ranks_match_one_process(tiny, launch):
+    """generate_batch across 3 ranks (every rank calling, then rank 0 leading): a prompt read a
+    chunk per shared step while another decodes, drafts accepted and refused, a third prompt
+    waiting for a slot, prompts resumed from the prefix cache: the single process's
+    generate_batch (cold), and each prompt's tokens alone."""
+    alone = metalqwen.load(tiny, **rank_script.OPTIONS, max_sequences=3)
+    batch = rank_script.BATCH
+    greedy = [g.tokens for g in alone.generate_batch(batch, max_tokens=12, speculative="off")]
+    assert greedy == [alone.generate(p, max_tokens=12, speculative="off").tokens for p in batch]
+    sampled = [g.tokens for g in alone.generate_batch(batch, max_tokens=8, **rank_script.SAMPLED)]
+    led = [g.tokens for g in alone.generate_batch(batch, max_tokens=6)]
+    results = launch(tiny, "batch", 3)
+    for rank, got in enumerate(results):
+        assert "error" not in got, got
+        assert got["plain"] == got["greedy"] == greedy and got["sampled"] == sampled
+        assert got["led"] == (led if rank == 0 else None)  # the followers return nothing
+        assert 0 < got["accepted"] < got["drafted"], got
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
