@@ -66,8 +66,7 @@ def _load(args: argparse.Namespace):
     from .loading import load
 
     distributed = getattr(args, "distributed", None)
-    # Pipelines do not batch yet: one sequence there (an explicit --max-sequences is refused by
-    # load); "auto" speculation means lookup there.
+    # Across ranks with several slots "auto" speculation means prompt lookup (load).
     cache_gb = getattr(args, "cache_gb", None)
     cache_gb = cache_gb if cache_gb is not None else _CACHE_GB.get(args.command, 0.0)
     max_sequences = getattr(args, "max_sequences", None)
@@ -77,8 +76,7 @@ def _load(args: argparse.Namespace):
         print("metalqwen: --draft: one sequence at a time (DFlash does not batch yet: requests take turns; "
               "docs/speculative.md)", file=sys.stderr)
         max_sequences = 1
-    max_sequences = max_sequences if max_sequences is not None else 1 if distributed else _MAX_SEQUENCES.get(
-        args.command, 1)
+    max_sequences = max_sequences if max_sequences is not None else _MAX_SEQUENCES.get(args.command, 1)
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
                 progress=True if args.progress else None, prefix_cache_bytes=int(cache_gb * 2**30),
                 speculative=args.speculative, draft_depth=args.draft_depth, max_sequences=max_sequences,
@@ -86,7 +84,7 @@ def _load(args: argparse.Namespace):
                 distributed_timeout=getattr(args, "distributed_timeout", 60.0), draft=getattr(args, "draft", None))
 
 
-# Per command: --cache-gb and --max-sequences when not given (pipelines: --max-sequences 1).
+# Per command: --cache-gb and --max-sequences when not given.
 _CACHE_GB = {"chat": 1.0, "serve": 2.0}
 _MAX_SEQUENCES = {"serve": 4}
 
@@ -517,8 +515,8 @@ def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
         memory = model.counters()["memory_estimate"] / 2**30
 
         first, end = model.layers if args.distributed else (0, 0)
-        ranks = (f" on rank 0 of {model.group.size} (layers {first}:{end}; requests one at a time across the ranks)"
-                 if args.distributed else "")
+        turns = "; requests one at a time across the ranks" if model.max_sequences == 1 else ""
+        ranks = f" on rank 0 of {model.group.size} (layers {first}:{end}{turns})" if args.distributed else ""
 
         def say_serving() -> None:
             print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "
@@ -708,7 +706,7 @@ def parser() -> argparse.ArgumentParser:
                             "per rank, for its layers' states; 0 = off)")
     serve.add_argument("--max-sequences", type=int, default=None,
                        help="requests decoded together, sharing each step's weight stream, 1..8 (default 4, with "
-                            "--distributed or --draft 1; 1 = one "
+                            "--draft 1; 1 = one "
                             "at a time, the others wait); each reserves a KV cache of --max-context tokens and a "
                             "DeltaNet state (counted in the memory checked at load)")
     serve.add_argument("--allowed-image-dir", metavar="DIR", default=None,

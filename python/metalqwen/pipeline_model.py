@@ -14,6 +14,7 @@ from .errors import EngineError
 from .generation import Chunk, Generation, Prompt, Request
 from .batching import Scheduler
 from .model import Model
+from .pipeline_rounds import FollowingRounds, LeadingScheduler
 from .prefix_cache import PrefixCache
 
 __all__ = ["PipelineModel"]
@@ -99,7 +100,9 @@ class PipelineModel(Model):
         handlers = {"stream": self._follow_stream, "score": lambda m: self.runner.score(m["ids"]),
                     "reset": lambda m: self._engine.reset(0),
                     "generate_batch": lambda m: self._batch(m["prompts"], m["max_tokens"], m["options"]),
+                    "round": lambda m: rounds.round(m),
                     "hop_seconds": lambda m: self.runner.hop_seconds(m["repeats"])}
+        rounds = FollowingRounds(self)  # the server's rounds (LeadingScheduler), if rank 0 serves several at once
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
@@ -129,6 +132,10 @@ class PipelineModel(Model):
             tokens = self.runner.plain_tokens(message["budget"], sampling)
         for _ in tokens:
             pass
+
+    def scheduler(self) -> Scheduler:
+        """Rank 0 leading (the server): a Scheduler whose rounds the other ranks follow."""
+        return LeadingScheduler(self) if self._leading else Scheduler(self)
 
     def reset(self) -> None:
         if self._leading:
@@ -178,7 +185,7 @@ class PipelineModel(Model):
         return self._batch(prompts, max_tokens, options)
 
     def _batch(self, prompts, max_tokens: int, options: dict) -> list[Generation]:
-        scheduler = Scheduler(self)
+        scheduler = Scheduler(self)  # on every rank (led: rank 0 sent the call)
         requests = [scheduler.submit(p, max_tokens, **options) for p in prompts]
         if self.group.size > 1 and any(isinstance(r.request.drafter, spec.MtpHead) for r in requests):
             raise EngineError("[distributed] MTP drafts in shared steps across ranks are not supported: "

@@ -32,7 +32,7 @@ class RankSteps:
         self._runner = runner
         self._engine = runner.engine
         self._group = runner.group
-        self._done: deque[list[list[int]]] = deque()  # step_commit's results, for step_wait
+        self._done: deque[tuple] = deque()  # step_commit's results and logprobs, for step_wait
         self._logprobs: dict[int, tuple | None] = {}  # per slot: of the token shared last
 
     def __getattr__(self, name):  # max_sequences, max_context, max_rows, tokens, chosen, token_masks, ...
@@ -54,11 +54,14 @@ class RankSteps:
         return len(self._done)
 
     def step_commit(self, entries) -> None:
-        """Across ranks each step waits for the rows before it: run now, handed out by step_wait."""
-        self._done.append(self.step(entries))
+        """Across ranks each step waits for the rows before it: run now, handed out by step_wait
+        (with its logprobs: the Scheduler reads them once it has waited)."""
+        got = self.step(entries)
+        self._done.append((got, dict(self._logprobs)))
 
     def step_wait(self) -> list[list[int]]:
-        return self._done.popleft()
+        got, self._logprobs = self._done.popleft()
+        return got
 
     def step(self, entries, before_choice=None, prompt=None, snapshots=None) -> list[list[int]]:
         """Engine.step across the ranks: the same result on every rank (``before_choice`` writes the

@@ -175,18 +175,19 @@ def serve_args(path: str, port: str) -> list[str]:
 
 
 def hang_in_second_request() -> None:
-    """Rank 1 of serve-hang: the second call it follows sleeps (mlx.launch SIGTERMs it once rank 0 exits)."""
-    from metalqwen.pipeline_model import PipelineModel
+    """Rank 1 of serve-hang: the round that brings it the second request sleeps (mlx.launch SIGTERMs it
+    once rank 0 exits)."""
+    from metalqwen.pipeline_rounds import FollowingRounds
 
-    follow, calls = PipelineModel._follow_stream, []
+    follow, submitted = FollowingRounds.round, []
 
     def hanging(self, message):
-        calls.append(message)
-        if len(calls) == 2:
+        submitted.extend(c for c in message["changes"] if c[0] == "submit")
+        if len(submitted) == 2:
             time.sleep(60)
         follow(self, message)
 
-    PipelineModel._follow_stream = hanging
+    FollowingRounds.round = hanging
 
 
 def command(path: str, out: str, scenario: str, extra: list[str]) -> list[str]:

@@ -87,7 +87,7 @@ def test_batched_steps_across_ranks_match_one_process(tiny, launch):
         assert got["plain"] == got["greedy"] == greedy and got["sampled"] == sampled
         assert got["led"] == (led if rank == 0 else None)  # the followers return nothing
         assert 0 < got["accepted"] < got["drafted"], got
-        assert got["reused"] == results[0]["reused"] and min(got["reused"]) > 0, got
+        assert got["reused"] == results[0]["reused"] and max(got["reused"]) > 0, got
         assert got["keys"] == results[0]["keys"]  # every rank kept the same snapshots
 
 
