@@ -86,8 +86,9 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
 
 void Engine::step_commit(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice) {
   if (!range_.whole(model_.dims))
-    throw EngineError("[engine] step_commit: an engine of a layer range waits for the rows of the engine before "
-                      "each step (step)");
+    throw EngineError(
+        "[engine] step_commit: an engine of a layer range waits for the rows of the engine before "
+        "each step (step)");
   commit_shared_step(steps, before_choice, nullptr);
 }
 
@@ -129,7 +130,8 @@ void Engine::step_accept(const std::vector<SlotOutcome>& outcomes, std::optional
     if (o.accepted > g.rows - 1)
       throw EngineError(where + ": " + std::to_string(o.accepted) + " of " + std::to_string(g.rows - 1) +
                         " drafts accepted");
-    if (o.next >= vocab) throw EngineError(where + ": token id " + std::to_string(o.next) + " is outside the vocabulary");
+    if (o.next >= vocab)
+      throw EngineError(where + ": token id " + std::to_string(o.next) + " is outside the vocabulary");
     accepted[i] = o.accepted;  // read by the rollback below
   }
   if (prompt_token && *prompt_token >= vocab)
@@ -218,8 +220,9 @@ void Engine::commit_shared_step(const std::vector<SlotStep>& steps, const Before
   if (unaccepted_)
     throw EngineError("[engine] step: the last shared step waits for the head's outcome (step_accept first)");
   if (!range_.whole(model_.dims) && options_.max_sequences < 2)
-    throw EngineError("[engine] step: an engine of a layer range takes shared steps with max_sequences > 1 (set at "
-                      "load: its step_rows)");
+    throw EngineError(
+        "[engine] step: an engine of a layer range takes shared steps with max_sequences > 1 (set at "
+        "load: its step_rows)");
   if (decoding_) decode_end();
   if (!in_flight_.empty()) {
     if (in_flight_.back().speculative)

@@ -583,7 +583,8 @@ def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: in
     head_tensors = {**desc["tensors"], **desc["mtp"]} if with_mtp else desc["tensors"]  # the last rank's
     needs = [_core.estimate_memory(desc["dims"], head_tensors if rank == last else desc["tensors"], max_context,
                                    kv_bits, prefill_chunk, max_sequences=max_sequences, first_layer=first,
-                                   end_layer=end, max_draft=max_draft, mtp=with_mtp and rank == last) for rank, (first, end) in enumerate(split)]
+                                   end_layer=end, max_draft=max_draft, mtp=with_mtp and rank == last)
+             for rank, (first, end) in enumerate(split)]
     check_fits(split, needs, memory)
     first, end = split[group.rank]
     mine = group.rank == last
