@@ -6,7 +6,7 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
     run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
     mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts and a JSON schema, in lockstep
               and led by rank 0
-    batch     max_sequences=3: generate_batch of BATCH (greedy with lookup drafts, seeded sampled), in
+    batch     max_sequences=3: generate_batch of BATCH (greedy with drafts, seeded sampled, a JSON schema), in
               lockstep and led by rank 0
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
@@ -87,14 +87,16 @@ def mtp(model, out: str) -> dict:
 
 def batch(model, out: str) -> dict:
     """generate_batch of BATCH across the ranks: plain, greedy with drafts, seeded sampled (prompts resumed
-    from the prefix cache), then led by rank 0."""
+    from the prefix cache), under a JSON schema, then led by rank 0."""
     plain = [g.tokens for g in model.generate_batch(BATCH, max_tokens=12, speculative="off")]
     before = model.counters()
     greedy = [g.tokens for g in model.generate_batch(BATCH, max_tokens=12, speculative=HalfRight.of(BATCH, plain))]
     after = model.counters()
     sampled = model.generate_batch(BATCH, max_tokens=8, **SAMPLED)
+    constrained = [g.tokens for g in model.generate_batch(BATCH, max_tokens=8, json_schema=SCHEMA)]
     led = model.lead_with(lambda: [g.tokens for g in model.generate_batch(BATCH, max_tokens=6)])
     return {"plain": plain, "greedy": greedy, "sampled": [g.tokens for g in sampled], "led": led,
+            "constrained": constrained,
             "reused": [g.stats.prompt_tokens_reused for g in sampled],
             "keys": sorted(len(k) for k in model.prefix_cache._entries),
             "drafted": after["drafted"] - before["drafted"],

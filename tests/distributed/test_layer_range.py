@@ -126,6 +126,10 @@ def test_a_shared_step_through_two_ranges_gives_the_whole_models_bits(tiny, devi
                             first_layer=first, end_layer=end)
 
     whole, first, second = engine(), engine(0, 2), engine(2, 4)
+    needs = _core.estimate_memory(desc["dims"], desc["tensors"], 64, 16, 4, max_sequences=3, first_layer=0,
+                                  end_layer=2, max_draft=3)
+    assert needs["total"] == first.counters()["memory_estimate"]  # step_rows counted
+    assert first.step_rows().shape == (first.max_step_rows + first.max_rows, 128)
     greedy, sampled = _core.Sampling(), _core.Sampling(temperature=0.8, seed=3)
     whole.prefill(0, PROMPT)
     whole.decode_begin(0, 12)
