@@ -22,6 +22,7 @@ import struct
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from typing import Sequence
 
@@ -36,6 +37,15 @@ DEFAULT_BUDGET = 10 << 30  # bytes of files in the folder (--cache-dir-gb's defa
 MAX_PENDING = 8  # writes queued at most; more are skipped (counted) rather than hold device memory
 _STALE_TEMP = 3600.0  # seconds after which a temp file is a crashed writer's leftover
 _SAMPLE = 4096  # bytes of each tensor read at its start, middle and end for the weights' identity
+
+
+_LIVE: "weakref.WeakSet[DiskCache]" = weakref.WeakSet()  # caches whose queued writes finish at exit
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for cache in list(_LIVE):
+        cache.flush(30.0)
 
 
 def _digest(*parts) -> str:
@@ -109,9 +119,9 @@ class DiskCache:
         self._queue: deque = deque()  # (snapshot, key) to write, oldest first
         self._busy = 0  # writes queued or under way
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._writing = False  # a writer thread runs (it ends when the queue is empty)
         self._evict()
-        atexit.register(self.flush, 30.0)  # a closing server or chat still writes what it queued
+        _LIVE.add(self)  # a closing server or chat still writes what it queued
 
     # ---- reading (the request's thread)
 
@@ -135,13 +145,16 @@ class DiskCache:
         return None
 
     def _files(self) -> list[tuple[int, str]]:
-        """(position, name) of the folder's snapshot files."""
+        """(position, name) of the folder's snapshot files (none if the folder went away)."""
         found = []
-        with os.scandir(self.folder) as entries:
-            for e in entries:
-                head, _, rest = e.name.partition("-")
-                if e.name.endswith(SUFFIX) and head.isdigit() and len(rest) == 64 + len(SUFFIX):
-                    found.append((int(head), e.name))
+        try:
+            with os.scandir(self.folder) as entries:
+                for e in entries:
+                    head, _, rest = e.name.partition("-")
+                    if e.name.endswith(SUFFIX) and head.isdigit() and len(rest) == 64 + len(SUFFIX):
+                        found.append((int(head), e.name))
+        except OSError:
+            return []
         return found
 
     def _load(self, path: str, key: Sequence):
@@ -199,10 +212,9 @@ class DiskCache:
                 return
             self._queue.append((snapshot, list(key)))
             self._busy += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._writer, name="metalqwen-disk-cache", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+            if not self._writing:
+                self._writing = True
+                threading.Thread(target=self._writer, name="metalqwen-disk-cache", daemon=True).start()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until the queued writes are done (False if ``timeout`` seconds passed first)."""
@@ -212,16 +224,18 @@ class DiskCache:
     def _writer(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue)
+                if not self._queue:  # no thread left holding the cache (and its engine) while idle
+                    self._writing = False
+                    return
                 snapshot, key = self._queue.popleft()
             try:
                 self._write(snapshot, key)
-            except OSError as e:
+            except Exception as e:  # a full disk, a removed folder: counted, said once, the next write tried
                 self.write_errors += 1
                 if self.write_errors == 1:
                     warnings.warn(f"[prefix cache] cannot write to {self.folder}: {e}", RuntimeWarning)
             finally:
-                del snapshot  # its device memory goes now, not after the next wait
+                del snapshot  # its device memory goes now, not after the next write
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()

@@ -187,3 +187,16 @@ def test_cache_dir_errors(demo, device, tmp_path):
         _load(demo, device, str(blocker / "cache"))
     with pytest.raises(ValueError, match="cache_dir_bytes"):
         _load(demo, device, str(tmp_path / "c"), cache_dir_bytes=0)
+    # A folder gone while serving: lookups miss, a write fails with one warning, the next one works.
+    folder = str(tmp_path / "gone")
+    m = _load(demo, device, folder, prefix_cache_bytes=0)
+    taken = []
+    m._engine.prefill(0, _ids(20, 6), snapshot_at=[5, 10], snapshots=taken)
+    shutil.rmtree(folder)
+    assert m.prefix_cache.longest(_ids(20, 6)) is None
+    with pytest.warns(RuntimeWarning, match=f"cannot write to {folder}"):
+        m.prefix_cache.disk.store(taken[0], _ids(5, 6))
+        assert m.prefix_cache.disk.flush(60)
+    os.makedirs(folder)
+    m.prefix_cache.disk.store(taken[1], _ids(10, 6))
+    assert m.prefix_cache.disk.flush(60) and m.prefix_cache.disk.write_errors == 1 and m.prefix_cache.disk.writes == 1
