@@ -203,7 +203,8 @@ class DiskCache:
     # ---- writing (a background thread)
 
     def store(self, snapshot, key: Sequence) -> None:
-        """Queues ``snapshot`` (taken by this engine, its GPU copy finished) to be written under ``key``."""
+        """Queues ``snapshot`` (taken by this engine, its GPU copy finished) to be written under ``key``
+        (not when it alone exceeds the budget)."""
         if snapshot.nbytes > self.budget:
             return
         with self._cond:
@@ -247,9 +248,11 @@ class DiskCache:
     def _write(self, snapshot, key: list) -> None:
         name = self.file_name(key)
         path = os.path.join(self.folder, name)
-        if os.path.exists(path):
-            os.utime(path)
+        try:
+            os.utime(path)  # written already (by this or another process): now the latest used
             return
+        except FileNotFoundError:
+            pass
         payload = memoryview(snapshot.data)[: snapshot.nbytes]
         header = json.dumps({"identity": self.identity, "position": snapshot.position,
                              "rope_delta": snapshot.rope_delta, "tokens": list(snapshot.tokens), "key": key,
