@@ -90,7 +90,7 @@ def cached(model) -> dict:
         reused.append(model.last_stats.prompt_tokens_reused)
     cache = model.prefix_cache
     return {"cached": streams, "reused": reused, "evictions": cache.evictions,
-            "keys": [len(k) for k in cache._entries]}
+            "keys": [len(k) for k in cache.keys()]}
 
 
 class HalfRight:
