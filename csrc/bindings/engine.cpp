@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <memory>
 #include <optional>
 
 #include "engine/engine.h"
@@ -176,7 +177,9 @@ void bind_engine(py::module_& m) {
       .def_readonly("position", &Snapshot::position)
       .def_readonly("rope_delta", &Snapshot::rope_delta)
       .def_readonly("tokens", &Snapshot::tokens)
-      .def_property_readonly("nbytes", &Snapshot::nbytes);
+      .def_property_readonly("nbytes", &Snapshot::nbytes)
+      // Its state bytes (a Buffer: memoryview(snapshot.data) reads them), for the disk cache.
+      .def_readonly("data", &Snapshot::data);
   // How the next token is chosen (engine.h): one object for prefill, decode_begin, verify,
   // verify_mtp and step; keyword arguments only, neutral by default.
   py::class_<Sampling>(m, "Sampling")
@@ -298,6 +301,17 @@ void bind_engine(py::module_& m) {
           "token after these, fed by a later call (nothing is chosen)")
       .def("rope_delta", &Engine::rope_delta, py::arg("slot"))
       .def("restore", &Engine::restore, py::arg("slot"), py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("snapshot_layout", &Engine::snapshot_layout)  // [(bytes, bytes per row)] per region
+      .def(
+          "import_snapshot",
+          [](Engine& e, int position, int rope_delta, const std::vector<uint32_t>& tokens, const py::buffer& data) {
+            Py_buffer view;  // any C-contiguous buffer (bytes, a memoryview slice of a file's bytes)
+            if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+            std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> held(&view, PyBuffer_Release);
+            py::gil_scoped_release release;
+            return e.import_snapshot(position, rope_delta, tokens, view.buf, size_t(view.len));
+          },
+          py::arg("position"), py::arg("rope_delta"), py::arg("tokens"), py::arg("data"))
       .def("decode_begin", &Engine::decode_begin, py::arg("slot"), py::arg("max_tokens"),
            py::arg("sampling") = Sampling{})
       .def("decode_next", &Engine::decode_next, py::call_guard<py::gil_scoped_release>())

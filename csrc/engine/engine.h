@@ -209,6 +209,13 @@ class Engine {
   // Puts a snapshot's state into `slot` (any slot: the parts are alike): position() and
   // tokens() become the snapshot's.
   void restore(int slot, const Snapshot& snapshot);
+  // How a snapshot's bytes are laid out: per state region, in order, (bytes, bytes per row): one
+  // at position p holds the sum of bytes + p * per row. The disk cache keys its files by it.
+  std::vector<std::pair<size_t, size_t>> snapshot_layout() const;
+  // A snapshot of this engine from a copy of another one's data (the disk cache's files): `data`
+  // must hold exactly a snapshot at `position` of this layout, `tokens` its ids; EngineError else.
+  std::shared_ptr<Snapshot> import_snapshot(int position, int rope_delta, const std::vector<uint32_t>& tokens,
+                                            const void* data, size_t bytes);
 
   // Token-by-token decoding of `slot` from the token prefill chose: decode_begin, then
   // decode_next until it returns nothing (after max_tokens) or the caller stops, then

@@ -3,6 +3,7 @@
 // saved. The copies are dispatches (copy_u32) in the command buffer that reaches the
 // position, so taking one costs no extra pass over the model.
 #include <cstring>
+#include <string>
 
 #include "dflash.h"
 #include "mtp.h"
@@ -91,6 +92,34 @@ void Engine::restore(int slot, const Snapshot& s) {
   q.position = s.position;
   q.mtp_carry = false;
   q.rope_delta = s.rope_delta;
+}
+
+std::vector<std::pair<size_t, size_t>> Engine::snapshot_layout() const {
+  const auto empty = state_regions(0, 0), one = state_regions(0, 1);
+  std::vector<std::pair<size_t, size_t>> layout;
+  for (size_t i = 0; i < empty.size(); ++i) layout.emplace_back(empty[i].bytes, one[i].bytes - empty[i].bytes);
+  return layout;
+}
+
+std::shared_ptr<Snapshot> Engine::import_snapshot(int position, int rope_delta, const std::vector<uint32_t>& tokens,
+                                                  const void* data, size_t bytes) {
+  if (position < 1 || position > options_.max_context || tokens.size() != size_t(position))
+    throw EngineError("[engine] a snapshot to import needs 1..max_context (" + std::to_string(options_.max_context) +
+                      ") positions and one token id each, got position " + std::to_string(position) + " with " +
+                      std::to_string(tokens.size()) + " ids");
+  size_t total = 0;
+  for (const StateRegion& r : state_regions(0, position)) total += r.bytes;
+  if (bytes != total)
+    throw EngineError("[engine] a snapshot at position " + std::to_string(position) + " holds " +
+                      std::to_string(total) + " bytes of state here, the data to import has " + std::to_string(bytes));
+  auto s = std::make_shared<Snapshot>();
+  s->engine = this;
+  s->position = position;
+  s->rope_delta = rope_delta;
+  s->tokens = tokens;
+  s->data = device_->new_buffer(std::max<size_t>(total, 4));
+  std::memcpy(s->data->contents(), data, bytes);
+  return s;
 }
 
 }  // namespace mq::engine

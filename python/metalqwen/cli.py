@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from . import __version__, _core, arguments, gpu, sampling
+from .disk_cache import DEFAULT_BUDGET
 from .errors import MetalqwenError
 
 MODEL_HELP = ("an MLX-format Qwen3.5 checkpoint folder, or a Hugging Face model id such as "
@@ -77,15 +78,20 @@ def _load(args: argparse.Namespace):
               "docs/speculative.md)", file=sys.stderr)
         max_sequences = 1
     max_sequences = max_sequences if max_sequences is not None else _MAX_SEQUENCES.get(args.command, 1)
+    cache_dir, cache_dir_gb = getattr(args, "cache_dir", None), getattr(args, "cache_dir_gb", DISK_CACHE_GB)
+    if cache_dir_gb <= 0:
+        raise ValueError(f"--cache-dir-gb must be > 0, got {cache_dir_gb}")
     return load(args.model, device=args.device, max_context=args.max_context, kv_bits=args.kv_bits,
                 progress=True if args.progress else None, prefix_cache_bytes=int(cache_gb * 2**30),
                 speculative=args.speculative, draft_depth=args.draft_depth, max_sequences=max_sequences,
                 distributed=distributed, layer_split=getattr(args, "layer_split", None),
-                distributed_timeout=getattr(args, "distributed_timeout", 60.0), draft=getattr(args, "draft", None))
+                distributed_timeout=getattr(args, "distributed_timeout", 60.0), draft=getattr(args, "draft", None),
+                cache_dir=cache_dir, cache_dir_bytes=int(cache_dir_gb * 2**30))
 
 
 # Per command: --cache-gb and --max-sequences when not given.
 _CACHE_GB = {"chat": 1.0, "serve": 2.0}
+DISK_CACHE_GB = DEFAULT_BUDGET / 2**30  # --cache-dir-gb
 _MAX_SEQUENCES = {"serve": 4}
 
 
@@ -269,6 +275,11 @@ def _report(model, stats: bool) -> None:
         print(f"engine: {s.engine.get('dispatches_last_step', 0)} dispatches, "
               f"{s.engine.get('barriers_last_step', 0)} barriers per step | "
               f"{s.engine.get('weight_bytes_per_token', 0) / 1e6:.1f} MB of weights per token{active}", file=sys.stderr)
+    disk = model.prefix_cache.disk if model.prefix_cache is not None else None
+    if stats and disk is not None:
+        disk.flush(30.0)  # this answer's snapshots written, so the figures count them
+        print(f"disk cache: {disk.hits} hits, {disk.writes} files written ({disk.bytes_written / 1e6:.1f} MB), "
+              f"{disk.bytes / 1e6:.1f} MB in {disk.folder}", file=sys.stderr)
     # Speculation that accepted nothing is a developer figure; accepted drafts are the user's speed-up.
     if model.speculative != "off" and (stats or s.accepted):
         print(f"speculative ({model.speculative}): {_speculation(s)}", file=sys.stderr)
@@ -309,7 +320,9 @@ def _generate(args: argparse.Namespace) -> int:
             # The images first, then the text, in one user message (mlx-vlm's order); the template
             # renders each image's place, stream() fills it with the image's features.
             chat = _conversation(args, model).prompt(IMAGE_TEXT * len(args.image) + prompt)
-            _print_stream(model, chat.ids, options, chat.opens_thinking, args.hide_thinking)
+            # With --cache-dir: a snapshot where the user's message ends, for a rerun to resume from.
+            _print_stream(model, chat.ids, dict(options, boundaries=chat.boundaries), chat.opens_thinking,
+                          args.hide_thinking)
         _report(model, args.stats)
     return 0
 
@@ -606,9 +619,20 @@ def _add_distributed_options(p: argparse.ArgumentParser) -> None:
                         "with an error (default 60)")
 
 
+def _add_disk_cache_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help="also keep the prefix cache's saved states as files in DIR (made if missing), so a long "
+                        "system prompt or conversation resumes after a restart; files are checksummed and tied to "
+                        "this model and its options (others are ignored with a warning)")
+    p.add_argument("--cache-dir-gb", metavar="GB", type=float, default=DISK_CACHE_GB,
+                   help=f"most GiB of files in --cache-dir, least recently used removed first (default "
+                        f"{DISK_CACHE_GB:g})")
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     _add_common_options(p)
+    _add_disk_cache_options(p)
     _add_stats_option(p)
     _add_speculative_options(p)
     p.add_argument("--max-context", type=int, default=4096,
@@ -685,6 +709,7 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, ...)")
     serve.add_argument("-m", "--model", required=True, help=MODEL_HELP)
     _add_common_options(serve)
+    _add_disk_cache_options(serve)
     _add_speculative_options(serve)
     serve.add_argument("--max-context", type=int, default=8192, help="prompt + generated tokens (default 8192)")
     serve.add_argument("--kv-bits", type=int, choices=[8, 16], default=8, help="KV cache: 8 = q8 (default), 16 = f16")

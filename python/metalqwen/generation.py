@@ -213,7 +213,7 @@ class Runner:
         reuse = len(cached) if images is None and 0 < len(cached) < len(ids) and ids[: len(cached)] == cached else 0
         snapshot_at = []
         if self.prefix_cache is not None:
-            saved = self.prefix_cache.longest(ids if images is None else images.cache_key())
+            saved = self.prefix_cache.longest(ids if images is None else images.cache_key(), longer_than=reuse)
             if saved is not None and saved.position > reuse:
                 self._engine.restore(slot, saved)
                 reuse = saved.position

@@ -8,6 +8,7 @@ import sys
 import time
 
 from . import _core, arguments, gpu, pipeline, speculative as spec
+from .disk_cache import DEFAULT_BUDGET as DISK_CACHE_BYTES, DiskCache, model_identity
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .dflash_checkpoint import load_drafter
 from .model import Model
@@ -57,7 +58,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
          speculative: str | None = None, draft_depth: int | None = None, mtp: bool | None = None,
          mtp_hidden: str = "post_norm", max_sequences: int = 1, prefill_layers_per_buffer: int = 8,
          distributed: str | None = None, layer_split: str | None = None,
-         distributed_timeout: float = 60.0, draft: str | os.PathLike | None = None) -> Model:
+         distributed_timeout: float = 60.0, draft: str | os.PathLike | None = None,
+         cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = DISK_CACHE_BYTES) -> Model:
     """Loads an MLX-format Qwen3.5 checkpoint folder.
 
     ``device``: "metal", "cpu", a gpu.Device, or None for the best available. ``max_context``
@@ -66,6 +68,11 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     a first-run kernel compile and prefills longer than a second on stderr.
     ``prefix_cache_bytes`` > 0 keeps snapshots of the sequence state up to that many bytes of
     device memory (see ``prefix_cache.PrefixCache``; the server uses it).
+    ``cache_dir``: a folder where the prefix cache's snapshots are also kept as files, up to
+    ``cache_dir_bytes`` (default 10 GiB, least recently used removed first), so a prompt resumes
+    from them after a restart (``disk_cache.DiskCache``: files are checked whole and against this
+    model and engine setup; others are ignored with a warning). With ``prefix_cache_bytes`` 0
+    the snapshots go to disk only.
     ``speculative``: "mtp" (drafts from the checkpoint's multi-token-prediction head, verified
     several tokens per step: see ``speculative``), "lookup" (prompt-lookup drafts), "auto"
     (MTP when the folder has a head, else lookup) or "off"; it reserves a copy of the
@@ -117,6 +124,9 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     max_context = arguments.integer("max_context", max_context, low=2, allowed="an integer >= 2")
     prefill_chunk = arguments.integer("prefill_chunk", prefill_chunk, low=1, allowed="an integer >= 1")
     prefix_cache_bytes = arguments.integer("prefix_cache_bytes", prefix_cache_bytes, low=0, allowed="bytes >= 0")
+    cache_dir_bytes = arguments.integer("cache_dir_bytes", cache_dir_bytes, low=1, allowed="bytes >= 1")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise TypeError(f"cache_dir must be a folder path or None, got {type(cache_dir).__name__}")
     most = _core.MAX_SEQUENCES
     max_sequences = arguments.integer("max_sequences", max_sequences, low=1, allowed=f"an integer in 1..{most}")
     prefill_layers_per_buffer = arguments.integer("prefill_layers_per_buffer", prefill_layers_per_buffer, low=1,
@@ -138,6 +148,8 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
             raise ValueError(f"distributed must be None or 'pipeline', got {distributed!r}")
         if draft is not None:
             raise ValueError(f"distributed='pipeline' does not yet take draft (not yet: {pipeline.NOT_YET})")
+        if cache_dir is not None:  # each rank would keep its layers' part, the ranks agreeing on every hit
+            raise ValueError("distributed='pipeline' does not yet take cache_dir (the prefix cache on disk)")
         if max_sequences > 1 and (speculative == "mtp" or mtp):
             raise ValueError("distributed='pipeline' with max_sequences > 1 drafts with prompt lookup only (shared "
                              "steps across ranks take no MTP drafts): speculative='lookup', 'auto' or 'off'")
@@ -172,9 +184,13 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
     finally:
         if shown:
             shown.close()
+    disk = None
+    if cache_dir is not None:
+        disk = DiskCache(cache_dir, cache_dir_bytes, engine,
+                         model_identity(ckpt, engine, kv_bits, mtp_hidden, dev.kind, dev.name, drafter))
     tower, no_vision = _vision_tower(ckpt, dev)
     model = Model(ckpt, tokenizer, dev, engine, progress=show,
-                  prefix_cache=PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None,
+                  prefix_cache=PrefixCache(prefix_cache_bytes, disk) if prefix_cache_bytes or disk else None,
                   speculative=mode, draft_depth=max_draft, vision=tower, no_vision=no_vision)
     if shown:
         if with_mtp:

@@ -8,13 +8,16 @@ boundaries and the end of each prompt — and a later prompt resumes from the lo
 snapshot whose tokens it starts with. Resuming gives exactly a cold run's logits (the
 engine's prefill path computes each row independently of how the prompt was chunked).
 A prompt with images is keyed with each image's content hash in its rows (images.py,
-PreparedImages.cache_key): the pad ids alone do not say which picture they hold.
+PreparedImages.cache_key): the pad ids alone do not say which picture they hold. With a
+disk_cache.DiskCache the snapshots are also written to files, and a prompt resumes from one
+when it covers more than memory does (after a restart, or once evicted from memory).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
+
+from .byte_lru import ByteLRU
 
 
 def message_boundaries(tokenizer, messages: list[dict], ids: list[int], **template) -> list[int]:
@@ -33,27 +36,48 @@ def message_boundaries(tokenizer, messages: list[dict], ids: list[int], **templa
 
 
 class PrefixCache:
-    """Snapshots by token prefix, least recently used evicted beyond ``budget_bytes``."""
+    """Snapshots by token prefix, least recently used evicted beyond ``budget_bytes`` (0 with a
+    ``disk``: snapshots on disk only)."""
 
-    def __init__(self, budget_bytes: int):
-        self.budget = int(budget_bytes)
-        self._entries: OrderedDict[tuple[int, ...], object] = OrderedDict()
-        self._sizes: dict[tuple[int, ...], int] = {}  # bytes each entry is counted as
-        self.bytes = 0  # device memory the snapshots hold (as counted: see add)
-        self.evictions = 0
+    def __init__(self, budget_bytes: int, disk=None):
+        self._lru = ByteLRU(budget_bytes)  # token prefix -> snapshot, counted as add says
+        self.disk = disk  # disk_cache.DiskCache, or None
+
+    @property
+    def budget(self) -> int:
+        return self._lru.budget
+
+    @property
+    def bytes(self) -> int:
+        """Device memory the snapshots hold (as counted: see add)."""
+        return self._lru.bytes
+
+    @property
+    def evictions(self) -> int:
+        return self._lru.evictions
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)
 
-    def longest(self, ids: Sequence):
+    def keys(self):
+        """The keys held, least recently used first."""
+        return self._lru.keys()
+
+    def longest(self, ids: Sequence, longer_than: int = 0):
         """The snapshot of the longest proper prefix of ``ids`` held here, or None. ``ids``: token ids,
-        or a prompt's images.PreparedImages.cache_key()."""
-        for position in sorted({len(k) for k in self._entries if len(k) < len(ids)}, reverse=True):
-            key = tuple(ids[:position])
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
-        return None
+        or a prompt's images.PreparedImages.cache_key(). The disk is read only for a prefix longer
+        than both memory's and ``longer_than`` (what the caller has already)."""
+        hit = None
+        for position in sorted({len(k) for k in self._lru.keys() if len(k) < len(ids)}, reverse=True):
+            hit = self._lru.get(tuple(ids[:position]))
+            if hit is not None:
+                break
+        if self.disk is not None:
+            loaded = self.disk.longest(ids, max(longer_than, hit.position if hit is not None else 0))
+            if loaded is not None:
+                self._lru.put(tuple(ids[:loaded.position]), loaded, loaded.nbytes)
+                return loaded
+        return hit
 
     def add(self, snapshot, key: Sequence | None = None, counted: int | None = None) -> None:
         """Keeps ``snapshot`` (a _core.Snapshot) under ``key`` (default its tokens; a prompt with images:
@@ -61,16 +85,7 @@ class PrefixCache:
         the bytes to count it as (default its own; a pipeline's ranks count the largest rank's part,
         so that every rank keeps and evicts the same keys)."""
         key = tuple(snapshot.tokens if key is None else key)
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return
-        size = snapshot.nbytes if counted is None else int(counted)
-        if size > self.budget:
-            return
-        self._entries[key] = snapshot
-        self._sizes[key] = size
-        self.bytes += size
-        while self.bytes > self.budget:
-            old, _ = self._entries.popitem(last=False)
-            self.bytes -= self._sizes.pop(old)
-            self.evictions += 1
+        if self._lru.get(key) is None:
+            self._lru.put(key, snapshot, snapshot.nbytes if counted is None else int(counted))
+            if self.disk is not None:
+                self.disk.store(snapshot, key)

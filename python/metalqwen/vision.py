@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import OrderedDict
 
 import numpy as np
 
 from . import _core, gpu
+from .byte_lru import ByteLRU
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .vision_preprocess import ProcessorConfig, preprocess
 
@@ -46,10 +46,18 @@ class VisionTower:
         self.device = device if isinstance(device, gpu.Device) else gpu.Device(device)
         desc = checkpoint.describe()["vision"]
         self._native = _core.VisionTower(self.device._native, desc["dims"], desc["tensors"])
-        self.cache_bytes = FEATURE_CACHE_BYTES  # 0: every image runs the tower
+        self._cache = ByteLRU(FEATURE_CACHE_BYTES)  # hash -> features Buffer
         self.runs = 0
         self.reused = 0
-        self._cache: OrderedDict[str, tuple] = OrderedDict()  # hash -> (Buffer, bytes)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Device memory the cached features may take (0: every image runs the tower)."""
+        return self._cache.budget
+
+    @cache_bytes.setter
+    def cache_bytes(self, budget: int) -> None:
+        self._cache.budget = int(budget)
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: gpu.Device | str | None = None) -> "VisionTower":
@@ -83,17 +91,13 @@ class VisionTower:
         seen = {} if seen is None else seen
         hit = self._cache.get(digest)
         if hit is not None:
-            self._cache.move_to_end(digest)
-            seen[digest] = hit[0]
+            seen[digest] = hit
         if digest in seen:
             self.reused += 1
             return seen[digest], grid, digest
         buffer = seen[digest] = self.features_buffer(rows, grid[1], grid[2])
         size = rows.shape[0] // self.config.spatial_merge_size ** 2 * self.config.out_hidden_size * 4
-        if size <= self.cache_bytes:
-            self._cache[digest] = (buffer, size)
-            while sum(b for _, b in self._cache.values()) > self.cache_bytes:
-                self._cache.popitem(last=False)
+        self._cache.put(digest, buffer, size)
         return buffer, grid, digest
 
     def clear_cache(self) -> None:

@@ -98,7 +98,7 @@ def batch(model, out: str) -> dict:
     return {"plain": plain, "greedy": greedy, "sampled": [g.tokens for g in sampled], "led": led,
             "constrained": constrained,
             "reused": [g.stats.prompt_tokens_reused for g in sampled],
-            "keys": sorted(len(k) for k in model.prefix_cache._entries),
+            "keys": sorted(len(k) for k in model.prefix_cache.keys()),
             "drafted": after["drafted"] - before["drafted"],
             "accepted": after["accepted"] - before["accepted"]}
 
@@ -114,7 +114,7 @@ def cached(model) -> dict:
         reused.append(model.last_stats.prompt_tokens_reused)
     cache = model.prefix_cache
     return {"cached": streams, "reused": reused, "evictions": cache.evictions,
-            "keys": [len(k) for k in cache._entries]}
+            "keys": [len(k) for k in cache.keys()]}
 
 
 class HalfRight:

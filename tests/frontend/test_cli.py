@@ -537,3 +537,13 @@ def test_on_a_terminal_the_thinking_is_dimmed_apart_from_the_answer(capsys):
         hidden.feed(piece)
     hidden.finish()
     assert capsys.readouterr().out == "The answer.\n"
+
+
+def test_generate_resumes_from_its_cache_dir_after_a_restart(demo, device, tmp_path):
+    common = ["generate", "-m", demo, "--device", device.kind, "-p", "tell me a long story " * 6, "--max-tokens", "8",
+              "--temperature", "0", "--cache-dir", str(tmp_path / "cache"), "--stats"]
+    first, second = _run(*common), _run(*common)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "disk cache: 0 hits, 2 files written" in first.stderr  # the user message's end, the prompt's end
+    assert "reused)" in second.stderr and "disk cache: 1 hits, 0 files written" in second.stderr
+    assert second.stdout == first.stdout

@@ -171,6 +171,27 @@ def test_prefix_cache_keys_images_by_content(model):
     assert answer(model, longer, [other])[2] == 0
 
 
+def test_the_disk_cache_keys_images_by_content(model, folder, device, tmp_path):
+    """As above across instances sharing a cache_dir: a new one resumes from the file an image prompt
+    left, exactly, with the same picture only."""
+    def load(cache_dir=str(tmp_path)):
+        return metalqwen.load(folder, device=device, max_context=256, kv_bits=16, progress=False,
+                              cache_dir=cache_dir)
+
+    img, other = picture(64, 96, seed=11), picture(64, 96, seed=12)
+    base = model.tokenizer.encode_chat([{"role": "user", "content": IMAGE_TEXT + "Describe it."}])
+    longer = base + model.tokenizer.encode("And the colours?")
+    cold = answer(load(None), longer, [img])
+    writer = load()
+    writer.generate(base, max_tokens=2, images=[img])  # a file of its whole prompt
+    assert writer.prefix_cache.disk.flush(60) and writer.prefix_cache.disk.writes == 1
+    resumed = load()
+    hit = answer(resumed, longer, [img])
+    assert hit[2] == len(resumed.prompt_ids(base, images=[img])) and hit[:2] == cold[:2]
+    assert resumed.prefix_cache.disk.hits == 1
+    assert answer(load(), longer, [other])[2] == 0
+
+
 def test_a_snapshot_before_an_image_resumes_a_text_prompt(model):
     """A snapshot taken before the first image (here at the system prompt's end) carries that prefix's
     rotary delta (0), not the image prompt's: a text prompt resumed from it answers as a cold run."""

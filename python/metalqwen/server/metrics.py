@@ -47,5 +47,19 @@ class Metrics:
             rows += [("prefix_cache_bytes", "gauge", "device memory the prefix cache holds", cache.bytes),
                      ("prefix_cache_entries", "gauge", "snapshots the prefix cache holds", len(cache)),
                      ("prefix_cache_evictions_total", "counter", "snapshots evicted (LRU)", cache.evictions)]
+            disk = cache.disk
+            if disk is not None:
+                rows += [("disk_cache_hits_total", "counter", "prompts resumed from a --cache-dir file", disk.hits),
+                         ("disk_cache_writes_total", "counter", "snapshot files written", disk.writes),
+                         ("disk_cache_written_bytes_total", "counter", "bytes of the files written",
+                          disk.bytes_written),
+                         ("disk_cache_bytes", "gauge", "bytes of the folder's snapshot files (as last counted)",
+                          disk.bytes),
+                         ("disk_cache_evictions_total", "counter", "files removed over the byte budget",
+                          disk.evictions),
+                         ("disk_cache_rejected_total", "counter", "files removed as corrupt or foreign",
+                          disk.rejected),
+                         ("disk_cache_skipped_total", "counter", "writes dropped while the writer was behind",
+                          disk.skipped)]
         return "".join(f"# HELP metalqwen_{n} {h}\n# TYPE metalqwen_{n} {t}\nmetalqwen_{n} {v}\n"
                        for n, t, h, v in rows)
