@@ -415,6 +415,27 @@ void bind_engine(py::module_& m) {
              return py::array_t<float>({rows, hidden}, {hidden * 4, size_t(4)}, e.residual_rows(), self);
            })
       .def("set_chosen", &Engine::set_chosen, py::arg("slot"), py::arg("token"))
+      // A shared step's rows on an engine of a layer range (Engine::step_rows): a writable float32
+      // view [max_step_rows + max_rows][hidden] (rows 0 with max_sequences 1 or the whole model).
+      .def("step_rows",
+           [](py::object self) {
+             const Engine& e = self.cast<const Engine&>();
+             const auto rows = size_t(e.step_rows_count()), hidden = size_t(e.dims().hidden);
+             return py::array_t<float>({rows, hidden}, {hidden * 4, size_t(4)}, e.step_rows(), self);
+           })
+      // outcomes: [(slot, accepted, next)] per entry of the last step; prompt_token: the first token
+      // after its last prompt chunk (Engine::step_accept).
+      .def(
+          "step_accept",
+          [](Engine& e, const std::vector<std::tuple<int, uint32_t, uint32_t>>& outcomes,
+             std::optional<uint32_t> prompt_token) {
+            std::vector<Engine::SlotOutcome> out;
+            for (const auto& [slot, accepted, next] : outcomes)
+              out.push_back({.slot = slot, .accepted = accepted, .next = next});
+            py::gil_scoped_release release;
+            e.step_accept(out, prompt_token);
+          },
+          py::arg("outcomes"), py::arg("prompt_token") = py::none())
       .def_property_readonly("has_mtp", &Engine::has_mtp)
       .def("mtp_ready", &Engine::mtp_ready, py::arg("slot"))
       .def(

@@ -22,6 +22,8 @@ void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
                       std::to_string(options_.max_draft) + " (set at load)");
   if (s.mtp_drafts > 0 && !mtp_)
     throw EngineError(where + ": MTP drafts need the MTP head (load it with the engine option mtp)");
+  if (s.mtp_drafts > 0 && !range_.whole(model_.dims))
+    throw EngineError(where + ": MTP drafts in a shared step need the whole model (across ranks, host drafts)");
   if (s.mtp_drafts > 0 && !s.drafts.empty())
     throw EngineError(where + ": drafts from the host or from the MTP head, not both");
   if (asked > 0 && (s.sampling.penalised() || s.sampling.logprobs >= 0 || s.sampling.constrained()))
@@ -74,14 +76,102 @@ std::vector<std::vector<uint32_t>> Engine::step(const std::vector<SlotStep>& ste
   std::vector<std::vector<uint32_t>> out = finish_shared_step(f);
   if (prompt) {
     const Sequence& q = sequences_[size_t(prompt->slot)];
-    out.push_back(prompt->last ? std::vector<uint32_t>{host_ids(prompt->slot)[q.position]} : std::vector<uint32_t>{});
+    const bool chose = prompt->last && has_head();
+    out.push_back(chose ? std::vector<uint32_t>{host_ids(prompt->slot)[q.position]} : std::vector<uint32_t>{});
+    if (unaccepted_ && prompt->last) unaccepted_->prompt_slot = prompt->slot;
     if (f.snapshot && snapshots) snapshots->push_back(f.snapshot);
   }
   return out;
 }
 
 void Engine::step_commit(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice) {
+  if (!range_.whole(model_.dims))
+    throw EngineError(
+        "[engine] step_commit: an engine of a layer range waits for the rows of the engine before "
+        "each step (step)");
   commit_shared_step(steps, before_choice, nullptr);
+}
+
+float* Engine::step_rows() const { return static_cast<float*>(ws_->step_rows->contents()); }
+
+uint32_t Engine::step_rows_count() const {
+  return options_.max_sequences > 1 && !range_.whole(model_.dims) ? max_step_rows() + ws_->max_rows : 0;
+}
+
+void Engine::encode_step_rows(Encoder& enc, uint32_t row, uint32_t rows, bool into_x) {
+  const uint32_t H = uint32_t(model_.dims.hidden);
+  const uint32_t src = into_x ? row * H : 0, dst = into_x ? 0 : row * H;
+  const CopyParams p{.cols = H, .rows = rows, .src_offset = src, .src_stride = H, .dst_offset = dst, .dst_stride = H};
+  const Arg from = into_x ? Arg(ws_->step_rows) : Arg(ws_->x), to = into_x ? Arg(ws_->x) : Arg(ws_->step_rows);
+  enc.dispatch_threads(*k_.copy_u32, {from, to, Arg::value(p)}, {H, rows});
+}
+
+void Engine::step_accept(const std::vector<SlotOutcome>& outcomes, std::optional<uint32_t> prompt_token) {
+  if (has_head()) throw EngineError("[engine] step_accept: the engine with the head accepts by itself (step)");
+  if (!unaccepted_) throw EngineError("[engine] step_accept: no shared step waits for the head's outcome (step first)");
+  const StepSegments segs = unaccepted_->segs;
+  const int prompt_slot = unaccepted_->prompt_slot;
+  if (outcomes.size() != segs.count)
+    throw EngineError("[engine] step_accept: " + std::to_string(outcomes.size()) + " outcomes for a step of " +
+                      std::to_string(segs.count) + " entries");
+  if (prompt_token.has_value() != (prompt_slot >= 0))
+    throw EngineError(std::string("[engine] step_accept: the step ") +
+                      (prompt_slot >= 0 ? "fed a prompt's last chunk: give its first token (prompt_token)"
+                                        : "fed no prompt's last chunk: no prompt_token"));
+  const uint32_t vocab = uint32_t(model_.dims.vocab);
+  auto* accepted = static_cast<uint32_t*>(ws_->accepted->contents());
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const SlotOutcome& o = outcomes[i];
+    const StepSegment& g = segs.seg[i];
+    const std::string where = "[engine] step_accept: entry " + std::to_string(i);
+    if (o.slot != int(g.slot))
+      throw EngineError(where + " names slot " + std::to_string(o.slot) + ", the step's slot " +
+                        std::to_string(g.slot));
+    if (o.accepted > g.rows - 1)
+      throw EngineError(where + ": " + std::to_string(o.accepted) + " of " + std::to_string(g.rows - 1) +
+                        " drafts accepted");
+    if (o.next >= vocab)
+      throw EngineError(where + ": token id " + std::to_string(o.next) + " is outside the vocabulary");
+    accepted[i] = o.accepted;  // read by the rollback below
+  }
+  if (prompt_token && *prompt_token >= vocab)
+    throw EngineError("[engine] step_accept: prompt token id " + std::to_string(*prompt_token) +
+                      " is outside the vocabulary");
+  unaccepted_.reset();
+  // The rollbacks of encode_verification, with the head's accepted counts: one command buffer.
+  const ModelDims& d = model_.dims;
+  Encoder enc(*device_, kernels_, "shared step rollback");
+  std::vector<int> rolled;
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const StepSegment& g = segs.seg[i];
+    if (g.rows == 1) continue;
+    const DeltaRestoreParams rp{
+        .state_floats = uint32_t(state_words(d)), .state_snap_stride = uint32_t(state_words(d)), .planes = g.rows - 1};
+    for (const LayerWeights& l : layers_) {
+      if (!l.delta) continue;
+      enc.dispatch_threads(*k_.delta_restore,
+                           {l.state.part(int(g.slot)), l.state_snaps.part(int(g.slot)),
+                            Arg(ws_->accepted, size_t(i) * 4), Arg::value(rp)},
+                           {rp.state_floats / 4}, !rolled.empty());
+    }
+    rolled.push_back(int(g.slot));
+  }
+  if (!rolled.empty()) {
+    Submitted step = commit(enc);
+    try {
+      wait(step);
+    } catch (const gpu::GpuError& e) {
+      throw step_failed("shared step rollback", rolled, e);
+    }
+  }
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    Sequence& q = sequences_[segs.seg[i].slot];
+    q.position += int(outcomes[i].accepted);
+    host_ids(int(segs.seg[i].slot))[q.position] = outcomes[i].next;
+    count_verified(segs.seg[i].rows - 1, outcomes[i].accepted);
+  }
+  counters_.verify_steps += rolled.empty() ? 0 : 1;
+  if (prompt_token) host_ids(prompt_slot)[sequences_[size_t(prompt_slot)].position] = *prompt_token;
 }
 
 void Engine::check_prompt_chunk(const PromptChunk& p, const std::vector<SlotStep>& steps) const {
@@ -100,7 +190,7 @@ void Engine::check_prompt_chunk(const PromptChunk& p, const std::vector<SlotStep
   if (p.images) check_images(*p.images, q, p.tokens.size(), "step: prompt chunk of slot " + std::to_string(p.slot));
 }
 
-void Engine::encode_prompt_chunk(Encoder& enc, const PromptChunk& p, InFlight& f) {
+void Engine::encode_prompt_chunk(Encoder& enc, const PromptChunk& p, InFlight& f, uint32_t io_row) {
   // As one chunk of prefill: the same pass, choice, MTP rows and snapshot, in the step's buffers.
   Sequence& q = sequences_[size_t(p.slot)];
   const uint32_t rows = uint32_t(p.tokens.size());
@@ -111,7 +201,9 @@ void Engine::encode_prompt_chunk(Encoder& enc, const PromptChunk& p, InFlight& f
   pass.split_layers = true;  // as prefill's: the last buffer holds the rest of the step (the slots' rows)
   ForwardPass head;  // the MTP head's rows, as prefill's
   if (p.images) f.rope_positions = bind_images(*p.images, q, uint32_t(q.position), rows, pass, head);
+  if (!embeds()) encode_step_rows(enc, io_row, rows, true);
   encode_prefill_rows(enc, pass, head, p.last, p.sampling);
+  if (!has_head()) encode_step_rows(enc, io_row, rows, false);
   const int end = q.position + int(rows);
   if (p.snapshot) f.snapshot = encode_snapshot(enc, p.slot, end);
   f.prompt_slot = p.slot;
@@ -125,7 +217,12 @@ void Engine::commit_shared_step(const std::vector<SlotStep>& steps, const Before
   if (steps.empty() || steps.size() > size_t(options_.max_sequences))
     throw EngineError("[engine] step takes 1.." + std::to_string(options_.max_sequences) + " slots, got " +
                       std::to_string(steps.size()));
-  check_whole("a shared step");
+  if (unaccepted_)
+    throw EngineError("[engine] step: the last shared step waits for the head's outcome (step_accept first)");
+  if (!range_.whole(model_.dims) && options_.max_sequences < 2)
+    throw EngineError(
+        "[engine] step: an engine of a layer range takes shared steps with max_sequences > 1 (set at "
+        "load: its step_rows)");
   if (decoding_) decode_end();
   if (!in_flight_.empty()) {
     if (in_flight_.back().speculative)
@@ -169,14 +266,23 @@ void Engine::commit_shared_step(const std::vector<SlotStep>& steps, const Before
   }
 
   Encoder enc(*device_, kernels_, "shared step");
-  if (prompt) encode_prompt_chunk(enc, *prompt, f);  // its rows first: the slots' pass reuses the workspace
+  if (prompt) encode_prompt_chunk(enc, *prompt, f, rows);  // its rows first: the slots' pass reuses the workspace
   for (uint32_t i = 0; i < segs.count; ++i)  // MTP drafts into ids after the chosen token, one slot at a time
     if (steps[i].mtp_drafts > 0 && segs.seg[i].rows > 1)
       encode_mtp_drafts(enc, steps[i].slot, int(segs.seg[i].position), segs.seg[i].rows - 1);
   pass.rows = rows;
   pass.matvec = true;
   pass.snapshot_rows = f.speculative ? uint32_t(options_.max_draft) : 0;  // each segment keeps its first rows - 1
+  if (!embeds()) encode_step_rows(enc, 0, rows, true);
   encode_forward(enc, pass);
+  if (!has_head()) {  // the rows go on to the next engine; the head chooses (step_accept)
+    encode_step_rows(enc, 0, rows, false);
+    f.segs = segs;
+    f.buffers = commit(enc);
+    push_in_flight(std::move(f));
+    for (uint32_t i = 0; i < segs.count; ++i) sequences_[segs.seg[i].slot].position += 1;
+    return;
+  }
   // Slots with penalties, logprobs or logit_bias choose as a decode step does (penalty counts
   // are per step, so one at a time); the others as verify rows, all together; masked slots last.
   StepSegments verified{};
@@ -236,6 +342,11 @@ std::vector<std::vector<uint32_t>> Engine::step_wait() {
 }
 
 std::vector<std::vector<uint32_t>> Engine::finish_shared_step(const InFlight& f) {
+  if (!has_head()) {  // nothing chosen here: the positions wait for step_accept
+    unaccepted_ = Unaccepted{.segs = f.segs};
+    for (uint32_t i = 0; i < f.segs.count; ++i) sequences_[f.segs.seg[i].slot].logprob_position = -1;
+    return std::vector<std::vector<uint32_t>>(f.segs.count);
+  }
   // Only a speculative step reads ws_->accepted: nothing was committed behind it to overwrite it.
   const auto* accepted = static_cast<const uint32_t*>(ws_->accepted->contents());
   std::vector<std::vector<uint32_t>> out;

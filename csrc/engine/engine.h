@@ -341,13 +341,32 @@ class Engine {
   // choice with set_chosen. Prefill takes at most max_rows() tokens per call and decode_begin
   // one step (max_tokens 2) then, since each step waits for rows from another engine; verify
   // with host drafts runs on the head's engine (verify_rows and verify_accept on the others);
-  // the MTP head goes with the head (the embedding too, then), drafting with mtp_drafts; step
-  // needs the whole model.
+  // the MTP head goes with the head (the embedding too, then), drafting with mtp_drafts.
+  // A shared step (step, with several slots) takes its rows in step_rows() instead, the head's
+  // engine chooses and accepts as alone, and every other engine then takes the head's outcome
+  // with step_accept; host drafts only (no MTP entries), and no step_commit: each step waits for
+  // the rows of the engine before.
   bool embeds() const { return range_.first == 0; }
   bool has_head() const { return range_.end == model_.dims.layers; }
   LayerRange layers() const { return range_; }
   // [max_rows()][hidden] f32: the current residual stream; valid between steps.
   float* residual_rows() const;
+  // [max_step_rows() + max_rows()][hidden] f32, engines of a layer range with max_sequences > 1:
+  // a shared step's rows in its order (each entry's 1 + drafts rows, then the prompt chunk's),
+  // read by a step of an engine that does not embed, written by one without the head; valid
+  // between steps. GPU copies move them to and from the residual stream around each pass.
+  float* step_rows() const;
+  uint32_t step_rows_count() const;
+  // The head's outcome of the last shared step, on an engine without the head (whose step chose
+  // nothing and returned empty lists): per entry, in the step's order, (slot, drafts accepted,
+  // next token); the DeltaNet states of slots with drafts rolled back in one command buffer,
+  // positions past the accepted drafts, `next` at ids[position()]. `prompt_token`: the first
+  // token the head chose after the step's last prompt chunk (none for an earlier chunk).
+  struct SlotOutcome {
+    int slot = 0;
+    uint32_t accepted = 0, next = 0;
+  };
+  void step_accept(const std::vector<SlotOutcome>& outcomes, std::optional<uint32_t> prompt_token = {});
   uint32_t max_rows() const;
   // Rows of one verify or shared step (drafts included): 8, or 17 when max_draft exceeds 7.
   uint32_t max_step_rows() const;
@@ -436,14 +455,22 @@ class Engine {
     // Every slot whose rows it holds.
     std::vector<int> slots() const;
   };
+  // A range engine's shared step waiting for step_accept: its segments (each entry's rows), and
+  // the slot of its last prompt chunk (-1: none).
+  struct Unaccepted {
+    StepSegments segs{};
+    int prompt_slot = -1;
+  };
+  // step_rows rows [row, row + rows) into x rows [0, rows) (`into_x`), or x's back there.
+  void encode_step_rows(Encoder& enc, uint32_t row, uint32_t rows, bool into_x);
   // step_commit with a prompt chunk's rows first (null: none).
   void commit_shared_step(const std::vector<SlotStep>& steps, const BeforeChoice& before_choice,
                           const PromptChunk* prompt);
   // EngineError unless `prompt` fits its slot (not among `steps`), max_rows() and the vocabulary.
   void check_prompt_chunk(const PromptChunk& prompt, const std::vector<SlotStep>& steps) const;
   // The chunk's forward pass (prefill path), its choice when last, MTP rows and snapshot into `enc`;
-  // advances its slot's position.
-  void encode_prompt_chunk(Encoder& enc, const PromptChunk& prompt, InFlight& f);
+  // advances its slot's position. `io_row`: its first row in step_rows (engines of a layer range).
+  void encode_prompt_chunk(Encoder& enc, const PromptChunk& prompt, InFlight& f, uint32_t io_row);
   // One prompt chunk's GPU work (`pass`: one slot's rows, its ids in place; `head`: the MTP
   // head's positions and features): the layers, the last chunk's choice, the head's rows.
   // Prefill and a shared step's prompt chunk both encode it, so the two compute alike.
@@ -638,6 +665,7 @@ class Engine {
   };
   std::optional<Decoding> decoding_;  // a decode in progress: its steps are in_flight_
   std::deque<InFlight> in_flight_;
+  std::optional<Unaccepted> unaccepted_;  // a range engine's shared step until step_accept
 };
 
 }  // namespace mq::engine

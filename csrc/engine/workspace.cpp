@@ -43,6 +43,7 @@ std::vector<Planned> activation_plan(const ModelDims& d, const EngineOptions& o)
   return {
       {&Workspace::x, R * H},
       {&Workspace::x_next, R * H},
+      {&Workspace::step_rows, o.max_sequences > 1 && !layer_range(d, o).whole(d) ? (S + R) * H : 0},
       {&Workspace::xn, R * H},
       {&Workspace::mix, R * H},
       {&Workspace::qkv_raw, R * C},

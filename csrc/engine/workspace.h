@@ -115,6 +115,9 @@ struct Workspace {
   // [rows][hidden]: where a norm-fused matvec writes x + mix (its threadgroups all read x), swapped
   // with x once encoded: x always names the residual stream at that point of the step.
   std::shared_ptr<gpu::Buffer> x_next;
+  // [max_step_rows + rows][hidden]: a shared step's rows on an engine of a layer range with several
+  // slots (Engine::step_rows: the entries' rows, then the prompt chunk's); 16 bytes otherwise.
+  std::shared_ptr<gpu::Buffer> step_rows;
   std::shared_ptr<gpu::Buffer> qkv_raw;      // [rows][C]: in_proj_qkv out (the conv input)
   std::shared_ptr<gpu::Buffer> z, a, b;      // [rows][nv*dv], [rows][nv], [rows][nv]
   std::shared_ptr<gpu::Buffer> delta_out;    // [rows][nv*dv]: the scan's gated y (prefill: normalised in place)

@@ -104,7 +104,7 @@ class Scheduler:
         """``model``: a loaded ``model.Model``; its ``runner`` drives the engine's slots."""
         self.model = model
         self._runner = model.runner
-        self._engine = model.runner.engine
+        self._engine = model.runner.shared_steps
         self.prefill_rows = int(prefill_rows)
         self._free = list(range(self._engine.max_sequences))
         self.waiting: deque[Sequence] = deque()
@@ -276,9 +276,7 @@ class Scheduler:
 
     def _keep(self, seq: Sequence, snapshots: list) -> None:
         """Puts a prompt's snapshots in the prefix cache (a prompt with images: under its cache_key)."""
-        key = seq.request.images.cache_key() if seq.request.images is not None else None
-        for snapshot in snapshots:
-            self._runner.prefix_cache.add(snapshot, None if key is None else key[:snapshot.position])
+        self._runner.keep(snapshots, seq.request.images.cache_key() if seq.request.images is not None else None)
 
     def _chunk(self, seq: Sequence) -> tuple[int, bool]:
         """The end of the prompt's next chunk (at most ``prefill_rows`` and the engine's ``max_rows``

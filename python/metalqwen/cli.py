@@ -67,8 +67,7 @@ def _load(args: argparse.Namespace):
     from .loading import load
 
     distributed = getattr(args, "distributed", None)
-    # Pipelines do not batch yet: one sequence there (an explicit --max-sequences is refused by
-    # load); "auto" speculation means lookup there.
+    # Across ranks with several slots "auto" speculation means prompt lookup (load).
     cache_gb = getattr(args, "cache_gb", None)
     cache_gb = cache_gb if cache_gb is not None else _CACHE_GB.get(args.command, 0.0)
     max_sequences = getattr(args, "max_sequences", None)
@@ -78,8 +77,7 @@ def _load(args: argparse.Namespace):
         print("metalqwen: --draft: one sequence at a time (DFlash does not batch yet: requests take turns; "
               "docs/speculative.md)", file=sys.stderr)
         max_sequences = 1
-    max_sequences = max_sequences if max_sequences is not None else 1 if distributed else _MAX_SEQUENCES.get(
-        args.command, 1)
+    max_sequences = max_sequences if max_sequences is not None else _MAX_SEQUENCES.get(args.command, 1)
     cache_dir, cache_dir_gb = getattr(args, "cache_dir", None), getattr(args, "cache_dir_gb", DISK_CACHE_GB)
     if cache_dir_gb <= 0:
         raise ValueError(f"--cache-dir-gb must be > 0, got {cache_dir_gb}")
@@ -91,7 +89,7 @@ def _load(args: argparse.Namespace):
                 cache_dir=cache_dir, cache_dir_bytes=int(cache_dir_gb * 2**30))
 
 
-# Per command: --cache-gb and --max-sequences when not given (pipelines: --max-sequences 1).
+# Per command: --cache-gb and --max-sequences when not given.
 _CACHE_GB = {"chat": 1.0, "serve": 2.0}
 DISK_CACHE_GB = DEFAULT_BUDGET / 2**30  # --cache-dir-gb
 _MAX_SEQUENCES = {"serve": 4}
@@ -530,8 +528,8 @@ def _serve_http(args: argparse.Namespace, model, images, sock) -> int:
         memory = model.counters()["memory_estimate"] / 2**30
 
         first, end = model.layers if args.distributed else (0, 0)
-        ranks = (f" on rank 0 of {model.group.size} (layers {first}:{end}; requests one at a time across the ranks)"
-                 if args.distributed else "")
+        turns = "; requests one at a time across the ranks" if model.max_sequences == 1 else ""
+        ranks = f" on rank 0 of {model.group.size} (layers {first}:{end}{turns})" if args.distributed else ""
 
         def say_serving() -> None:
             print(f"metalqwen: serving {args.model} on http://{args.host}:{args.port}/ (API under /v1), "
@@ -733,7 +731,7 @@ def parser() -> argparse.ArgumentParser:
                             "per rank, for its layers' states; 0 = off)")
     serve.add_argument("--max-sequences", type=int, default=None,
                        help="requests decoded together, sharing each step's weight stream, 1..8 (default 4, with "
-                            "--distributed or --draft 1; 1 = one "
+                            "--draft 1; 1 = one "
                             "at a time, the others wait); each reserves a KV cache of --max-context tokens and a "
                             "DeltaNet state (counted in the memory checked at load)")
     serve.add_argument("--allowed-image-dir", metavar="DIR", default=None,

@@ -182,6 +182,11 @@ class Runner:
         return self._engine
 
     @property
+    def shared_steps(self):
+        """The engine a batching.Scheduler drives (a pipeline's runner gives one that steps across ranks)."""
+        return self._engine
+
+    @property
     def max_context(self) -> int:
         return self._engine.max_context
 
@@ -235,10 +240,13 @@ class Runner:
         finally:
             if bar:
                 bar.close()
-            key = None if images is None else images.cache_key()
-            for snapshot in taken:
-                self.prefix_cache.add(snapshot, None if key is None else key[:snapshot.position])
+            self.keep(taken, None if images is None else images.cache_key())
         return reuse
+
+    def keep(self, snapshots: list, key=None) -> None:
+        """Puts a prompt's snapshots in the prefix cache (a prompt with images: under its cache ``key``)."""
+        for snapshot in snapshots:
+            self.prefix_cache.add(snapshot, None if key is None else key[:snapshot.position])
 
     def plain_tokens(self, budget: int, sampling: dict) -> Iterator[int]:
         """Slot 0's next tokens, one decode step each (pipelined on the GPU)."""

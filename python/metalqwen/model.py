@@ -191,10 +191,14 @@ class Model:
         """Generates for several prompts together (options as for ``stream``, the same for each):
         up to ``max_sequences`` of them (``load``) share each step; the others wait for a slot.
         Each result equals what ``generate`` gives for that prompt alone."""
-        scheduler = Scheduler(self)
+        scheduler = self.scheduler()
         requests = [scheduler.submit(p, max_tokens, **options) for p in prompts]
         scheduler.run()
         return [r.generation() for r in requests]
+
+    def scheduler(self) -> Scheduler:
+        """A batching.Scheduler of this model's slots (the server's Worker runs one)."""
+        return Scheduler(self)
 
     @property
     def max_sequences(self) -> int:

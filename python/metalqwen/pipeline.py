@@ -26,7 +26,7 @@ from . import speculative as spec
 from .generation import Runner
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = "several sequences at once (max_sequences, generate_batch), mtp_logits, DFlash drafters (draft) and images"
+NOT_YET = "mtp_logits, DFlash drafters (draft), images, and MTP drafts in shared steps (max_sequences > 1)"
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
 
@@ -160,7 +160,8 @@ class PipelineRunner(Runner):
         self._hidden, self._vocab = hidden, vocab
         self._chunk = engine.residual_rows().shape[0]  # rows one step takes at most
         self._last = group.size - 1
-        self._logprobs = None  # of the token shared last, when asked for (see _share_choice)
+        self._logprobs = {}  # per slot: of the token shared last, when asked for (see _share_choice)
+        self._shared_steps = None
 
     def _send_rows(self, rows: np.ndarray, flag: float, trailer: np.ndarray | None = None) -> None:
         """float32 [rows.size + 1 (+ trailer)]: the rows, the flag (and a verify step's drafts)."""
@@ -210,7 +211,24 @@ class PipelineRunner(Runner):
         if not engine.has_head:
             self._send_rows(message[:size], _STOP, message[size + 1:])
 
-    def _share_choice(self, top: int = -1) -> int:
+    @property
+    def shared_steps(self):
+        """The engine a batching.Scheduler drives on this rank (pipeline_steps.RankSteps)."""
+        if self._shared_steps is None:
+            from .pipeline_steps import RankSteps
+
+            self._shared_steps = RankSteps(self)
+        return self._shared_steps
+
+    def rows_in(self, rows: int) -> np.ndarray:
+        """A shared step's rows from the rank before: float32 [rows][hidden]."""
+        return self._receive_rows(rows)[:-1].reshape(rows, self._hidden)
+
+    def rows_out(self, rows: np.ndarray) -> None:
+        """A shared step's output rows to the rank after."""
+        self._send_rows(rows, _GO)
+
+    def _share_choice(self, top: int = -1, slot: int = 0) -> int:
         """The token the last rank chose, now ids[position] on every rank; with ``top`` >= 0
         (Sampling.logprobs) its log-probabilities too, for ``last_logprobs``. The message:
         int32 [1] (the token), or [3 + 2 * top]: the token, its logprob, the count n of top
@@ -219,35 +237,40 @@ class PipelineRunner(Runner):
         size = 1 if top < 0 else 3 + 2 * top
         mine = np.zeros(size, dtype=np.int32) if engine.has_head else None
         if engine.has_head:
-            mine[0] = engine.chosen(0)
+            mine[0] = engine.chosen(slot)
             if top >= 0:
-                logprob, entries = engine.last_logprobs(0)
+                logprob, entries = engine.last_logprobs(slot)
                 n = len(entries)
                 mine[1] = np.array([logprob], dtype=np.float32).view(np.int32)[0]
                 mine[2] = n
                 mine[3:3 + n] = [i for i, _ in entries]
                 mine[3 + top:3 + top + n] = np.array([v for _, v in entries], dtype=np.float32).view(np.int32)
         got = self.group.share(mine, self._last, (size,), np.int32, "sharing the chosen token")
-        self._logprobs = None
+        self._logprobs[slot] = None
         if top >= 0:
             n, values = int(got[2]), got.view(np.float32)
             top_entries = zip(got[3:3 + n], values[3 + top:3 + top + n])
-            self._logprobs = (float(values[1]), [(int(i), float(v)) for i, v in top_entries])
+            self._logprobs[slot] = (float(values[1]), [(int(i), float(v)) for i, v in top_entries])
         token = int(got[0])
         if not engine.has_head:
-            engine.set_chosen(0, token)
+            engine.set_chosen(slot, token)
         return token
 
     def last_logprobs(self, slot: int = 0):
-        return self._logprobs
+        return self._logprobs.get(slot)
 
     def _prefill(self, ids: list[int], sampling: dict, logits: str, snapshot_at: Sequence[int] = (),
                  snapshots: list | None = None) -> list[np.ndarray]:
-        """Feeds ``ids`` from the engine's position, a chunk per step; a chunk also ends at each of
-        ``snapshot_at`` (absolute positions, ascending), after which the state of this rank's layers
-        goes into ``snapshots`` (the engine's own chunks end there too: the same steps alone)."""
-        engine, chosen_by = self._engine, _core.Sampling(**sampling)
-        position = engine.position(0)
+        return self.prefill_slot(0, ids, _core.Sampling(**sampling), snapshot_at, snapshots, logits)
+
+    def prefill_slot(self, slot: int, ids: list[int], chosen_by, snapshot_at: Sequence[int] = (),
+                     snapshots: list | None = None, logits: str = "none") -> list[np.ndarray]:
+        """Feeds ``ids`` to ``slot`` from its position, a chunk per step (``chosen_by``: the
+        _core.Sampling of the choice after the last); a chunk also ends at each of ``snapshot_at``
+        (absolute positions, ascending), after which the state of this rank's layers goes into
+        ``snapshots`` (the engine's own chunks end there too: the same steps alone)."""
+        engine = self._engine
+        position = engine.position(slot)
         ends = [p - position for p in snapshot_at]
         out = []
         start = 0
@@ -257,12 +280,13 @@ class PipelineRunner(Runner):
             asked = logits if engine.has_head else "none"
             # A chunk before the last chooses nothing; the MTP head's last row pairs with the next chunk's first id.
             then = ids[start + size] if start + size < len(ids) else None
-            got = self._through(len(part), lambda: engine.prefill(0, part, chosen_by, logits=asked, snapshot_at=at,
-                                                                  snapshots=snapshots, next_token=then))
+            got = self._through(len(part), lambda: engine.prefill(slot, part, chosen_by, logits=asked,
+                                                                  snapshot_at=at, snapshots=snapshots,
+                                                                  next_token=then))
             if got is not None:
                 out.append(got)
             start += size
-        self._share_choice(sampling.get("logprobs", -1))
+        self._share_choice(chosen_by.logprobs, slot)
         return out
 
     def feed_prompt(self, ids: list[int], sampling: dict, boundaries: Sequence[int] = (), constraint=None,
@@ -271,18 +295,27 @@ class PipelineRunner(Runner):
         reuse, snapshot_at = self.resume(ids, boundaries)
         if constraint is not None and self._engine.has_head:
             constraint.mask(self._engine.token_masks()[0])
-        if self.prefix_cache is None:
-            self._prefill(ids[reuse:], sampling, "none")
-            return reuse
-        self._agree_on_cache(reuse)
         taken = []
         self._prefill(ids[reuse:], sampling, "none", snapshot_at, taken)
-        # Each rank counts a snapshot as the largest rank's part: the same keys kept and evicted everywhere.
-        sizes = self._along_chain(np.array([s.nbytes for s in taken], dtype=np.int64), lambda got, mine:
-                                  np.maximum(got, mine), "sharing the snapshots' sizes")
-        for snapshot, counted in zip(taken, sizes):
-            self.prefix_cache.add(snapshot, counted=int(counted))
+        self.keep(taken)
         return reuse
+
+    def resume(self, ids: list[int], boundaries: Sequence[int] = (), slot: int = 0,
+               images=None) -> tuple[int, list[int]]:
+        # With a prefix cache the ranks then compare what they resume from (see _agree_on_cache).
+        reuse, snapshot_at = super().resume(ids, boundaries, slot, images)
+        if self.prefix_cache is not None:
+            self._agree_on_cache(reuse)
+        return reuse, snapshot_at
+
+    def keep(self, snapshots: list, key=None) -> None:
+        # Each rank counts a snapshot as the largest rank's part: the same keys kept and evicted everywhere.
+        if self.prefix_cache is None or not snapshots:
+            return
+        sizes = self._along_chain(np.array([s.nbytes for s in snapshots], dtype=np.int64), lambda got, mine:
+                                  np.maximum(got, mine), "sharing the snapshots' sizes")
+        for snapshot, counted in zip(snapshots, sizes):
+            self.prefix_cache.add(snapshot, None if key is None else key[:snapshot.position], counted=int(counted))
 
     def _agree_on_cache(self, reuse: int) -> None:
         """DistributedError on every rank unless all resume the prompt at ``reuse`` tokens and hold as
@@ -525,7 +558,7 @@ def package_identity() -> bytes:
 
 def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: int, prefill_layers_per_buffer: int,
               layer_split: str | None, timeout: float, speculation: Callable[[Checkpoint], tuple[str, bool, int]],
-              mtp_hidden: str = "post_norm") -> RankPart:
+              mtp_hidden: str = "post_norm", max_sequences: int = 1) -> RankPart:
     """This rank's part of the model (see ``metalqwen.load(distributed="pipeline")``), once every
     rank has loaded. ``speculation(checkpoint)``: (mode, whether the MTP head loads, most drafts
     per step), as ``loading.load`` decides them; the last rank holds the head."""
@@ -549,15 +582,16 @@ def load_rank(path, *, device, max_context: int, kv_bits: int, prefill_chunk: in
     last = group.size - 1
     head_tensors = {**desc["tensors"], **desc["mtp"]} if with_mtp else desc["tensors"]  # the last rank's
     needs = [_core.estimate_memory(desc["dims"], head_tensors if rank == last else desc["tensors"], max_context,
-                                   kv_bits, prefill_chunk, first_layer=first, end_layer=end, max_draft=max_draft,
-                                   mtp=with_mtp and rank == last) for rank, (first, end) in enumerate(split)]
+                                   kv_bits, prefill_chunk, max_sequences=max_sequences, first_layer=first,
+                                   end_layer=end, max_draft=max_draft, mtp=with_mtp and rank == last)
+             for rank, (first, end) in enumerate(split)]
     check_fits(split, needs, memory)
     first, end = split[group.rank]
     mine = group.rank == last
     failure = None
     try:
         engine = _core.Engine(dev._native, desc["dims"], head_tensors if mine else desc["tensors"], max_context,
-                              kv_bits, prefill_chunk, max_draft=max_draft, progress=None, max_sequences=1,
+                              kv_bits, prefill_chunk, max_draft=max_draft, progress=None, max_sequences=max_sequences,
                               prefill_layers_per_buffer=prefill_layers_per_buffer, first_layer=first, end_layer=end,
                               mtp=with_mtp and mine, mtp_hidden=mtp_hidden)
     except Exception as e:

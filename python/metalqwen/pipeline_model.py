@@ -12,7 +12,9 @@ import numpy as np
 from . import arguments, pipeline, speculative as spec
 from .errors import EngineError
 from .generation import Chunk, Generation, Prompt, Request
+from .batching import Scheduler
 from .model import Model
+from .pipeline_rounds import FollowingRounds, LeadingScheduler
 from .prefix_cache import PrefixCache
 
 __all__ = ["PipelineModel"]
@@ -97,7 +99,10 @@ class PipelineModel(Model):
             raise ValueError("[distributed] rank 0 leads: follow() is for the other ranks")
         handlers = {"stream": self._follow_stream, "score": lambda m: self.runner.score(m["ids"]),
                     "reset": lambda m: self._engine.reset(0),
+                    "generate_batch": lambda m: self._batch(m["prompts"], m["max_tokens"], m["options"]),
+                    "round": lambda m: rounds.round(m),
                     "hop_seconds": lambda m: self.runner.hop_seconds(m["repeats"])}
+        rounds = FollowingRounds(self)  # the server's rounds (LeadingScheduler), if rank 0 serves several at once
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
@@ -127,6 +132,10 @@ class PipelineModel(Model):
             tokens = self.runner.plain_tokens(message["budget"], sampling)
         for _ in tokens:
             pass
+
+    def scheduler(self) -> Scheduler:
+        """Rank 0 leading (the server): a Scheduler whose rounds the other ranks follow."""
+        return LeadingScheduler(self) if self._leading else Scheduler(self)
 
     def reset(self) -> None:
         if self._leading:
@@ -159,7 +168,30 @@ class PipelineModel(Model):
         yield from super()._run(request)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
-        self._refuse("generate_batch")
+        """Model.generate_batch across the ranks: every rank runs the same Scheduler (its decisions
+        follow the tokens, which every rank gets), each shared step's rows going along the ranks
+        (pipeline_steps.RankSteps). Prompt-lookup (host) drafts only."""
+        if self.group.size > 1 and self.max_sequences < 2:
+            raise EngineError("[distributed] generate_batch across ranks needs load(max_sequences=2 or more) "
+                              "(with one slot, call generate for each prompt)")
+        drafter = options.get("speculative")
+        if not isinstance(drafter, (str, type(None))):  # each rank's own Drafter drafts (it must draft alike)
+            if self._leading:
+                raise EngineError("[distributed] generate_batch led by rank 0 takes speculative='lookup' or 'off' "
+                                  "(a Drafter object cannot be sent to the other ranks)")
+            drafter = type(drafter).__name__
+        self._call("generate_batch", prompts=list(prompts), max_tokens=max_tokens,
+                   options={**options, "speculative": drafter} if "speculative" in options else options)
+        return self._batch(prompts, max_tokens, options)
+
+    def _batch(self, prompts, max_tokens: int, options: dict) -> list[Generation]:
+        scheduler = Scheduler(self)  # on every rank (led: rank 0 sent the call)
+        requests = [scheduler.submit(p, max_tokens, **options) for p in prompts]
+        if self.group.size > 1 and any(isinstance(r.request.drafter, spec.MtpHead) for r in requests):
+            raise EngineError("[distributed] MTP drafts in shared steps across ranks are not supported: "
+                              "speculative='lookup' or 'off' for generate_batch")
+        scheduler.run()
+        return [r.generation() for r in requests]
 
     def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         self._refuse("mtp_logits")

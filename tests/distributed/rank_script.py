@@ -6,6 +6,8 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
     run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
     mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts and a JSON schema, in lockstep
               and led by rank 0
+    batch     max_sequences=3: generate_batch of BATCH (greedy with drafts, seeded sampled, a JSON schema), in
+              lockstep and led by rank 0
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
     hang      rank 1 stops answering in the middle of a stream (sleeps)
     kill      rank 1 dies (SIGKILL) in the middle of a stream
@@ -42,7 +44,11 @@ CACHE_BYTES = 2 * (82432 + 10240) + (82432 + 13312) + (82432 + 6144) // 2
 # Prompts after PROMPT (snapshotted at 6 and 10): the first resumes at 6, the second at 10.
 CACHED = [PROMPT[:6] + [400, 401, 402, 403], PROMPT + [11, 12, 13]]
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (steps of this model take well under 1 s)
+# The "batch" scenario's prompts: the second, read 8 tokens a step (max_rows) while the first
+# decodes, repeats itself (prompt lookup drafts from it); the third waits for a slot's turn in order.
+BATCH = [PROMPT, [5, 17, 300, 42, 8, 99, 5, 17, 300, 42, 8, 99, 123, 5, 17, 300, 42, 8, 99, 123, 7, 5, 17, 300,
+                  42, 8, 99, 5, 17, 300], PROMPT[:4]]
+TIMEOUT = 4.0  # distributed_timeout of the failure scenarios (the others: 60 s, for a loaded CI machine)
 
 
 def run(model, out: str) -> dict:
@@ -79,6 +85,24 @@ def mtp(model, out: str) -> dict:
             "weight_bytes": model.counters()["weight_bytes"]}
 
 
+def batch(model, out: str) -> dict:
+    """generate_batch of BATCH across the ranks: plain, greedy with drafts, seeded sampled (prompts resumed
+    from the prefix cache), under a JSON schema, then led by rank 0."""
+    plain = [g.tokens for g in model.generate_batch(BATCH, max_tokens=12, speculative="off")]
+    before = model.counters()
+    greedy = [g.tokens for g in model.generate_batch(BATCH, max_tokens=12, speculative=HalfRight.of(BATCH, plain))]
+    after = model.counters()
+    sampled = model.generate_batch(BATCH, max_tokens=8, **SAMPLED)
+    constrained = [g.tokens for g in model.generate_batch(BATCH, max_tokens=8, json_schema=SCHEMA)]
+    led = model.lead_with(lambda: [g.tokens for g in model.generate_batch(BATCH, max_tokens=6)])
+    return {"plain": plain, "greedy": greedy, "sampled": [g.tokens for g in sampled], "led": led,
+            "constrained": constrained,
+            "reused": [g.stats.prompt_tokens_reused for g in sampled],
+            "keys": sorted(len(k) for k in model.prefix_cache.keys()),
+            "drafted": after["drafted"] - before["drafted"],
+            "accepted": after["accepted"] - before["accepted"]}
+
+
 def cached(model) -> dict:
     """PROMPT with a snapshot at 6 (and its end), then the CACHED prompts resuming from the cache:
     their greedy tokens and logprobs, tokens reused, and the cache's keys and evictions."""
@@ -100,6 +124,17 @@ class HalfRight:
 
     def __init__(self, prompt: int, plain: list[int]):
         self.prompt, self.plain = prompt, plain
+
+    @staticmethod
+    def of(prompts: list[list[int]], plains: list[list[int]]):
+        """One drafter for several prompts (generate_batch's): each history's own HalfRight."""
+        known = {tuple(p): HalfRight(len(p), plain) for p, plain in zip(prompts, plains)}
+
+        class Batch:
+            def draft(self, history, k):
+                return next(d for p, d in known.items() if tuple(history[:len(p)]) == p).draft(history, k)
+
+        return Batch()
 
     def draft(self, history, k):
         drafts = list(self.plain[len(history) - self.prompt:][:k])
@@ -136,24 +171,25 @@ def chat_args(path: str) -> list[str]:
             "--temperature", "0", "--no-think"]
 
 
-def serve_args(path: str, port: str) -> list[str]:
+def serve_args(path: str, port: str, timeout: float) -> list[str]:
     return ["serve", "-m", path, "--device", "cpu", "--max-context", "64", "--kv-bits", "16", "--port", port,
-            "--log-level", "warning", "--distributed", "pipeline", "--distributed-timeout", str(TIMEOUT)]
+            "--log-level", "warning", "--distributed", "pipeline", "--distributed-timeout", str(timeout)]
 
 
 def hang_in_second_request() -> None:
-    """Rank 1 of serve-hang: the second call it follows sleeps (mlx.launch SIGTERMs it once rank 0 exits)."""
-    from metalqwen.pipeline_model import PipelineModel
+    """Rank 1 of serve-hang: the round that brings it the second request sleeps (mlx.launch SIGTERMs it
+    once rank 0 exits)."""
+    from metalqwen.pipeline_rounds import FollowingRounds
 
-    follow, calls = PipelineModel._follow_stream, []
+    follow, submitted = FollowingRounds.round, []
 
     def hanging(self, message):
-        calls.append(message)
-        if len(calls) == 2:
+        submitted.extend(c for c in message["changes"] if c[0] == "submit")
+        if len(submitted) == 2:
             time.sleep(60)
         follow(self, message)
 
-    PipelineModel._follow_stream = hanging
+    FollowingRounds.round = hanging
 
 
 def command(path: str, out: str, scenario: str, extra: list[str]) -> list[str]:
@@ -166,7 +202,7 @@ def command(path: str, out: str, scenario: str, extra: list[str]) -> list[str]:
                 "--distributed", "pipeline", "--json", os.path.join(out, "bench.json"), *extra]
     if scenario == "serve-hang" and os.environ["MLX_RANK"] == "1":
         hang_in_second_request()
-    return serve_args(path, extra[0])
+    return serve_args(path, extra[0], TIMEOUT if scenario == "serve-hang" else 60)
 
 
 def run_cli(path: str, out: str, scenario: str, extra: list[str]) -> int:
@@ -187,13 +223,15 @@ def main(path: str, out: str, scenario: str, *extra: str) -> int:
     started = time.monotonic()
     try:
         options = {**OPTIONS, "speculative": "auto"} if scenario == "mtp" else OPTIONS
+        if scenario == "batch":
+            options = {**options, "max_sequences": 3}
         model = metalqwen.load(path, **options, distributed="pipeline",
-                               prefix_cache_bytes=CACHE_BYTES if scenario == "run" else 0,
-                               distributed_timeout=60 if scenario == "run" else TIMEOUT,
+                               prefix_cache_bytes={"run": CACHE_BYTES, "batch": 2**20}.get(scenario, 0),
+                               distributed_timeout=TIMEOUT if scenario in ("hang", "kill") else 60,
                                layer_split="0:3,2:4" if scenario == "badsplit" else None)
         rank = model.rank
         started = time.monotonic()
-        scenarios = {"run": run, "mtp": mtp}
+        scenarios = {"run": run, "mtp": mtp, "batch": batch}
         result = scenarios[scenario](model, out) if scenario in scenarios else fail_mid_stream(model, scenario)
     except Exception as e:  # reported in the result file
         result = {"error": type(e).__name__, "message": str(e)}

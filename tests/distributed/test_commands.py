@@ -3,6 +3,7 @@ reads the terminal, measures or serves, rank 1 follows its calls (prompt-lookup 
 as by default); the answers are the single process's, and a rank that hangs makes the server
 answer 503 and exit non-zero."""
 
+import concurrent.futures
 import contextlib
 import io
 import json
@@ -140,10 +141,34 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     assert want["choices"][0]["message"]["content"].startswith("{"), want  # JSON (whitespace allowed)
     got = client.chat.completions.create(**asked, extra_body={"chat_template_kwargs": no_thinking})
     assert got.choices[0].message.content == want["choices"][0]["message"]["content"]
+    # Two requests at once share the steps across the ranks (--max-sequences 4 by default): fewer
+    # steps than tokens, and each gets its single request's answer.
+    asks = [{**CHAT, "max_tokens": 16}, {**CHAT, "messages": [{"role": "user", "content": "What next?"}]}]
+    answers = [reference.post("/v1/chat/completions", json=ask).json() for ask in asks]
+    wants = [answer["choices"][0]["message"] for answer in answers]
+    before = metrics(port)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        gots = list(pool.map(lambda ask: client.chat.completions.create(**ask).choices[0].message, asks))
+    after = metrics(port)
+    for got, want in zip(gots, wants):
+        assert got.content == want["content"]
+        assert (got.model_extra or {}).get("reasoning_content") == want.get("reasoning_content")
+    generated = after["generated_tokens_total"] - before["generated_tokens_total"]
+    assert generated == sum(answer["usage"]["completion_tokens"] for answer in answers) > 16
+    assert after["engine_steps_total"] - before["engine_steps_total"] < generated - 3
     os.kill(int((launch.out / "rank0.pid").read_text()), signal.SIGTERM)
     first, second = launch.results()
     assert first["code"] == second["code"] == 0, (first, second)
+    assert "4 sequence slot(s)" in first["stderr"] and "one at a time" not in first["stderr"]
     assert second["stdout"] == second["stderr"] == ""
+
+
+def metrics(port: int) -> dict[str, float]:
+    """The server's /metrics values by name (metalqwen_ taken off)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        lines = page.read().decode().splitlines()
+    return {name[len("metalqwen_"):]: float(value) for name, value in
+            (line.split() for line in lines if line.startswith("metalqwen_"))}
 
 
 def test_serve_answers_503_and_exits_when_a_rank_hangs(tiny, start):

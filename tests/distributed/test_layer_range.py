@@ -103,6 +103,72 @@ def test_the_last_range_drafts_with_the_mtp_head_as_the_whole_model(loud_mtp, de
     assert first.tokens(0) == last.tokens(0) == whole.tokens(0)
 
 
+def shared_step(first, second, entries, prompt=None):
+    """One shared step through both ranges: the first's step rows into the second, whose outcome
+    the first takes (step_accept); the second's tokens per entry (and the prompt's)."""
+    assert first.step(entries, prompt=prompt) == [[]] * (len(entries) + (prompt is not None))
+    rows = sum(1 + len(drafts) for _, drafts, _ in entries) + (len(prompt[1]) if prompt else 0)
+    second.step_rows()[:rows] = first.step_rows()[:rows]
+    got = second.step(entries, prompt=prompt)
+    first.step_accept([(slot, len(t) - 1, t[-1]) for (slot, _, _), t in zip(entries, got)],
+                      prompt_token=got[-1][0] if prompt and prompt[3] else None)
+    return got
+
+
+def test_a_shared_step_through_two_ranges_gives_the_whole_models_bits(tiny, device):
+    """Three slots: a greedy one with drafts half right, a sampled one, and a prompt joining a
+    chunk per step; over several rounds the tokens, then the states (the logits of one more
+    token), are the whole engine's bit for bit."""
+    desc = metalqwen.load_checkpoint(tiny).describe()
+
+    def engine(first=0, end=-1):
+        return _core.Engine(device._native, desc["dims"], desc["tensors"], 64, 16, 4, max_draft=3, max_sequences=3,
+                            first_layer=first, end_layer=end)
+
+    whole, first, second = engine(), engine(0, 2), engine(2, 4)
+    needs = _core.estimate_memory(desc["dims"], desc["tensors"], 64, 16, 4, max_sequences=3, first_layer=0,
+                                  end_layer=2, max_draft=3)
+    assert needs["total"] == first.counters()["memory_estimate"]  # step_rows counted
+    assert first.step_rows().shape == (first.max_step_rows + first.max_rows, 128)
+    greedy, sampled = _core.Sampling(), _core.Sampling(temperature=0.8, seed=3)
+    whole.prefill(0, PROMPT)
+    whole.decode_begin(0, 12)
+    future = [whole.chosen(0)] + [whole.decode_next() for _ in range(12)][1:]
+    whole.decode_end()
+    whole.reset(0)
+    for slot, prompt, sampling in ((0, PROMPT, greedy), (1, PROMPT[3:], sampled)):
+        whole.prefill(slot, prompt, sampling)
+        for start in range(0, len(prompt), 4):
+            part = prompt[start:start + 4]
+            through(first, second, len(part), lambda e: e.prefill(slot, part, sampling))
+        first.set_chosen(slot, second.chosen(slot))
+    joining = [9, 8, 7, 6, 5, 4, 3, 2, 1, 11]
+    fed, tokens = 0, {0: [whole.chosen(0)], 1: [whole.chosen(1)], 2: []}
+    for round in range(5):
+        n = len(tokens[0])  # two right drafts, then a wrong one (its rows rolled back)
+        drafts = future[n:n + 2] + [future[n + 2] + 1] if round % 2 == 0 else []
+        entries = [(0, drafts, greedy), (1, [], sampled)]
+        prompt = None
+        if fed < len(joining):
+            part = joining[fed:fed + 4]
+            fed += len(part)
+            prompt = (2, part, greedy, fed == len(joining), False)
+        want = whole.step(entries, prompt=prompt)
+        assert shared_step(first, second, entries, prompt) == want
+        for slot, got in zip((0, 1, 2), want):
+            tokens[slot] += got
+        if round % 2 == 0:
+            assert len(want[0]) == 3  # two drafts accepted
+    assert len(tokens[2]) == 1 and tokens[0] == future[:len(tokens[0])]
+    for slot in range(3):
+        assert first.tokens(slot) == second.tokens(slot) == whole.tokens(slot)
+        assert first.chosen(slot) == second.chosen(slot) == whole.chosen(slot)
+        want = whole.prefill(slot, [whole.chosen(slot)], logits="last")
+        got = through(first, second, 1, lambda e: e.prefill(slot, [e.chosen(slot)],
+                                                          logits="last" if e.has_head else "none"))[1]
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_each_range_holds_only_its_tensors(engines, tiny):
     whole, first, second, _ = engines
     desc = metalqwen.load_checkpoint(tiny).describe()
@@ -133,8 +199,12 @@ def test_range_refusals(engines):
         first.prefill(0, PROMPT[:4], logits="last")
     with pytest.raises(EngineError, match="takes one step per decode"):
         first.decode_begin(0, 3)
-    with pytest.raises(EngineError, match=r"a shared step needs the whole model; this engine runs layers \[0, 2\)"):
+    with pytest.raises(EngineError, match=r"an engine of a layer range takes shared steps with max_sequences > 1"):
         first.step([(0, [], _core.Sampling())])
+    with pytest.raises(EngineError, match="no shared step waits for the head's outcome"):
+        first.step_accept([(0, 0, 1)])
+    with pytest.raises(EngineError, match="the engine with the head accepts by itself"):
+        second.step_accept([(0, 0, 1)])
 
 
 def test_split_parsing_and_fit():
@@ -156,8 +226,8 @@ def test_split_parsing_and_fit():
 
 
 def test_load_refuses_what_pipelines_do_not_run_yet(tiny):
-    with pytest.raises(ValueError, match="does not yet take max_sequences"):
-        metalqwen.load(tiny, distributed="pipeline", max_sequences=2)
+    with pytest.raises(ValueError, match="with max_sequences > 1 drafts with prompt lookup only"):
+        metalqwen.load(tiny, distributed="pipeline", max_sequences=2, speculative="mtp")
     with pytest.raises(metalqwen.CheckpointError, match="speculative='mtp', but"):  # no head in the folder
         metalqwen.load(tiny, distributed="pipeline", speculative="mtp")
     with pytest.raises(ValueError, match="layer_split needs distributed='pipeline'"):
@@ -187,9 +257,12 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
             cold.append([[c.token, c.logprob, [list(e) for e in c.top_logprobs]]
                          for c in alone.stream(ids, max_tokens=4, logprobs=3) if c.token is not None])
         assert cached["reused"] == [6, 10] and cached["cached"] == cold
-        for what, call in [("mtp_logits", lambda: model.mtp_logits(PROMPT)),
-                           ("generate_batch", lambda: model.generate_batch([PROMPT]))]:
-            with pytest.raises(EngineError, match=f"{what} is not yet supported with distributed='pipeline'"):
-                call()
+        with pytest.raises(EngineError, match="mtp_logits is not yet supported with distributed='pipeline'"):
+            model.mtp_logits(PROMPT)
+        # Shared steps (one rank: the whole engine's) through the pipeline's Scheduler engine.
+        batched = metalqwen.load(tiny, **options, distributed="pipeline", max_sequences=2, speculative="lookup")
+        prompts = [PROMPT, PROMPT[:4] * 3, PROMPT[2:]]
+        assert ([g.tokens for g in batched.generate_batch(prompts, max_tokens=6)]
+                == [alone.generate(p, max_tokens=6).tokens for p in prompts])
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -70,6 +70,29 @@ def test_ranks_match_one_process(tiny, launch, single, ranks):
         assert got["weight_bytes"] == range_bytes(tiny, first, end) < single["weight_bytes"]
 
 
+def test_batched_steps_across_ranks_match_one_process(tiny, launch):
+    """generate_batch across 3 ranks (every rank calling, then rank 0 leading): a prompt read a
+    chunk per shared step while another decodes, drafts accepted and refused, a third prompt
+    waiting for a slot, prompts resumed from the prefix cache, a JSON schema's masks: the single
+    process's generate_batch (cold), and each prompt's tokens alone."""
+    alone = metalqwen.load(tiny, **rank_script.OPTIONS, max_sequences=3)
+    batch = rank_script.BATCH
+    greedy = [g.tokens for g in alone.generate_batch(batch, max_tokens=12, speculative="off")]
+    assert greedy == [alone.generate(p, max_tokens=12, speculative="off").tokens for p in batch]
+    sampled = [g.tokens for g in alone.generate_batch(batch, max_tokens=8, **rank_script.SAMPLED)]
+    constrained = [g.tokens for g in alone.generate_batch(batch, max_tokens=8, json_schema=rank_script.SCHEMA)]
+    led = [g.tokens for g in alone.generate_batch(batch, max_tokens=6)]
+    results = launch(tiny, "batch", 3)
+    for rank, got in enumerate(results):
+        assert "error" not in got, got
+        assert got["plain"] == got["greedy"] == greedy and got["sampled"] == sampled
+        assert got["constrained"] == constrained  # the last rank masks each choice
+        assert got["led"] == (led if rank == 0 else None)  # the followers return nothing
+        assert 0 < got["accepted"] < got["drafted"], got
+        assert got["reused"] == results[0]["reused"] and max(got["reused"]) > 0, got
+        assert got["keys"] == results[0]["keys"]  # every rank kept the same snapshots
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_moe_with_an_mtp_head_across_ranks(tiny_moe_mtp, launch, ranks):
     """The MoE checkpoint's logits and tokens, bit for bit; MTP drafts made by the last rank, fed by

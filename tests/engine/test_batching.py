@@ -405,7 +405,7 @@ def test_snapshots_a_joining_prompt_takes_resume_exactly(demo, device, batched, 
     scheduler.step()
     seq = scheduler.submit(system + [7, 8, 9], max_tokens=3, boundaries=[20])  # chunks 8 + 8 + 4, then 3
     scheduler.run()
-    positions = sorted(s.position for s in m.runner.prefix_cache._entries.values())
+    positions = sorted(len(key) for key in m.runner.prefix_cache.keys())  # keys: the token prefixes
     assert positions == [len(prompts[0]), 20, 23]  # the other's whole prompt (fed alone), this one's two
     assert other.output.tokens == alone(batched, prompts[0], max_tokens=8)[0]
     assert seq.output.tokens == alone(batched, system + [7, 8, 9], max_tokens=3)[0]

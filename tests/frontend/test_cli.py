@@ -416,7 +416,7 @@ def test_serve_passes_max_sequences_to_the_load(monkeypatch):
     assert loads == [4, 1, 1]  # serve: 4 unless told; generate and chat: one sequence
 
 
-def test_distributed_commands_leave_off_batching_which_pipelines_do_not_run_yet(monkeypatch):
+def test_distributed_commands_take_the_single_machine_defaults(monkeypatch):
     loads = []
     monkeypatch.setattr("metalqwen.loading.load", lambda *args, **kwargs: loads.append(kwargs))
     for argv in (["serve", "-m", "x"], ["chat", "-m", "x"], ["serve", "-m", "x", "--distributed", "pipeline"],
@@ -424,7 +424,7 @@ def test_distributed_commands_leave_off_batching_which_pipelines_do_not_run_yet(
         cli._load(cli.parser().parse_args(argv))
     got = [(k["prefix_cache_bytes"] / 2**30, k["max_sequences"], k["speculative"], k["distributed_timeout"])
            for k in loads]
-    assert got == [(2, 4, "auto", 60), (1, 1, "auto", 60), (2, 1, "auto", 60), (1, 1, "auto", 5)]
+    assert got == [(2, 4, "auto", 60), (1, 1, "auto", 60), (2, 4, "auto", 60), (1, 1, "auto", 5)]
 
 
 def test_serve_on_a_busy_port_fails_in_one_line_before_loading(tmp_path, capfd):

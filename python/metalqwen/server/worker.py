@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..batching import Scheduler, Sequence
+from ..batching import Sequence
 from ..errors import DistributedError
 from ..model import Model
 
@@ -76,7 +76,7 @@ class Worker:
         self._closing = False
         self._lock = threading.RLock()  # drain() may run in a signal handler that interrupted submit()
         batched = model.max_sequences > 1
-        self._scheduler = Scheduler(model) if batched else None
+        self._scheduler = model.scheduler() if batched else None
         self._thread = threading.Thread(target=self._run_batched if batched else self._run, name="metalqwen-engine",
                                         daemon=True)
         self._thread.start()
@@ -158,6 +158,9 @@ class Worker:
                         scheduler.cancel(seq)
                 try:
                     scheduler.step()
+                except DistributedError as e:  # a rank is gone: no request can run any more
+                    self._fail(e, active)
+                    active.clear()
                 except Exception as e:  # handed to every request of the failed step
                     for job, seq in active.values():
                         job.error = e
@@ -175,6 +178,15 @@ class Worker:
                 scheduler.cancel(seq)
                 job.error = job.error or ShuttingDown("the server is shutting down")
                 self._done(job)
+
+    def _fail(self, error: DistributedError, active: dict) -> None:
+        """A pipeline rank failed in a shared step: its jobs end with the error, the server stops."""
+        for job, _ in active.values():
+            job.error = error
+            self._done(job)
+        self.drain(error)
+        if self.on_fatal:
+            self.on_fatal(error)
 
     def _generate(self, job: Job) -> None:
         try:
