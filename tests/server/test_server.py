@@ -377,15 +377,16 @@ def test_omitted_sampling_fields_take_the_generation_config(client, model, demo)
     assert want.text != model.generate("Once", max_tokens=8, temperature=0).text  # not greedy
 
 
-def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
+@pytest.mark.parametrize("log_level", [[], ["--log-level", "warning"]], ids=["default", "warning"])
+def test_the_serve_command_answers_logs_and_stops_on_ctrl_c(demo, device, log_level):
     import signal
     import subprocess
     import sys
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "metalqwen.cli", "serve", "-m", demo, "--device", device.kind,
-                             "--port", str(port), "--max-context", "256"], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             "--port", str(port), "--max-context", "256", *log_level], stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         said = proc.stderr.readline()  # nothing else is printed before it (no progress off a terminal)
         assert "serving " in said and "4 sequence slot(s) of 256 tokens" in said, said + proc.stderr.read()
@@ -395,6 +396,8 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
         assert proc.wait(timeout=60) == 0
         said += proc.stderr.read()
         assert "Traceback" not in said
+        # A line per request on stderr at the default level; --log-level warning keeps only errors.
+        assert ("metalqwen: GET /health 200 " in said) == (not log_level), said
     finally:
         proc.kill()
         proc.stderr.close()
