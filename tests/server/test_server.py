@@ -234,6 +234,12 @@ def test_logprobs_out_of_range_are_400_naming_the_field(server):
     ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 5}, "n"),  # more choices than the queue takes (4)
     ({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"messages": [{"role": "user", "content": "hi"}], "web_search_options": {}}, "web_search_options"),
+    ({"messages": [{"role": "user", "content": "hi"}], "moderation": {"model": "omni-moderation-latest"}},
+     "moderation"),
+    ({"messages": [{"role": "user", "content": "hi"}], "verbosity": "low"}, "verbosity"),
+    ({"messages": [{"role": "user", "content": "hi"}], "prediction": {"type": "content", "content": "x"}},
+     "prediction"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
@@ -249,7 +255,7 @@ def test_reasoning_effort_turns_thinking_off_and_unknown_fields_are_ignored(clie
     off = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0,
                                          reasoning_effort="none", extra_body={"some_future_field": 1})
     on = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0,
-                                        reasoning_effort="high")
+                                        reasoning_effort="xhigh", extra_body={"verbosity": "medium"})
     # Thinking off: the template closes the thinking block in the prompt, so the answer is content.
     assert off.usage.prompt_tokens > on.usage.prompt_tokens
     assert not getattr(off.choices[0].message, "reasoning_content", None) and on.choices[0].message.reasoning_content
