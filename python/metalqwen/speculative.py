@@ -136,12 +136,15 @@ class DepthPolicy:
 
     def cost(self, k: int) -> float:
         """A verify step of k drafts, in plain steps: measured when both are, else modelled; with
-        ``block``, scaled by the nearest timed depth's measured / modelled cost."""
+        ``block``, scaled by the nearest timed depth's measured / modelled cost. Never below the
+        model: a verify step does a plain step's work and more, so a lower measurement is noise (plain
+        tokens timed while the machine was busy), and it would make a never-accepting drafter pay."""
+        modelled = self.modelled_cost(k)
         if not self._plain_seconds or not self._verify_seconds or not (self.block or k in self._verify_seconds):
-            return self.modelled_cost(k)
+            return modelled
         timed = min(self._verify_seconds, key=lambda j: (abs(j - k), j))
         measured = self._verify_seconds[timed] / self._plain_seconds
-        return measured if timed == k else self.modelled_cost(k) * measured / self.modelled_cost(timed)
+        return modelled * max(1.0, measured / self.modelled_cost(timed))
 
     def speedup(self, k: int) -> float:
         """Tokens per plain-step cost at depth k (a plain step: 1)."""

@@ -424,6 +424,22 @@ def test_policy_weighs_the_measured_cost_of_a_verify_step():
     assert spec.DepthPolicy(max_depth=3).cost(2) == pytest.approx(1 + 2 * 0.04 + 0.03)
 
 
+def test_a_verify_step_timed_below_a_plain_one_does_not_keep_a_never_right_drafter_on():
+    # Plain tokens timed while the machine was busy (2 s) look dearer than verify steps (1 s):
+    # the measured cost (0.5 plain steps) alone would make drafting pay at any acceptance.
+    policy = spec.DepthPolicy(max_depth=4)
+    policy.observe_plain(16, 32.0)
+    for k in (1, 2, 3, 4):
+        policy.observe_verify(k, 1.0)
+    assert policy.cost(2) == pytest.approx(policy.modelled_cost(2)), "never below the model"
+    depths = []
+    while len(depths) < 40 and (not depths or depths[-1]):
+        depths.append(policy.depth())
+        if depths[-1]:
+            policy.update(depths[-1], 0)  # nothing accepted
+    assert depths[-1] == 0 and len(depths) <= 10, depths
+
+
 class _NeverRight:
     """A drafter whose drafts are never accepted."""
 

@@ -5,6 +5,7 @@ process (`_call`), which prints and returns what the process would."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -211,7 +212,7 @@ def test_chat_commands_and_a_multi_line_message(demo, device):
     assert sizes[3] > sizes[2] and "reused" not in reports[3], "/system adds a system message to a fresh start"
 
 
-def test_a_block_pasted_into_the_chat_terminal_is_one_message(demo, device, tmp_path):
+def test_the_chat_terminal_edits_lines_keeps_history_and_takes_a_pasted_block_as_one_message(demo, device, tmp_path):
     import shutil
 
     if shutil.which("tmux") is None:
@@ -237,10 +238,16 @@ def test_a_block_pasted_into_the_chat_terminal_is_one_message(demo, device, tmp_
         tmux("paste-buffer", "-p", "-t", session)  # bracketed, as a terminal pastes
         tmux("send-keys", "-t", session, "Enter")
         assert wait(lambda: "prompt: " in screen()), screen()
-        tmux("send-keys", "-t", session, "/exit", "Enter")
+        # Line editing (readline): "ello", Ctrl-A to the line's start, "h" makes "hello"; then Up
+        # recalls it from the history. A plain terminal would show "ello^Ah" and "^[[A" instead.
+        tmux("send-keys", "-t", session, "ello", "C-a", "h", "Enter")
+        assert wait(lambda: screen().count("prompt: ") == 2), screen()
+        tmux("send-keys", "-t", session, "Up")
+        assert wait(lambda: screen().rstrip().splitlines()[-1] == "> hello"), screen()
+        tmux("send-keys", "-t", session, "C-u", "/exit", "Enter")
         assert wait(lambda: tmux("display", "-p", "-t", session, "#{pane_dead}").stdout.strip() == "1"), screen()
         reports = [line for line in screen().splitlines() if line.startswith("prompt: ")]
-        assert len(reports) == 1, screen()
+        assert len(reports) == 2, screen()
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)
 
@@ -325,15 +332,18 @@ def test_demo_hf_writes_an_original_that_converts_and_drafts_with_its_mtp_head(d
     assert plain.stdout == spec.stdout
 
 
-def test_demo_prints_its_prompt_and_removes_its_checkpoint(device, tmp_path, capfd):
+def test_demo_prints_its_prompt_stops_soon_and_removes_its_checkpoint(device, tmp_path, capfd):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = _run("demo", "--device", device.kind, "--max-tokens", "4", env={"TMPDIR": str(tmp)})  # a process: its TMPDIR
     assert out.returncode == 0, out.stderr
     assert "> Hello! Who are you?" in out.stdout and "tok/s" in out.stderr
     assert list(tmp.iterdir()) == []
-    out = _call(capfd, "demo", "--device", device.kind, "--max-tokens", "4", "--keep", str(tmp_path / "kept"))
+    out = _call(capfd, "demo", "--device", device.kind, "--keep", str(tmp_path / "kept"))
     assert out.returncode == 0 and (tmp_path / "kept" / "config.json").is_file()
+    # Random weights ramble until max_tokens: the default stops them within a few seconds.
+    decoded = int(out.stderr.split("decode: ")[1].split()[0])
+    assert decoded <= 32 and "stopped: max tokens" in out.stderr, out.stderr
 
 
 def _bench(run, demo, device, tmp_path, *args):
@@ -524,6 +534,25 @@ def test_thinking_can_be_turned_off_or_hidden(demo, device, capfd):
     assert hidden.stdout.strip() in thinking.stdout and len(hidden.stdout) < len(thinking.stdout)
     bad = _call(capfd, *common, "--chat-template-kwargs", "[1]")
     assert bad.returncode == 2 and "must be a JSON object" in bad.stderr
+
+
+def test_chat_turns_thinking_off_or_hides_it_as_generate_does(demo, device, capfd, monkeypatch):
+    def run(command, *flags):
+        monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))  # chat's one message (generate reads -p)
+        out = _call(capfd, command, "-m", demo, "--device", device.kind, "--max-tokens", "6", "--temperature", "0",
+                    *(["-p", "hi"] if command == "generate" else []), *flags)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        return out
+
+    prompt_tokens = lambda out: int(out.stderr.split("prompt: ")[1].split()[0])  # noqa: E731
+    thinking, no_think, hidden = run("chat"), run("chat", "--no-think"), run("chat", "--hide-thinking")
+    assert prompt_tokens(no_think) == prompt_tokens(run("generate", "--no-think")) > prompt_tokens(thinking)
+    as_kwargs = run("chat", "--chat-template-kwargs", '{"enable_thinking": false}')
+    assert prompt_tokens(as_kwargs) == prompt_tokens(no_think)
+    # "> " prompts around the answer; hidden, the answer keeps only what follows the thinking.
+    answer = lambda out: out.stdout.removeprefix("> ").removesuffix("> \n")  # noqa: E731
+    assert answer(thinking).strip() and answer(hidden).strip() in answer(thinking)
+    assert len(answer(hidden)) < len(answer(thinking))
 
 
 def test_on_a_terminal_the_thinking_is_dimmed_apart_from_the_answer(capsys):

@@ -234,6 +234,12 @@ def test_logprobs_out_of_range_are_400_naming_the_field(server):
     ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 5}, "n"),  # more choices than the queue takes (4)
     ({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"messages": [{"role": "user", "content": "hi"}], "web_search_options": {}}, "web_search_options"),
+    ({"messages": [{"role": "user", "content": "hi"}], "moderation": {"model": "omni-moderation-latest"}},
+     "moderation"),
+    ({"messages": [{"role": "user", "content": "hi"}], "verbosity": "low"}, "verbosity"),
+    ({"messages": [{"role": "user", "content": "hi"}], "prediction": {"type": "content", "content": "x"}},
+     "prediction"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
@@ -249,7 +255,7 @@ def test_reasoning_effort_turns_thinking_off_and_unknown_fields_are_ignored(clie
     off = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0,
                                          reasoning_effort="none", extra_body={"some_future_field": 1})
     on = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0,
-                                        reasoning_effort="high")
+                                        reasoning_effort="xhigh", extra_body={"verbosity": "medium"})
     # Thinking off: the template closes the thinking block in the prompt, so the answer is content.
     assert off.usage.prompt_tokens > on.usage.prompt_tokens
     assert not getattr(off.choices[0].message, "reasoning_content", None) and on.choices[0].message.reasoning_content
@@ -285,23 +291,32 @@ def test_a_client_gone_mid_stream_stops_the_engine(server, model, client):
     assert r.usage.completion_tokens == 3
 
 
-def test_a_client_gone_mid_stream_still_counts_its_tokens(server):
+@pytest.mark.parametrize("slots", [1, 2], ids=["one-slot", "batched"])
+def test_a_client_gone_mid_stream_still_counts_its_tokens(server, demo, device, slots):
+    # One slot: the worker's plain loop; several (serve's default): the scheduler's cancel.
+    live = server if slots == 1 else LiveServer(create_app(
+        metalqwen.load(demo, device=device, max_context=512, progress=False, max_sequences=slots)))
+
     def generated() -> float:
-        text = httpx.get(server.url + "/metrics").text
+        text = httpx.get(live.url + "/metrics").text
         return next(float(line.split()[1]) for line in text.splitlines()
                     if line.startswith("metalqwen_generated_tokens_total "))
 
-    before = generated()
-    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 400, "temperature": 0, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        for _ in range(4):
-            next(lines)
-    deadline = time.monotonic() + 60
-    while generated() == before:
-        assert time.monotonic() < deadline, "the disconnected request's tokens were never counted"
-        time.sleep(0.2)
-    assert generated() - before >= 2
+    try:
+        before = generated()
+        body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.stream("POST", live.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            events = (line for line in r.iter_lines() if line.startswith("data: "))
+            for _ in range(6):  # the header, then 5 chunks of at least a token each
+                next(events)
+        deadline = time.monotonic() + 60
+        while generated() == before:
+            assert time.monotonic() < deadline, "the disconnected request's tokens were never counted"
+            time.sleep(0.2)
+        assert 5 <= generated() - before < 400
+    finally:
+        if live is not server:
+            live.close()
 
 
 def test_metrics_count_requests_and_tokens(server, client):
@@ -377,15 +392,16 @@ def test_omitted_sampling_fields_take_the_generation_config(client, model, demo)
     assert want.text != model.generate("Once", max_tokens=8, temperature=0).text  # not greedy
 
 
-def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
+@pytest.mark.parametrize("log_level", [[], ["--log-level", "warning"]], ids=["default", "warning"])
+def test_the_serve_command_answers_logs_and_stops_on_ctrl_c(demo, device, log_level):
     import signal
     import subprocess
     import sys
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "metalqwen.cli", "serve", "-m", demo, "--device", device.kind,
-                             "--port", str(port), "--max-context", "256"], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             "--port", str(port), "--max-context", "256", *log_level], stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         said = proc.stderr.readline()  # nothing else is printed before it (no progress off a terminal)
         assert "serving " in said and "4 sequence slot(s) of 256 tokens" in said, said + proc.stderr.read()
@@ -395,6 +411,8 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(demo, device):
         assert proc.wait(timeout=60) == 0
         said += proc.stderr.read()
         assert "Traceback" not in said
+        # A line per request on stderr at the default level; --log-level warning keeps only errors.
+        assert ("metalqwen: GET /health 200 " in said) == (not log_level), said
     finally:
         proc.kill()
         proc.stderr.close()

@@ -209,14 +209,17 @@ class ChatCompletionRequest(_Sampling):
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    # Qwen3.5 thinks or does not: "none"/"minimal" turn thinking off, "low"/"medium"/"high" leave it on.
-    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    # Qwen3.5 thinks or does not: "none"/"minimal" turn thinking off, "low" up to "max" leave it on.
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]] = None
     parallel_tool_calls: Optional[bool] = None  # false: the answer ends at its first tool call
     functions: Optional[list[dict[str, Any]]] = None  # the API's deprecated forms of tools
     function_call: Union[str, dict, None] = None
     modalities: Optional[list[str]] = None
     audio: Optional[dict[str, Any]] = None
     prediction: Optional[dict[str, Any]] = None
+    web_search_options: Optional[dict[str, Any]] = None
+    moderation: Optional[dict[str, Any]] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None  # "medium": OpenAI's default, what Qwen does
 
     @field_validator("top_logprobs")
     @classmethod
@@ -246,6 +249,21 @@ class ChatCompletionRequest(_Sampling):
         if value:
             raise ValueError(f"{info.field_name} is not supported (use tools)" if info.field_name.startswith("function")
                              else f"{info.field_name} is not supported yet")
+        return value
+
+    @field_validator("web_search_options", "moderation")
+    @classmethod
+    def _no_service(cls, value, info):
+        if value is not None:  # even {}: it asks for the service with its defaults
+            raise ValueError(f"{info.field_name} is not supported (no web search or moderation here)")
+        return value
+
+    @field_validator("verbosity")
+    @classmethod
+    def _medium(cls, value):
+        if value not in (None, "medium"):
+            raise ValueError(f"{value!r} is not supported (the model has no verbosity switch; leave it out or "
+                             "'medium')")
         return value
 
     @field_validator("modalities")
