@@ -139,29 +139,17 @@ void Engine::step_accept(const std::vector<SlotOutcome>& outcomes, std::optional
                       " is outside the vocabulary");
   unaccepted_.reset();
   // The rollbacks of encode_verification, with the head's accepted counts: one command buffer.
-  const ModelDims& d = model_.dims;
   Encoder enc(*device_, kernels_, "shared step rollback");
-  std::vector<int> rolled;
-  for (uint32_t i = 0; i < segs.count; ++i) {
-    const StepSegment& g = segs.seg[i];
-    if (g.rows == 1) continue;
-    const DeltaRestoreParams rp{
-        .state_floats = uint32_t(state_words(d)), .state_snap_stride = uint32_t(state_words(d)), .planes = g.rows - 1};
-    for (const LayerWeights& l : layers_) {
-      if (!l.delta) continue;
-      enc.dispatch_threads(*k_.delta_restore,
-                           {l.state.part(int(g.slot)), l.state_snaps.part(int(g.slot)),
-                            Arg(ws_->accepted, size_t(i) * 4), Arg::value(rp)},
-                           {rp.state_floats / 4}, !rolled.empty());
-    }
-    rolled.push_back(int(g.slot));
-  }
-  if (!rolled.empty()) {
+  const bool rolled = encode_rollbacks(enc, segs);
+  if (rolled) {
     Submitted step = commit(enc);
     try {
       wait(step);
     } catch (const gpu::GpuError& e) {
-      throw step_failed("shared step rollback", rolled, e);
+      std::vector<int> slots;  // those whose states were being rolled back
+      for (uint32_t i = 0; i < segs.count; ++i)
+        if (segs.seg[i].rows > 1) slots.push_back(int(segs.seg[i].slot));
+      throw step_failed("shared step rollback", slots, e);
     }
   }
   for (uint32_t i = 0; i < segs.count; ++i) {
@@ -170,7 +158,7 @@ void Engine::step_accept(const std::vector<SlotOutcome>& outcomes, std::optional
     host_ids(int(segs.seg[i].slot))[q.position] = outcomes[i].next;
     count_verified(segs.seg[i].rows - 1, outcomes[i].accepted);
   }
-  counters_.verify_steps += rolled.empty() ? 0 : 1;
+  counters_.verify_steps += rolled ? 1 : 0;
   if (prompt_token) host_ids(prompt_slot)[sequences_[size_t(prompt_slot)].position] = *prompt_token;
 }
 

@@ -591,6 +591,9 @@ class Engine {
   // ws_->verify_chosen, then spec_accept per segment (ws_->accepted[i]) and the DeltaNet
   // rollbacks (see verify; speculative.cpp).
   void encode_verification(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings);
+  // Each segment with drafts rolls its DeltaNet states back to the row ws_->accepted[i] names (its
+  // index i): one barrier before them all (they are independent). False: no segment has drafts.
+  bool encode_rollbacks(Encoder& enc, const StepSegments& segs);
 
   // ---- MTP head (mtp.cpp, math in mtp.h)
   // For each segment's row r: the pair (row first_row + r of `hidden`, [rows][hidden_stride] f32,

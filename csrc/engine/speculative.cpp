@@ -41,9 +41,12 @@ void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const s
                   Arg::value(ap)},
                  {1}, {k_.spec_accept->threads}, i > 0);
   }
-  // Every rollback is independent of the others': one barrier for all of them.
+  encode_rollbacks(enc, segs);
+}
+
+bool Engine::encode_rollbacks(Encoder& enc, const StepSegments& segs) {
   const ModelDims& d = model_.dims;
-  overlap = false;
+  bool overlap = false;
   for (uint32_t i = 0; i < segs.count; ++i) {
     const StepSegment& g = segs.seg[i];
     if (g.rows == 1) continue;
@@ -58,6 +61,7 @@ void Engine::encode_verification(Encoder& enc, const StepSegments& segs, const s
       overlap = true;
     }
   }
+  return overlap;
 }
 
 void Engine::count_verified(uint32_t drafted, uint32_t accepted) {
@@ -115,18 +119,10 @@ void Engine::verify_accept(int slot, uint32_t drafts, uint32_t accepted, uint32_
   if (drafts > 0) {
     // The rollback of encode_verification, with the head's accepted count written by the host.
     *static_cast<uint32_t*>(ws_->accepted->contents()) = accepted;
-    const ModelDims& d = model_.dims;
-    const DeltaRestoreParams rp{
-        .state_floats = uint32_t(state_words(d)), .state_snap_stride = uint32_t(state_words(d)), .planes = drafts};
+    StepSegments segs{.count = 1};
+    segs.seg[0] = StepSegment{.slot = uint32_t(slot), .rows = drafts + 1};
     Encoder enc(*device_, kernels_, "verify rollback");
-    bool overlap = false;
-    for (const LayerWeights& l : layers_) {
-      if (!l.delta) continue;
-      enc.dispatch_threads(*k_.delta_restore,
-                           {l.state.part(slot), l.state_snaps.part(slot), Arg(ws_->accepted), Arg::value(rp)},
-                           {rp.state_floats / 4}, overlap);
-      overlap = true;
-    }
+    encode_rollbacks(enc, segs);
     commit_and_wait(enc, "verify rollback", slot);
   }
   q.position += int(accepted) + 1;
