@@ -24,6 +24,7 @@ from .distributed import LOAD_TIMEOUT, Group
 from .errors import DistributedError
 from . import speculative as spec
 from .generation import Runner
+from .pipeline_steps import RankSteps, pack_logprobs, unpack_logprobs
 
 # Shown when a call asks for what this stage does not run across ranks.
 NOT_YET = "mtp_logits, DFlash drafters (draft), images, and MTP drafts in shared steps (max_sequences > 1)"
@@ -215,8 +216,6 @@ class PipelineRunner(Runner):
     def shared_steps(self):
         """The engine a batching.Scheduler drives on this rank (pipeline_steps.RankSteps)."""
         if self._shared_steps is None:
-            from .pipeline_steps import RankSteps
-
             self._shared_steps = RankSteps(self)
         return self._shared_steps
 
@@ -231,26 +230,17 @@ class PipelineRunner(Runner):
     def _share_choice(self, top: int = -1, slot: int = 0) -> int:
         """The token the last rank chose, now ids[position] on every rank; with ``top`` >= 0
         (Sampling.logprobs) its log-probabilities too, for ``last_logprobs``. The message:
-        int32 [1] (the token), or [3 + 2 * top]: the token, its logprob, the count n of top
-        entries, then their ids and logprobs (n of top used; logprobs as their float32 bits)."""
+        int32 [1] (the token), or [3 + 2 * top]: the token, then its logprobs (pipeline_steps.pack_logprobs,
+        top wide)."""
         engine = self._engine
         size = 1 if top < 0 else 3 + 2 * top
         mine = np.zeros(size, dtype=np.int32) if engine.has_head else None
         if engine.has_head:
             mine[0] = engine.chosen(slot)
             if top >= 0:
-                logprob, entries = engine.last_logprobs(slot)
-                n = len(entries)
-                mine[1] = np.array([logprob], dtype=np.float32).view(np.int32)[0]
-                mine[2] = n
-                mine[3:3 + n] = [i for i, _ in entries]
-                mine[3 + top:3 + top + n] = np.array([v for _, v in entries], dtype=np.float32).view(np.int32)
+                pack_logprobs(mine[1:], *engine.last_logprobs(slot))
         got = self.group.share(mine, self._last, (size,), np.int32, "sharing the chosen token")
-        self._logprobs[slot] = None
-        if top >= 0:
-            n, values = int(got[2]), got.view(np.float32)
-            top_entries = zip(got[3:3 + n], values[3 + top:3 + top + n])
-            self._logprobs[slot] = (float(values[1]), [(int(i), float(v)) for i, v in top_entries])
+        self._logprobs[slot] = unpack_logprobs(got[1:]) if top >= 0 else None
         token = int(got[0])
         if not engine.has_head:
             engine.set_chosen(slot, token)

@@ -19,9 +19,8 @@ from . import _core
 from .errors import EngineError
 
 # int32 words of one entry's outcome: accepted drafts, next token (-1: none), then its logprobs
-# (1 + their count n, the logprob's bits, MAX_TOP_LOGPROBS ids, as many logprobs' bits; 0: none).
-_TOP = _core.MAX_TOP_LOGPROBS
-_ENTRY = 2 + 2 + 2 * _TOP
+# (pack_logprobs, MAX_TOP_LOGPROBS wide).
+_ENTRY = 2 + 2 + 2 * _core.MAX_TOP_LOGPROBS
 
 
 class RankSteps:
@@ -96,7 +95,7 @@ class RankSteps:
                     mine[i * _ENTRY:i * _ENTRY + 2] = len(tokens) - 1, tokens[-1]
                     found = engine.last_logprobs(slots[i])
                     if found is not None:
-                        _write_logprobs(mine[i * _ENTRY + 2:(i + 1) * _ENTRY], *found)
+                        pack_logprobs(mine[i * _ENTRY + 2:(i + 1) * _ENTRY], *found)
         shared = self._group.share(mine, self._group.size - 1, (size,), np.int32, "sharing a shared step's tokens")
         out, outcomes = [], []
         for i, slot in enumerate(slots):
@@ -106,23 +105,26 @@ class RankSteps:
             if i < len(entries):
                 outcomes.append((slot, accepted, token))
             out.append(list(entries[i][1][:accepted]) + [token] if i < len(entries) else [token] if token >= 0 else [])
-            self._logprobs[slot] = _read_logprobs(shared[i * _ENTRY + 2:(i + 1) * _ENTRY])
+            self._logprobs[slot] = unpack_logprobs(shared[i * _ENTRY + 2:(i + 1) * _ENTRY])
         first = int(shared[-_ENTRY + 1])
         if not engine.has_head:
             engine.step_accept(outcomes, prompt_token=first if prompt is not None and first >= 0 else None)
         return out
 
 
-def _write_logprobs(words: np.ndarray, logprob: float, top: list) -> None:
-    """words int32 [2 + 2 * _TOP]: 1 + count, the logprob's bits, then ids and logprob bits."""
+def pack_logprobs(words: np.ndarray, logprob: float, top: list) -> None:
+    """A chosen token's logprob and ``top`` entries into words int32 [2 + 2 * width]: 1 + their
+    count (0: none), the logprob's float32 bits, then width ids and width logprobs' bits."""
+    width = (words.size - 2) // 2
     words[0] = 1 + len(top)
     words[1] = np.array([logprob], dtype=np.float32).view(np.int32)[0]
     words[2:2 + len(top)] = [i for i, _ in top]
-    words[2 + _TOP:2 + _TOP + len(top)] = np.array([v for _, v in top], dtype=np.float32).view(np.int32)
+    words[2 + width:2 + width + len(top)] = np.array([v for _, v in top], dtype=np.float32).view(np.int32)
 
 
-def _read_logprobs(words: np.ndarray) -> tuple | None:
+def unpack_logprobs(words: np.ndarray) -> tuple | None:
+    """(logprob, [(id, logprob)]) from pack_logprobs' words, or None."""
     if words[0] == 0:
         return None
-    n, values = int(words[0]) - 1, words.view(np.float32)
-    return float(values[1]), [(int(i), float(v)) for i, v in zip(words[2:2 + n], values[2 + _TOP:2 + _TOP + n])]
+    width, n, values = (words.size - 2) // 2, int(words[0]) - 1, words.view(np.float32)
+    return float(values[1]), [(int(i), float(v)) for i, v in zip(words[2:2 + n], values[2 + width:2 + width + n])]
