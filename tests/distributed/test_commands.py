@@ -3,7 +3,6 @@ reads the terminal, measures or serves, rank 1 follows its calls (prompt-lookup 
 as by default); the answers are the single process's, and a rank that hangs makes the server
 answer 503 and exit non-zero."""
 
-import concurrent.futures
 import contextlib
 import io
 import json
@@ -19,6 +18,7 @@ import metalqwen
 from metalqwen import cli
 
 from ..support.require import require
+from ..support.server_fixtures import metrics
 from . import conftest, rank_script
 
 pytestmark = pytest.mark.spread  # independent launches: any worker may take each
@@ -107,7 +107,8 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     port = conftest.free_ports(1)
     launch = start(tiny, "serve", extra=[str(port)])
     wait_for_server(port, launch)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
     asked = {**CHAT, "logprobs": True, "top_logprobs": 2}
     want = reference.post("/v1/chat/completions", json=asked).json()
@@ -124,16 +125,10 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     assert got.usage.completion_tokens == want["usage"]["completion_tokens"]
 
     # After rank 0 alone stopped a generation, the ranks still step together: a stream, as one process.
-    want = reference.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5}).json()["choices"][0]["message"]
-    content, reasoning = "", ""
-    for chunk in client.chat.completions.create(**{**CHAT, "max_tokens": 5}, stream=True):
-        if chunk.choices:
-            content += chunk.choices[0].delta.content or ""
-            reasoning += (chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
-    assert (content, reasoning) == (want["content"] or "", want.get("reasoning_content") or "")
+    want = reference.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5}).json()
+    assert streamed_text(client.chat.completions.create(**{**CHAT, "max_tokens": 5}, stream=True)) == answer_text(want)
     # That stream resumed from the first request's snapshot across the ranks (the reference has no cache).
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-        assert "metalqwen_cache_hits_total 1\n" in page.read().decode()
+    assert metrics(url)["cache_hits_total"] == 1
     # Structured output: the last rank masks each choice, as one process does (no thinking: the answer is JSON).
     schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": rank_script.SCHEMA}}
     asked, no_thinking = {**CHAT, "max_tokens": 8, "response_format": schema}, {"enable_thinking": False}
@@ -141,20 +136,22 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     assert want["choices"][0]["message"]["content"].startswith("{"), want  # JSON (whitespace allowed)
     got = client.chat.completions.create(**asked, extra_body={"chat_template_kwargs": no_thinking})
     assert got.choices[0].message.content == want["choices"][0]["message"]["content"]
-    # Two requests at once share the steps across the ranks (--max-sequences 4 by default): fewer
-    # steps than tokens, and each gets its single request's answer.
-    asks = [{**CHAT, "max_tokens": 16}, {**CHAT, "messages": [{"role": "user", "content": "What next?"}]}]
+    # Two requests at once share the steps across the ranks (--max-sequences 4 by default). The second
+    # is sent once the first has streamed a token, so it joins while the first has up to 31 to go:
+    # fewer steps than tokens, and each gets its single request's answer.
+    asks = [{**CHAT, "max_tokens": 32}, {**CHAT, "messages": [{"role": "user", "content": "What next?"}]}]
     answers = [reference.post("/v1/chat/completions", json=ask).json() for ask in asks]
-    wants = [answer["choices"][0]["message"] for answer in answers]
-    before = metrics(port)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        gots = list(pool.map(lambda ask: client.chat.completions.create(**ask).choices[0].message, asks))
-    after = metrics(port)
-    for got, want in zip(gots, wants):
-        assert got.content == want["content"]
-        assert (got.model_extra or {}).get("reasoning_content") == want.get("reasoning_content")
+    before = metrics(url)
+    stream = client.chat.completions.create(**asks[0], stream=True)
+    begun = []
+    while streamed_text(begun) == ("", ""):
+        begun.append(next(stream))
+    second = client.chat.completions.create(**asks[1])
+    assert streamed_text(begun + list(stream)) == answer_text(answers[0])
+    assert answer_text(second.model_dump()) == answer_text(answers[1])
+    after = metrics(url)
     generated = after["generated_tokens_total"] - before["generated_tokens_total"]
-    assert generated == sum(answer["usage"]["completion_tokens"] for answer in answers) > 16
+    assert generated == sum(answer["usage"]["completion_tokens"] for answer in answers) == 32 + 6
     assert after["engine_steps_total"] - before["engine_steps_total"] < generated - 3
     os.kill(int((launch.out / "rank0.pid").read_text()), signal.SIGTERM)
     first, second = launch.results()
@@ -163,12 +160,17 @@ def test_serve_answers_the_openai_client_as_one_process(tiny, start, reference):
     assert second["stdout"] == second["stderr"] == ""
 
 
-def metrics(port: int) -> dict[str, float]:
-    """The server's /metrics values by name (metalqwen_ taken off)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-        lines = page.read().decode().splitlines()
-    return {name[len("metalqwen_"):]: float(value) for name, value in
-            (line.split() for line in lines if line.startswith("metalqwen_"))}
+def streamed_text(chunks) -> tuple[str, str]:
+    """(content, reasoning) of a chat completion's streamed chunks (openai client objects)."""
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    return ("".join(d.content or "" for d in deltas),
+            "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas))
+
+
+def answer_text(answer: dict) -> tuple[str, str]:
+    """(content, reasoning) of a chat completion's JSON."""
+    message = answer["choices"][0]["message"]
+    return message["content"] or "", message.get("reasoning_content") or ""
 
 
 def test_serve_answers_503_and_exits_when_a_rank_hangs(tiny, start):
@@ -178,7 +180,8 @@ def test_serve_answers_503_and_exits_when_a_rank_hangs(tiny, start):
     port = conftest.free_ports(1)
     launch = start(tiny, "serve-hang", extra=[str(port)])
     wait_for_server(port, launch)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
     client.chat.completions.create(**CHAT)  # rank 1 follows the first request
     started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as refused:

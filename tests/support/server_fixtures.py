@@ -46,3 +46,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def metrics(url: str, api_key: str | None = None) -> dict[str, float]:
+    """A server's /metrics values by name (metalqwen_ taken off)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    lines = httpx.get(url + "/metrics", headers=headers, timeout=10).text.splitlines()
+    return {name[len("metalqwen_"):]: float(value) for name, value in
+            (line.split() for line in lines if line.startswith("metalqwen_"))}
