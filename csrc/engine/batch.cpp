@@ -10,7 +10,9 @@
 namespace mq::engine {
 
 uint32_t Engine::step_drafts(const SlotStep& s) const {
-  return uint32_t(s.drafts.size()) + (sequence(s.slot, "step: ").mtp_carry ? s.mtp_drafts : 0);
+  // An MTP entry's drafts are made in the step, or were made ahead and given in `drafts`.
+  const bool in_step = s.drafts.empty() && sequence(s.slot, "step: ").mtp_carry;
+  return uint32_t(s.drafts.size()) + (in_step ? s.mtp_drafts : 0);
 }
 
 void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
@@ -22,10 +24,16 @@ void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
                       std::to_string(options_.max_draft) + " (set at load)");
   if (s.mtp_drafts > 0 && !mtp_)
     throw EngineError(where + ": MTP drafts need the MTP head (load it with the engine option mtp)");
-  if (s.mtp_drafts > 0 && !range_.whole(model_.dims))
-    throw EngineError(where + ": MTP drafts in a shared step need the whole model (across ranks, host drafts)");
-  if (s.mtp_drafts > 0 && !s.drafts.empty())
-    throw EngineError(where + ": drafts from the host or from the MTP head, not both");
+  if (s.mtp_drafts > 0 && !s.drafts.empty() && (!q.mtp_carry || s.drafts.size() != s.mtp_drafts))
+    throw EngineError(where + ": " + std::to_string(s.drafts.size()) + " drafts given with " +
+                      std::to_string(s.mtp_drafts) +
+                      " MTP drafts: given, they are the head's made ahead "
+                      "(mtp_drafts), as many, from its state (" +
+                      (q.mtp_carry ? "" : "not ") + "mtp_ready here)");
+  if (s.mtp_drafts > 0 && s.drafts.empty() && q.mtp_carry && !range_.whole(model_.dims))
+    throw EngineError(where +
+                      ": an engine of a layer range takes the MTP head's drafts made ahead (mtp_drafts) "
+                      "in drafts: the first engine embeds them");
   if (asked > 0 && (s.sampling.penalised() || s.sampling.logprobs >= 0 || s.sampling.constrained()))
     throw EngineError(where + ": drafts take no penalties, logprobs, logit_bias or token mask (give it none)");
   for (uint32_t t : s.drafts)
@@ -38,6 +46,14 @@ void Engine::check_slot_step(const SlotStep& s, uint32_t rows_before) const {
     throw EngineError("[engine] step: more than " + std::to_string(max_step_rows()) +
                       " rows in one step (slots plus their drafts; max_draft, set at load, decides the limit)");
   check_sampling(s.sampling);
+}
+
+void Engine::write_head_tail(const StepSegments& segs) {
+  // The MTP head's last row of a segment pairs with ids[position + rows], which the choice
+  // writes only when every draft is accepted; else that row is discarded, but attention weighs
+  // it by 0, so a stale id there (NaN rows) would reach the kept rows: a defined id instead.
+  for (uint32_t i = 0; i < segs.count; ++i)
+    host_ids(int(segs.seg[i].slot))[segs.seg[i].position + segs.seg[i].rows] = 0;
 }
 
 void Engine::encode_masked_choices(Encoder& enc, const StepSegments& segs, const std::vector<Sampling>& samplings,
@@ -193,6 +209,9 @@ void Engine::encode_prompt_chunk(Encoder& enc, const PromptChunk& p, InFlight& f
   encode_prefill_rows(enc, pass, head, p.last, p.sampling);
   if (!has_head()) encode_step_rows(enc, io_row, rows, false);
   const int end = q.position + int(rows);
+  // The head's last row pairs with ids[end], the next chunk's first id, not written yet: a
+  // defined id meanwhile (a stale one would make the row depend on what the slot held before).
+  if (mtp_ && !p.last) host_ids(p.slot)[end] = 0;
   if (p.snapshot) f.snapshot = encode_snapshot(enc, p.slot, end);
   f.prompt_slot = p.slot;
   q.generated_from = end;
@@ -252,17 +271,19 @@ void Engine::commit_shared_step(const std::vector<SlotStep>& steps, const Before
     std::memcpy(ids + sequences_[size_t(s.slot)].position + 1, s.drafts.data(), s.drafts.size() * 4);
     write_logit_bias(s.slot, s.sampling);
   }
+  if (run_head) write_head_tail(segs);
 
   Encoder enc(*device_, kernels_, "shared step");
   if (prompt) encode_prompt_chunk(enc, *prompt, f, rows);  // its rows first: the slots' pass reuses the workspace
   for (uint32_t i = 0; i < segs.count; ++i)  // MTP drafts into ids after the chosen token, one slot at a time
-    if (steps[i].mtp_drafts > 0 && segs.seg[i].rows > 1)
+    if (steps[i].mtp_drafts > 0 && steps[i].drafts.empty() && segs.seg[i].rows > 1)
       encode_mtp_drafts(enc, steps[i].slot, int(segs.seg[i].position), segs.seg[i].rows - 1);
   pass.rows = rows;
   pass.matvec = true;
   pass.snapshot_rows = f.speculative ? uint32_t(options_.max_draft) : 0;  // each segment keeps its first rows - 1
   if (!embeds()) encode_step_rows(enc, 0, rows, true);
   encode_forward(enc, pass);
+  if (mtp_ && !run_head) encode_mtp_cache_gap(enc, segs);
   if (!has_head()) {  // the rows go on to the next engine; the head chooses (step_accept)
     encode_step_rows(enc, 0, rows, false);
     f.segs = segs;

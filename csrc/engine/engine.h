@@ -258,7 +258,8 @@ class Engine {
   // The MTP head's next `drafts` drafts (at most max_draft, within the context) for the slot, as
   // verify_mtp would make them, in a step of their own (written to ids after position(), not
   // fed); none without the head's state (mtp_ready). A pipeline's last engine drafts so, after
-  // its step, for the first engine to feed them as host drafts of the next (verify, verify_rows).
+  // its step, for the first engine to feed them as host drafts of the next (verify, verify_rows;
+  // a shared step's MTP entry, see SlotStep).
   std::vector<uint32_t> mtp_drafts(int slot, uint32_t drafts);
   // The same with `drafts` drafts (at most max_draft) made on the GPU by the DFlash drafter in the
   // same command buffer: its greedy block of drafts + 1 rows at position() (point masses).
@@ -292,6 +293,8 @@ class Engine {
   // drafts are made on the GPU by the MTP head in the step's command buffer, as verify_mtp's,
   // when its state exists (mtp_ready), else the slot feeds one row. A step with such an entry
   // runs the head over all its rows afterwards, which gives every slot of the step that state.
+  // Or the host gives them in `drafts` (mtp_drafts of them, the first of those mtp_drafts() made
+  // after the slot's step before, with the state): how a pipeline's last engine takes them.
   struct SlotStep {
     int slot = 0;
     std::vector<uint32_t> drafts;
@@ -344,8 +347,9 @@ class Engine {
   // the MTP head goes with the head (the embedding too, then), drafting with mtp_drafts.
   // A shared step (step, with several slots) takes its rows in step_rows() instead, the head's
   // engine chooses and accepts as alone, and every other engine then takes the head's outcome
-  // with step_accept; host drafts only (no MTP entries), and no step_commit: each step waits for
-  // the rows of the engine before.
+  // with step_accept; drafts are the host's (the head's engine takes MTP entries with the
+  // head's drafts made ahead, see SlotStep), and no step_commit: each step waits for the rows
+  // of the engine before.
   bool embeds() const { return range_.first == 0; }
   bool has_head() const { return range_.end == model_.dims.layers; }
   LayerRange layers() const { return range_; }
@@ -615,6 +619,10 @@ class Engine {
   void encode_mtp_prefill_chunk(Encoder& enc, int slot, uint32_t rows, const ForwardPass& head);
   // ids[position + 1 .. + k] of `slot` = the MTP head's greedy chain from its ws_->mtp_carry.
   void encode_mtp_drafts(Encoder& enc, int slot, int position, uint32_t k);
+  // ids[position + rows] = 0 for each segment of a step the MTP head runs over (before commit).
+  void write_head_tail(const StepSegments& segs);
+  // Zeros the MTP cache rows of each segment's positions, fed by a step without the head.
+  void encode_mtp_cache_gap(Encoder& enc, const StepSegments& segs);
   // ws_->mtp_carry of `slot` = ws_->mtp_hidden row `row` + the device word `accepted` (drafts
   // accepted, < planes) when given, else row `row`.
   void encode_mtp_carry(Encoder& enc, int slot, uint32_t row, const Arg* accepted, uint32_t planes, bool overlap);

@@ -121,6 +121,32 @@ void Engine::encode_mtp_drafts(Encoder& enc, int slot, int position, uint32_t k)
   }
 }
 
+// A step without the head leaves its positions' cache rows as they were (drafts made ahead there,
+// an older sequence's rows, never-written memory), which the head's later passes read: zeros
+// instead, the same whatever the slot held. f16: [ctx][kv_dim] halves; q8: [ctx][kv_dim] bytes,
+// then [ctx][kv_dim / MQ_ATTN_Q8_BLOCK] f16 scales.
+void Engine::encode_mtp_cache_gap(Encoder& enc, const StepSegments& segs) {
+  const MtpWeights& m = *mtp_;
+  const uint32_t kv_dim = uint32_t(model_.dims.kv_heads) * MQ_ATTN_HEAD_DIM, ctx = uint32_t(options_.max_context);
+  const bool q8 = options_.kv_bits == 8;
+  const uint32_t row_words = q8 ? kv_dim / 4 : kv_dim / 2, scale_words = kv_dim / MQ_ATTN_Q8_BLOCK / 2;
+  for (uint32_t i = 0; i < segs.count; ++i) {
+    const StepSegment& g = segs.seg[i];
+    for (const SlotBuffer* cache : {&m.layer.k_cache, &m.layer.v_cache}) {
+      const Arg dst = cache->part(int(g.slot));
+      const FillParams rows{
+          .cols = row_words, .rows = g.rows, .dst_offset = g.position * row_words, .dst_stride = row_words};
+      enc.dispatch_threads(*m.fill_u32, {dst, Arg::value(rows)}, {row_words, g.rows});
+      if (!q8) continue;
+      const FillParams scales{.cols = scale_words,
+                              .rows = g.rows,
+                              .dst_offset = ctx * row_words + g.position * scale_words,
+                              .dst_stride = scale_words};
+      enc.dispatch_threads(*m.fill_u32, {dst, Arg::value(scales)}, {scale_words, g.rows});
+    }
+  }
+}
+
 std::vector<float> Engine::mtp_logits(int slot, const std::vector<uint32_t>& ids) {
   if (!mtp_) throw EngineError("[engine] mtp_logits: no MTP head loaded");
   if (ids.size() < 2) throw EngineError("[engine] mtp_logits needs at least two token ids");

@@ -31,6 +31,7 @@ struct MtpWeights {
   DeviceTensor norm;                                       // [hidden], 1 + w
   // rms_norm for each pre_fc norm, rms_norm_residual for mtp.norm (their dtypes' variants).
   const Pipeline *norm_embedding = nullptr, *norm_hidden = nullptr, *norm_residual = nullptr;
+  const Pipeline* fill_u32 = nullptr;  // zeros the cache rows of positions fed without the head
 };
 
 }  // namespace mq::engine

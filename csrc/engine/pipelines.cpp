@@ -118,6 +118,7 @@ void Engine::plan_kernels(KernelPlan& plan) {
     plan.need(m.norm_embedding, "rms_norm" + vector_suffix(m.pre_fc_norm_embedding), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_hidden, "rms_norm" + vector_suffix(m.pre_fc_norm_hidden), up_to(MQ_NORM_THREADS));
     plan.need(m.norm_residual, "rms_norm_residual" + vector_suffix(m.norm), up_to(MQ_NORM_THREADS));
+    plan.need(m.fill_u32, "fill_u32", up_to(kCopyThreads));
   }
   if (dflash_) {
     // The DFlash drafter (dflash.h): unfused projections, norms, and its own attention kernels.

@@ -181,6 +181,7 @@ std::vector<uint32_t> Engine::run_verify(int slot, uint32_t k, const Sampling& s
   }
   ForwardPass pass = ForwardPass::one_slot(slot, q.position, k + 1, true);
   pass.snapshot_rows = k;
+  if (mtp_) write_head_tail(pass.segs);
   encode_forward(enc, pass);
   encode_verification(enc, pass.segs, {sampling});
   if (mtp_) {

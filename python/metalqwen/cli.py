@@ -67,7 +67,6 @@ def _load(args: argparse.Namespace):
     from .loading import load
 
     distributed = getattr(args, "distributed", None)
-    # Across ranks with several slots "auto" speculation means prompt lookup (load).
     cache_gb = getattr(args, "cache_gb", None)
     cache_gb = cache_gb if cache_gb is not None else _CACHE_GB.get(args.command, 0.0)
     max_sequences = getattr(args, "max_sequences", None)

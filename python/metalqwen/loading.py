@@ -150,16 +150,10 @@ def load(path: str | os.PathLike, device: str | gpu.Device | None = None, max_co
             raise ValueError(f"distributed='pipeline' does not yet take draft (not yet: {pipeline.NOT_YET})")
         if cache_dir is not None:  # each rank would keep its layers' part, the ranks agreeing on every hit
             raise ValueError("distributed='pipeline' does not yet take cache_dir (the prefix cache on disk)")
-        if max_sequences > 1 and (speculative == "mtp" or mtp):
-            raise ValueError("distributed='pipeline' with max_sequences > 1 drafts with prompt lookup only (shared "
-                             "steps across ranks take no MTP drafts): speculative='lookup', 'auto' or 'off'")
-        # With several slots "auto" means prompt lookup (see above); the MTP head is not loaded.
-        batched = max_sequences > 1 and speculative == "auto"
         loaded = pipeline.load_rank(
             path, device=device, max_context=max_context, kv_bits=kv_bits, prefill_chunk=prefill_chunk,
             prefill_layers_per_buffer=prefill_layers_per_buffer, layer_split=layer_split, timeout=distributed_timeout,
-            speculation=lambda ckpt: _speculation(ckpt, "lookup" if batched else speculative,
-                                                  False if batched else mtp, draft_depth),
+            speculation=lambda ckpt: _speculation(ckpt, speculative, mtp, draft_depth),
             mtp_hidden=mtp_hidden, max_sequences=max_sequences)
         return PipelineModel(loaded, show, PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None)
     if layer_split is not None:

@@ -27,7 +27,7 @@ from .generation import Runner
 from .pipeline_steps import RankSteps, pack_logprobs, unpack_logprobs
 
 # Shown when a call asks for what this stage does not run across ranks.
-NOT_YET = "mtp_logits, DFlash drafters (draft), images, and MTP drafts in shared steps (max_sequences > 1)"
+NOT_YET = "mtp_logits, DFlash drafters (draft) and images"
 
 Split = list[tuple[int, int]]  # per rank: layers [first, end)
 
@@ -155,9 +155,11 @@ class PipelineRunner(Runner):
     message is float32 [rows * hidden + 1]: the rows, then _GO (or _STOP with no step: rank 0
     ended the generation early, which a follower cannot see for itself)."""
 
-    def __init__(self, engine, group: Group, hidden: int, vocab: int, prefix_cache=None, progress: bool = False):
+    def __init__(self, engine, group: Group, hidden: int, vocab: int, prefix_cache=None, progress: bool = False,
+                 mtp_depth: int = 0):
         super().__init__(engine, prefix_cache, progress)
         self.group = group
+        self.mtp_depth = mtp_depth  # drafts the MTP head makes ahead in shared steps (its draft_depth; 0: no head)
         self._hidden, self._vocab = hidden, vocab
         self._chunk = engine.residual_rows().shape[0]  # rows one step takes at most
         self._last = group.size - 1

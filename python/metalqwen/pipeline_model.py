@@ -35,7 +35,7 @@ class PipelineModel(Model):
         self.group, self.split = loaded.group, loaded.split
         c = loaded.checkpoint.config
         self.runner = pipeline.PipelineRunner(loaded.engine, self.group, c.hidden_size, c.vocab_size, prefix_cache,
-                                              progress)
+                                              progress, mtp_depth=loaded.draft_depth if loaded.mtp else 0)
         self._leading = False
         self._with_mtp = loaded.mtp
 
@@ -170,15 +170,15 @@ class PipelineModel(Model):
     def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, **options) -> list[Generation]:
         """Model.generate_batch across the ranks: every rank runs the same Scheduler (its decisions
         follow the tokens, which every rank gets), each shared step's rows going along the ranks
-        (pipeline_steps.RankSteps). Prompt-lookup (host) drafts only."""
+        (pipeline_steps.RankSteps; the MTP head's drafts come from the last rank)."""
         if self.group.size > 1 and self.max_sequences < 2:
             raise EngineError("[distributed] generate_batch across ranks needs load(max_sequences=2 or more) "
                               "(with one slot, call generate for each prompt)")
         drafter = options.get("speculative")
         if not isinstance(drafter, (str, type(None))):  # each rank's own Drafter drafts (it must draft alike)
             if self._leading:
-                raise EngineError("[distributed] generate_batch led by rank 0 takes speculative='lookup' or 'off' "
-                                  "(a Drafter object cannot be sent to the other ranks)")
+                raise EngineError("[distributed] generate_batch led by rank 0 takes speculative='mtp', 'lookup' or "
+                                  "'off' (a Drafter object cannot be sent to the other ranks)")
             drafter = type(drafter).__name__
         self._call("generate_batch", prompts=list(prompts), max_tokens=max_tokens,
                    options={**options, "speculative": drafter} if "speculative" in options else options)
@@ -187,9 +187,6 @@ class PipelineModel(Model):
     def _batch(self, prompts, max_tokens: int, options: dict) -> list[Generation]:
         scheduler = Scheduler(self)  # on every rank (led: rank 0 sent the call)
         requests = [scheduler.submit(p, max_tokens, **options) for p in prompts]
-        if self.group.size > 1 and any(isinstance(r.request.drafter, spec.MtpHead) for r in requests):
-            raise EngineError("[distributed] MTP drafts in shared steps across ranks are not supported: "
-                              "speculative='lookup' or 'off' for generate_batch")
         scheduler.run()
         return [r.generation() for r in requests]
 

@@ -4,8 +4,9 @@ checkpoint with distributed="pipeline", run the scenario, write this rank's resu
 
     rank_script.py CHECKPOINT OUT SCENARIO
     run       prefix-cache hits, greedy and sampled generations, logprobs, score and speculative decoding
-    mtp       (the MoE checkpoint with an MTP head) score, greedy, MTP drafts and a JSON schema, in lockstep
-              and led by rank 0
+    mtp       (the MoE checkpoint with an MTP head, max_sequences=3) score, greedy, MTP drafts and a JSON
+              schema, then generate_batch of BATCH with MTP drafts (greedy, seeded sampled), in lockstep and
+              led by rank 0
     batch     max_sequences=3: generate_batch of BATCH (greedy with drafts, seeded sampled, a JSON schema), in
               lockstep and led by rank 0
     badsplit  layer_split="0:3,2:4" (overlapping): refused at load
@@ -69,17 +70,23 @@ def run(model, out: str) -> dict:
 
 def mtp(model, out: str) -> dict:
     """The MTP head on the last rank: logits and plain tokens, then MTP speculative decoding (greedy
-    and seeded sampling) and a JSON schema's tokens with every rank calling, and the same greedy
-    and constrained generations with rank 0 leading."""
+    and seeded sampling), a JSON schema's tokens and generate_batch with MTP drafts in shared steps
+    with every rank calling, and the same greedy, constrained and batched generations with rank 0
+    leading."""
     np.save(os.path.join(out, f"rank{model.rank}.npy"), model.score(PROMPT))
     plain = model.generate(PROMPT, max_tokens=16, speculative="off").tokens
     drafted = model.generate(PROMPT, max_tokens=16, speculative="mtp")
     sampled = model.generate(PROMPT, max_tokens=16, speculative="mtp", **SAMPLED).tokens
     constrained = model.generate(PROMPT, max_tokens=12, json_schema=SCHEMA).tokens
+    batched = model.generate_batch(BATCH, max_tokens=12, speculative="mtp")
+    batched_sampled = [g.tokens for g in model.generate_batch(BATCH, max_tokens=12, **SAMPLED)]
     led = model.lead_with(lambda: [model.generate(PROMPT, max_tokens=16).tokens,
-                                   model.generate(PROMPT, max_tokens=12, json_schema=SCHEMA).tokens])
+                                   model.generate(PROMPT, max_tokens=12, json_schema=SCHEMA).tokens,
+                                   [g.tokens for g in model.generate_batch(BATCH, max_tokens=6)]])
     return {"plain": plain, "speculative": drafted.tokens, "drafted": drafted.stats.drafted,
             "accepted": drafted.stats.accepted, "sampled": sampled, "constrained": constrained, "led": led,
+            "batched": [g.tokens for g in batched], "batched_sampled": batched_sampled,
+            "batched_drafts": [[g.stats.drafted, g.stats.accepted] for g in batched],
             "mode": model.speculative,
             "layers": list(model.layers), "mtp_bytes": model.mtp_bytes,
             "weight_bytes": model.counters()["weight_bytes"]}
@@ -223,7 +230,7 @@ def main(path: str, out: str, scenario: str, *extra: str) -> int:
     started = time.monotonic()
     try:
         options = {**OPTIONS, "speculative": "auto"} if scenario == "mtp" else OPTIONS
-        if scenario == "batch":
+        if scenario in ("batch", "mtp"):
             options = {**options, "max_sequences": 3}
         model = metalqwen.load(path, **options, distributed="pipeline",
                                prefix_cache_bytes={"run": CACHE_BYTES, "batch": 2**20}.get(scenario, 0),

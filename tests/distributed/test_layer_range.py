@@ -169,6 +169,75 @@ def test_a_shared_step_through_two_ranges_gives_the_whole_models_bits(tiny, devi
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_mtp_entries_of_a_shared_step_through_two_ranges(tiny_moe_mtp, device):
+    """MTP entries across two ranges as pipeline_steps.RankSteps runs them: after each step the
+    last range's head drafts ahead (its depth) for each slot drafting with it, and the next step
+    feeds the first k of them as the drafts on both ranges (the last range's entry names them MTP
+    drafts: it runs the head over the step's rows); a prompt joining a chunk per step then drafts
+    first with drafts made just before its step. Two slots (greedy, seeded sampling), k of 2 and 3,
+    a step without MTP entries (no head state after it: one row, then drafts again): the drafts
+    are the ones the whole model's step makes, drafts accepted and refused, the tokens and then
+    the states its own."""
+    desc = metalqwen.load_checkpoint(tiny_moe_mtp).describe()
+
+    def engine(first, end, mtp):
+        tensors = {**desc["tensors"], **desc["mtp"]} if mtp else desc["tensors"]
+        return _core.Engine(device._native, desc["dims"], tensors, 64, 16, 4, max_draft=3, max_sequences=3,
+                            first_layer=first, end_layer=end, mtp=mtp)
+
+    whole, first, last = engine(0, -1, True), engine(0, 2, False), engine(2, 4, True)
+    greedy, sampled = _core.Sampling(), _core.Sampling(temperature=0.8, seed=3)
+    for slot, prompt, sampling in ((0, PROMPT, greedy), (1, PROMPT[3:], sampled)):
+        whole.prefill(slot, prompt, sampling)
+        for start in range(0, len(prompt), 4):
+            part, then = prompt[start:start + 4], prompt[start + 4] if start + 4 < len(prompt) else None
+            through(first, last, len(part), lambda e: e.prefill(slot, part, sampling, next_token=then))
+        first.set_chosen(slot, last.chosen(slot))
+    ahead = {}  # slot -> the drafts the last range's head made after the slot's step (3 within the context)
+    joining, fed, drafted = [9, 8, 7, 6, 5, 4, 3, 2, 1, 11], 0, 0
+    # Per round the MTP drafts asked of slots 0, 1 (and 2 once its prompt is in); round 3 asks none.
+    asks = [(2, 3), (3, 2), (3, 3), (0, 0), (3, 3), (1, 2, 2), (2, 2, 1)]  # at most 8 rows a step
+    for round, ask in enumerate(asks):
+        slots = [(0, greedy), (1, sampled), (2, greedy)][:len(ask)]
+        prompt = None
+        if fed < len(joining):
+            part = joining[fed:fed + 4]
+            fed += len(part)
+            prompt = (2, part, greedy, fed == len(joining), False)
+        assert [whole.mtp_ready(s) for s in range(3)] == [last.mtp_ready(s) for s in range(3)]
+        drafts = []
+        for (slot, _), k in zip(slots, ask):
+            if k and last.mtp_ready(slot) and slot not in ahead:  # the first after its prompt: made now
+                ahead[slot] = last.mtp_drafts(slot, k)
+            drafts.append(ahead[slot][:k] if k and last.mtp_ready(slot) else [])
+            if drafts[-1]:  # the drafts the whole model's step makes (mtp_drafts writes past the position only)
+                assert whole.mtp_drafts(slot, k) == drafts[-1], (round, slot)
+        drafted += sum(map(len, drafts))
+        want = whole.step([(slot, [], sampling, k) for (slot, sampling), k in zip(slots, ask)], prompt=prompt)
+        assert first.step([(slot, d, sampling) for (slot, sampling), d in zip(slots, drafts)],
+                          prompt=prompt) == [[]] * len(want)
+        rows = sum(1 + len(d) for d in drafts) + (len(prompt[1]) if prompt else 0)
+        last.step_rows()[:rows] = first.step_rows()[:rows]
+        got = last.step([(slot, d, sampling, k) for (slot, sampling), d, k in zip(slots, drafts, ask)], prompt=prompt)
+        first.step_accept([(slot, len(t) - 1, t[-1]) for (slot, _), t in zip(slots, got)],
+                          prompt_token=got[-1][0] if prompt and prompt[3] else None)
+        assert got == want, round
+        for slot, _ in slots:
+            ahead.pop(slot, None)
+            if last.mtp_ready(slot):
+                ahead[slot] = last.mtp_drafts(slot, min(3, last.max_context - last.position(slot) - 2))
+        if prompt:  # a new prompt in slot 2: nothing made ahead for it
+            ahead.pop(2, None)
+    assert drafted > 0 and whole.counters()["drafted"] == last.counters()["drafted"] == drafted
+    assert 0 < last.counters()["accepted"] == whole.counters()["accepted"] < drafted
+    for slot in range(3):
+        assert first.tokens(slot) == last.tokens(slot) == whole.tokens(slot)
+        want = whole.prefill(slot, [whole.chosen(slot)], logits="last")
+        got = through(first, last, 1, lambda e: e.prefill(slot, [e.chosen(slot)],
+                                                        logits="last" if e.has_head else "none"))[1]
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_each_range_holds_only_its_tensors(engines, tiny):
     whole, first, second, _ = engines
     desc = metalqwen.load_checkpoint(tiny).describe()
@@ -226,8 +295,6 @@ def test_split_parsing_and_fit():
 
 
 def test_load_refuses_what_pipelines_do_not_run_yet(tiny):
-    with pytest.raises(ValueError, match="with max_sequences > 1 drafts with prompt lookup only"):
-        metalqwen.load(tiny, distributed="pipeline", max_sequences=2, speculative="mtp")
     with pytest.raises(metalqwen.CheckpointError, match="speculative='mtp', but"):  # no head in the folder
         metalqwen.load(tiny, distributed="pipeline", speculative="mtp")
     with pytest.raises(ValueError, match="layer_split needs distributed='pipeline'"):
@@ -264,5 +331,26 @@ def test_one_rank_pipeline_runs_and_refuses_what_it_does_not_run_yet(tiny, devic
         prompts = [PROMPT, PROMPT[:4] * 3, PROMPT[2:]]
         assert ([g.tokens for g in batched.generate_batch(prompts, max_tokens=6)]
                 == [alone.generate(p, max_tokens=6).tokens for p in prompts])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_one_rank_pipeline_batches_with_mtp_drafts_as_one_process(tiny_moe_mtp, device):
+    """pipeline_steps.RankSteps on one rank (the whole engine, given the head's drafts made ahead):
+    generate_batch with the MTP head gives one process's tokens, drafts and seeded draws."""
+    previous = signal.getsignal(signal.SIGTERM)
+    options = dict(device=device, max_context=64, kv_bits=16, prefill_chunk=4, progress=False, speculative="auto",
+                   max_sequences=3)
+    try:
+        model = metalqwen.load(tiny_moe_mtp, **options, distributed="pipeline")
+        alone = metalqwen.load(tiny_moe_mtp, **options)
+        assert model.speculative == alone.speculative == "mtp"
+        for sampling in ({}, rank_script.SAMPLED):
+            got, want = (m.generate_batch(rank_script.BATCH, max_tokens=10, **sampling) for m in (model, alone))
+            assert [(g.tokens, g.stats.drafted, g.stats.accepted) for g in got] == \
+                [(g.tokens, g.stats.drafted, g.stats.accepted) for g in want]
+            assert all(g.stats.drafted > 0 for g in want)
+            if not sampling:
+                assert all(g.stats.accepted > 0 for g in want)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -98,9 +98,18 @@ def test_moe_with_an_mtp_head_across_ranks(tiny_moe_mtp, launch, ranks):
     """The MoE checkpoint's logits and tokens, bit for bit; MTP drafts made by the last rank, fed by
     rank 0 (3 ranks: through a middle rank that neither drafts nor chooses): plain decoding's
     tokens, and the drafts and seeded draws of one process (same drafts); a JSON schema's tokens
-    (the last rank masks each choice), in lockstep and led by rank 0."""
-    options = {**rank_script.OPTIONS, "speculative": "auto"}
+    (the last rank masks each choice); generate_batch with MTP drafts in shared steps (made
+    ahead by the last rank): the single process's generate_batch, its drafts and seeded draws,
+    and each prompt's tokens alone; in lockstep and led by rank 0."""
+    options = {**rank_script.OPTIONS, "speculative": "auto", "max_sequences": 3}
     alone = metalqwen.load(tiny_moe_mtp, **options)
+    batch = rank_script.BATCH
+    batched = alone.generate_batch(batch, max_tokens=12, speculative="mtp")
+    assert [g.tokens for g in batched] == [alone.generate(p, max_tokens=12, speculative="off").tokens for p in batch]
+    batched_drafts = [[g.stats.drafted, g.stats.accepted] for g in batched]
+    assert all(a > 0 for _, a in batched_drafts), batched_drafts
+    batched_sampled = [g.tokens for g in alone.generate_batch(batch, max_tokens=12, **rank_script.SAMPLED)]
+    led_batch = [g.tokens for g in alone.generate_batch(batch, max_tokens=6)]
     plain = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="off").tokens
     drafted = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp")
     sampled = alone.generate(rank_script.PROMPT, max_tokens=16, speculative="mtp", **rank_script.SAMPLED).tokens
@@ -116,7 +125,9 @@ def test_moe_with_an_mtp_head_across_ranks(tiny_moe_mtp, launch, ranks):
         assert (got["drafted"], got["accepted"]) == (drafted.stats.drafted, drafted.stats.accepted), got
         assert got["sampled"] == sampled
         assert got["constrained"] == constrained.tokens
-    assert results[0]["led"] == [plain, constrained.tokens] and all(r["led"] is None for r in results[1:])
+        assert got["batched"] == [g.tokens for g in batched] and got["batched_drafts"] == batched_drafts, got
+        assert got["batched_sampled"] == batched_sampled
+    assert results[0]["led"] == [plain, constrained.tokens, led_batch] and all(r["led"] is None for r in results[1:])
     # The head (and the embedding it reads) on the last rank only.
     assert [r["mtp_bytes"] for r in results] == [0] * (ranks - 1) + [alone.mtp_bytes] and alone.mtp_bytes > 0
     first, end = results[-1]["layers"]

@@ -633,5 +633,6 @@ def test_mtp_drafts_in_shared_steps_keep_each_sequences_tokens(mtp_folder, devic
         s = seq.output.stats
         assert s.drafted > 0 and s.acceptance > 0.5 and s.verify_steps > 0, (s.drafted, s.accepted)
     assert after["drafted"] - before["drafted"] == sum(s.output.stats.drafted for s in seqs)
-    with pytest.raises(RuntimeError, match="drafts from the host or from the MTP head, not both"):
+    with pytest.raises(RuntimeError, match=r"1 drafts given with 2 MTP drafts: given, they are the head's made "
+                                           r"ahead \(mtp_drafts\), as many"):
         m._engine.step([(0, [1], Sampling(), 2)])
