@@ -21,9 +21,10 @@ if ! command -v "$CLANGXX" >/dev/null; then
 fi
 
 # -fobjc-runtime only picks ARC and blocks semantics for the parse; nothing is linked.
-flags=(-fsyntax-only -x objective-c++ -std=c++20 -fobjc-arc -fblocks -fobjc-runtime=macosx-11.0
-       -Werror -Wall -Wextra -Wshadow -Wobjc-method-access
-       -I "$root/tools/metal_check/include" -I "$root/csrc")
+# `lang` is shared by the parses and the mutants' precompiled headers (below).
+lang=(-std=c++20 -fobjc-arc -fblocks -fobjc-runtime=macosx-11.0 -Werror -Wall -Wextra -Wshadow -Wobjc-method-access
+      -I "$root/tools/metal_check/include" -I "$root/csrc")
+flags=(-fsyntax-only -x objective-c++ "${lang[@]}")
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -74,6 +75,19 @@ mutations=(
   's/info\.errorState/info.status/|property of another protocol (encoder info)|150000'
 )
 target=csrc/gpu/metal/metal_device.mm
+# The mutants parse with a precompiled header per SDK of the target's <...> includes (the
+# standard library and the stubs: most of a parse). The unmutated target must pass with it, so
+# a broken header cannot make every mutant fail for the wrong reason. (1) parses without it.
+sed -n 's|^\(#include <[^>]*>\).*|\1|p' "$target" >"$tmp/prefix.h"
+for sdk in "${sdks[@]}"; do
+  pch=(-include-pch "$tmp/prefix-$sdk.pch")
+  if ! "$CLANGXX" -x objective-c++-header "${lang[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk \
+      "$tmp/prefix.h" -o "$tmp/prefix-$sdk.pch" ||
+     ! "$CLANGXX" "${flags[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk "${pch[@]}" "$target"; then
+    echo "metal_check: FAILED $target with the precompiled header of its includes (SDK $sdk)" >&2
+    failed=1
+  fi
+done
 for entry in "${mutations[@]}"; do
   IFS='|' read -r expression mistake sdk <<<"$entry"
   mutant="$tmp/$(basename "$target")"
@@ -81,7 +95,8 @@ for entry in "${mutations[@]}"; do
   if cmp -s "$target" "$mutant"; then
     echo "metal_check: FAILED mutation '$mistake' no longer applies to $target: update run.sh" >&2
     failed=1
-  elif "$CLANGXX" "${flags[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk "$mutant" 2>"$tmp/log"; then
+  elif "$CLANGXX" "${flags[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk -include-pch "$tmp/prefix-$sdk.pch" "$mutant" \
+      2>"$tmp/log"; then
     echo "metal_check: FAILED the check missed a $mistake ($expression)" >&2
     failed=1
   else
