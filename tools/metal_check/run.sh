@@ -80,10 +80,9 @@ target=csrc/gpu/metal/metal_device.mm
 # a broken header cannot make every mutant fail for the wrong reason. (1) parses without it.
 sed -n 's|^\(#include <[^>]*>\).*|\1|p' "$target" >"$tmp/prefix.h"
 for sdk in "${sdks[@]}"; do
-  pch=(-include-pch "$tmp/prefix-$sdk.pch")
   if ! "$CLANGXX" -x objective-c++-header "${lang[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk \
       "$tmp/prefix.h" -o "$tmp/prefix-$sdk.pch" ||
-     ! "$CLANGXX" "${flags[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk "${pch[@]}" "$target"; then
+     ! "$CLANGXX" "${flags[@]}" -D__MAC_OS_X_VERSION_MAX_ALLOWED=$sdk -include-pch "$tmp/prefix-$sdk.pch" "$target"; then
     echo "metal_check: FAILED $target with the precompiled header of its includes (SDK $sdk)" >&2
     failed=1
   fi
